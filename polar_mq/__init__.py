@@ -1,0 +1,1 @@
+"""polar_mq: rollout-as-a-service for agentic RL."""

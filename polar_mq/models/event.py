@@ -1,0 +1,37 @@
+"""The append-only log of every stage transition; status, timings and audits are read from it."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Index, Integer, String
+from sqlalchemy.orm import Mapped, mapped_column
+
+from polar_mq.models.base import Base, BigIntId, JsonDoc, utcnow
+
+
+class EventKind:
+    SUBMITTED = "submitted"
+    STARTED = "started"
+    FINISHED = "finished"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+    """A duplicate or stale message that found the stage already claimed or done."""
+    CANCELLED = "cancelled"
+
+
+class Event(Base):
+    __tablename__ = "events"
+    __table_args__ = (Index("ix_events_rollout", "rollout_id", "id"),)
+
+    id: Mapped[int] = mapped_column(BigIntId, primary_key=True, autoincrement=True)
+    job_id: Mapped[uuid.UUID]
+    rollout_id: Mapped[uuid.UUID | None]
+    stage: Mapped[str] = mapped_column(String(30))
+    kind: Mapped[str] = mapped_column(String(30))
+    attempt: Mapped[int] = mapped_column(Integer, default=1)
+    worker: Mapped[str | None] = mapped_column(String(200))
+    at: Mapped[datetime] = mapped_column(default=utcnow)
+    detail: Mapped[dict[str, Any]] = mapped_column(JsonDoc, default=dict)

@@ -1,0 +1,43 @@
+"""LLM calls captured by the proxy, token by token.
+
+This is the fastest-growing table (one row per proxied request), so it is insert-only: no foreign
+key to check per row, no UPDATE ever, keyed by a call id the proxy generates so a replayed batch is
+idempotent. Retention or partitioning by `created_at` can be added without touching readers.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Boolean, Float, Index, Integer, String
+from sqlalchemy.orm import Mapped, mapped_column
+
+from polar_mq.models.base import Base, JsonDoc, PackedFloat32, PackedInt32, utcnow
+
+
+class LlmCall(Base):
+    __tablename__ = "llm_calls"
+    __table_args__ = (Index("ix_llm_calls_rollout_seq", "rollout_id", "seq"),)
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
+    rollout_id: Mapped[uuid.UUID]
+    seq: Mapped[int] = mapped_column(Integer)
+    backend: Mapped[str] = mapped_column(String(200))
+    model: Mapped[str | None] = mapped_column(String(200))
+    api_type: Mapped[str] = mapped_column(String(30))
+    """chat | completions"""
+    stream: Mapped[bool] = mapped_column(Boolean, default=False)
+    policy_version: Mapped[int] = mapped_column(Integer, default=0)
+    status_code: Mapped[int] = mapped_column(Integer)
+    complete: Mapped[bool] = mapped_column(Boolean, default=True)
+    request: Mapped[dict[str, Any]] = mapped_column(JsonDoc)
+    response: Mapped[dict[str, Any] | None] = mapped_column(JsonDoc)
+    prompt_ids: Mapped[list[int] | None] = mapped_column(PackedInt32)
+    completion_ids: Mapped[list[int] | None] = mapped_column(PackedInt32)
+    logprobs: Mapped[list[float] | None] = mapped_column(PackedFloat32)
+    finish_reason: Mapped[str | None] = mapped_column(String(30))
+    latency_ms: Mapped[float] = mapped_column(Float)
+    ttft_ms: Mapped[float | None] = mapped_column(Float)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
