@@ -1,0 +1,1 @@
+"""Jobs: submission, status and results."""

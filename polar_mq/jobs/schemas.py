@@ -1,0 +1,103 @@
+"""The job submission schema: everything a trainer can ask for, validated before anything is stored.
+
+Unknown fields are refused (a typo in a spec must not silently fall back to a default), and harness,
+evaluator and builder names are resolved at submit time so a bad job is a 4xx, never a fleet of
+failing rollouts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from polar_mq.evaluators.registry import validate_evaluator_spec
+from polar_mq.harnesses import get_harness
+from polar_mq.trajectories.registry import validate_builder_name
+
+MAX_TASKS = 100_000
+MAX_SAMPLES = 1024
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class HarnessSpec(StrictModel):
+    type: str = Field("reference", description="command | reference")
+    command: str | None = Field(None, description="shell command; {instruction}, {task_file}…")
+    env: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _resolvable(self) -> HarnessSpec:
+        get_harness(self.model_dump(exclude_none=True))
+        return self
+
+
+class PrepareRecipe(StrictModel):
+    files: dict[str, str] = Field(default_factory=dict, description="path in workspace → content")
+    commands: list[str] = Field(default_factory=list, description="run in order; must exit 0")
+
+
+class RuntimeSpec(StrictModel):
+    kind: str = Field("local", description="local (bwrap and docker follow)")
+    memory_mb: int | None = Field(None, ge=16)
+    cpu_seconds: int | None = Field(None, ge=1)
+    max_open_files: int | None = Field(None, ge=16)
+    prepare: PrepareRecipe = Field(default_factory=PrepareRecipe)
+
+    @field_validator("kind")
+    @classmethod
+    def _known_kind(cls, value: str) -> str:
+        if value != "local":
+            raise ValueError(f"unknown runtime kind {value!r}; known: local")
+        return value
+
+
+class TimeoutSpec(StrictModel):
+    agent_s: float = Field(600.0, gt=0, description="wall clock for run agent")
+    inactivity_s: float | None = Field(None, gt=0, description="kill after N s without output")
+    prepare_s: float = Field(300.0, gt=0)
+    evaluate_s: float = Field(300.0, gt=0)
+
+
+class JobCreate(StrictModel):
+    tasks: list[dict[str, Any]] = Field(..., min_length=1, max_length=MAX_TASKS)
+    samples_per_task: int = Field(1, ge=1, le=MAX_SAMPLES)
+    harness: HarnessSpec = Field(default_factory=lambda: HarnessSpec())
+    runtime: RuntimeSpec = Field(default_factory=RuntimeSpec)
+    evaluator: str | dict[str, Any] = Field("completed", description="name, {name, …}, or path")
+    builder: str = Field("per_call", description="per_call (prefix_merge follows)")
+    sampling: dict[str, Any] = Field(default_factory=dict, description="temperature, max_tokens")
+    timeouts: TimeoutSpec = Field(default_factory=TimeoutSpec)
+    model: str | None = Field(None, description="model name the agent is told to use")
+    pool: str | None = Field(None, description="worker pool; default: the API's pool")
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    idempotency_key: str | None = Field(None, min_length=1, max_length=200)
+
+    @field_validator("tasks")
+    @classmethod
+    def _tasks_have_instruction(cls, tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        for i, task in enumerate(tasks):
+            instruction = task.get("instruction")
+            if not isinstance(instruction, str) or not instruction.strip():
+                raise ValueError(f"tasks[{i}] needs a non-empty string 'instruction'")
+        return tasks
+
+    @field_validator("evaluator")
+    @classmethod
+    def _evaluator_known(cls, value: str | dict[str, Any]) -> str | dict[str, Any]:
+        validate_evaluator_spec(value)
+        return value
+
+    @field_validator("builder")
+    @classmethod
+    def _builder_known(cls, value: str) -> str:
+        validate_builder_name(value)
+        return value
+
+    def stored_spec(self) -> dict[str, Any]:
+        """The part of the job every stage reads (tasks and metadata are stored apart)."""
+        return self.model_dump(
+            mode="json", exclude={"tasks", "metadata", "idempotency_key", "samples_per_task"}
+        )

@@ -1,0 +1,97 @@
+"""Creating jobs: rows first, messages after commit.
+
+A job, its tasks and all its rollouts are inserted in one transaction, with one `submitted` event
+per rollout; the prepare messages are deferred to after the commit (see workers.outbox).
+Resubmitting with the same idempotency key returns the existing job instead of a second one.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+from sqlalchemy import insert, select
+from sqlalchemy.orm import Session
+
+from polar_mq.jobs.schemas import JobCreate
+from polar_mq.models import Event, EventKind, Job, JobTask, Rollout, RolloutStatus
+from polar_mq.models.base import utcnow
+from polar_mq.workers.outbox import defer_publish
+from polar_mq.workers.routing import Stage, StageMessage
+
+
+@dataclass(frozen=True, slots=True)
+class SubmittedJob:
+    job_id: uuid.UUID
+    rollout_ids: list[uuid.UUID]
+    created: bool
+
+
+def _existing(session: Session, key: str) -> SubmittedJob | None:
+    job_id = session.scalar(select(Job.id).where(Job.idempotency_key == key))
+    if job_id is None:
+        return None
+    rollout_ids = session.scalars(
+        select(Rollout.id)
+        .where(Rollout.job_id == job_id)
+        .order_by(Rollout.task_index, Rollout.sample_index)
+    ).all()
+    return SubmittedJob(job_id, list(rollout_ids), created=False)
+
+
+def create_job(session: Session, spec: JobCreate, default_pool: str) -> SubmittedJob:
+    """Insert the job, tasks, rollouts and events; defer the prepare messages to after commit."""
+    if spec.idempotency_key is not None:
+        found = _existing(session, spec.idempotency_key)
+        if found is not None:
+            return found
+    pool = spec.pool or default_pool
+    now = utcnow()
+    job = Job(
+        id=uuid.uuid4(),
+        idempotency_key=spec.idempotency_key,
+        samples_per_task=spec.samples_per_task,
+        n_tasks=len(spec.tasks),
+        spec={**spec.stored_spec(), "pool": pool},
+        meta=spec.metadata,
+        created_at=now,
+    )
+    session.add(job)
+    session.flush()
+    task_ids = session.scalars(
+        insert(JobTask).returning(JobTask.id, sort_by_parameter_order=True),
+        [{"job_id": job.id, "task_index": i, "instance": t} for i, t in enumerate(spec.tasks)],
+    ).all()
+    rollouts = [
+        {
+            "id": uuid.uuid4(),
+            "job_id": job.id,
+            "task_id": task_id,
+            "task_index": task_index,
+            "sample_index": sample,
+            "status": RolloutStatus.QUEUED,
+            "attempt": 1,
+            "created_at": now,
+        }
+        for task_index, task_id in enumerate(task_ids)
+        for sample in range(spec.samples_per_task)
+    ]
+    session.execute(insert(Rollout), rollouts)
+    session.execute(
+        insert(Event),
+        [
+            {
+                "job_id": job.id,
+                "rollout_id": r["id"],
+                "stage": Stage.PREPARE.value,
+                "kind": EventKind.SUBMITTED,
+                "attempt": 1,
+                "at": now,
+                "detail": {},
+            }
+            for r in rollouts
+        ],
+    )
+    for r in rollouts:
+        defer_publish(session, StageMessage(Stage.PREPARE, r["id"], pool))
+    return SubmittedJob(job.id, [r["id"] for r in rollouts], created=True)

@@ -1,0 +1,28 @@
+"""Builders by name or import path (`package.module:attr`)."""
+
+from __future__ import annotations
+
+import importlib
+from typing import cast
+
+from polar_mq.trajectories.base import Builder
+from polar_mq.trajectories.per_call import PerCallBuilder
+
+BUILTIN: dict[str, type] = {"per_call": PerCallBuilder}
+
+
+def get_builder(name: str) -> Builder:
+    if name in BUILTIN:
+        return cast(Builder, BUILTIN[name]())
+    if ":" in name:
+        module_name, _, attr = name.partition(":")
+        try:
+            target = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as exc:
+            raise ValueError(f"cannot import builder {name!r}: {exc}") from exc
+        return cast(Builder, target() if isinstance(target, type) else target)
+    raise ValueError(f"unknown builder {name!r}; known: {', '.join(BUILTIN)} or 'module:attr'")
+
+
+def validate_builder_name(name: str) -> None:
+    get_builder(name)

@@ -1,0 +1,1 @@
+"""Celery workers: the app, routing and the four stage tasks."""

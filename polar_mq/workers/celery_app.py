@@ -1,0 +1,60 @@
+"""The Celery application: delivery guarantees configured once, from Settings.
+
+Late acks with reject-on-worker-lost make delivery at-least-once (a message is only acked after its
+stage ran, and a killed pool child requeues it); prefetch 1 keeps short stages from queueing behind
+long ones. Effects are made exactly-once by the compare-and-set transitions of the stages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from celery import Celery
+
+from polar_mq.config import Settings
+from polar_mq.workers.routing import StageMessage, queue_name
+
+
+class PolarCelery(Celery):  # type: ignore[misc]
+    """A Celery app that carries the polar_mq Settings it was built from."""
+
+    polar_settings: Settings
+
+
+def create_celery(settings: Settings) -> PolarCelery:
+    app = PolarCelery("polar_mq", broker=settings.broker_url, backend=settings.result_backend)
+    app.polar_settings = settings
+    transport_options: dict[str, Any] = {"visibility_timeout": settings.visibility_timeout_s}
+    if settings.broker_url.startswith("sqla+"):
+        transport_options["polling_interval"] = 0.1
+    app.conf.update(
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        task_ignore_result=settings.result_backend is None,
+        task_serializer="json",
+        accept_content=["json"],
+        broker_transport_options=transport_options,
+        broker_connection_retry_on_startup=True,
+        worker_send_task_events=True,
+        task_send_sent_event=True,
+        task_always_eager=settings.task_always_eager,
+        worker_hijack_root_logger=False,
+        task_default_queue=f"{settings.queue_prefix}.default",
+    )
+    app.conf.include = ["polar_mq.workers.tasks"]
+    return app
+
+
+def publish_messages(app: PolarCelery, messages: Sequence[StageMessage]) -> None:
+    """Send stage messages to their queues (called after commit)."""
+    prefix = app.polar_settings.queue_prefix
+    with app.producer_or_acquire() as producer:
+        for msg in messages:
+            app.send_task(
+                msg.stage.task_name,
+                args=[str(msg.rollout_id)],
+                queue=queue_name(prefix, msg.stage, msg.pool, msg.node),
+                producer=producer,
+            )

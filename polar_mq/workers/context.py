@@ -1,0 +1,41 @@
+"""Per-process resources of a worker: settings, database sessions, an HTTP client for the proxy.
+
+Built lazily in the process that runs tasks (after a prefork fork), never at import time.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from functools import cached_property
+
+import httpx
+from sqlalchemy.orm import Session, sessionmaker
+
+from polar_mq.config import Settings
+from polar_mq.db import create_db_engine, make_session_factory
+from polar_mq.workers.outbox import Publisher, attach_publisher
+
+
+@dataclass
+class WorkerContext:
+    settings: Settings
+    publisher: Publisher
+
+    @cached_property
+    def session_factory(self) -> sessionmaker[Session]:
+        engine = (
+            create_db_engine(self.settings.database_url, pool_size=4, max_overflow=8)
+            if (not self.settings.database_url.startswith("sqlite"))
+            else create_db_engine(self.settings.database_url)
+        )
+        factory = make_session_factory(engine)
+        attach_publisher(factory, self.publisher)
+        return factory
+
+    @cached_property
+    def http(self) -> httpx.Client:
+        return httpx.Client(timeout=httpx.Timeout(30.0, connect=5.0))
+
+    def lease_owner(self, task_id: str | None) -> str:
+        return f"{self.settings.node_name}/{os.getpid()}/{task_id or '-'}"

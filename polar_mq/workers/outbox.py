@@ -1,0 +1,45 @@
+"""Enqueue after commit: stage messages are published only once the rows they name are committed.
+
+A service calls `defer_publish(session, message)` inside its transaction; the messages are sent by
+the publisher attached to the session factory right after COMMIT and dropped on ROLLBACK, so a
+worker never receives a message for a rollout it cannot see, and a rolled-back job sends nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+
+from sqlalchemy import event
+from sqlalchemy.orm import Session, sessionmaker
+
+from polar_mq.workers.routing import StageMessage
+
+log = logging.getLogger(__name__)
+
+Publisher = Callable[[Sequence[StageMessage]], None]
+_KEY = "polar_mq.pending_publishes"
+
+
+def defer_publish(session: Session, message: StageMessage) -> None:
+    session.info.setdefault(_KEY, []).append(message)
+
+
+def attach_publisher(factory: sessionmaker[Session], publish: Publisher) -> None:
+    """Send the deferred messages of every session of `factory` after its commit."""
+
+    def _after_commit(session: Session) -> None:
+        pending: list[StageMessage] = session.info.pop(_KEY, [])
+        if not pending:
+            return
+        try:
+            publish(pending)
+        except Exception:
+            # The rows are committed; a sweeper republishes rollouts left without a message.
+            log.exception("publishing %d stage messages failed after commit", len(pending))
+
+    def _after_rollback(session: Session) -> None:
+        session.info.pop(_KEY, None)
+
+    event.listen(factory, "after_commit", _after_commit)
+    event.listen(factory, "after_soft_rollback", lambda s, _t: _after_rollback(s))

@@ -1,0 +1,55 @@
+"""Queue names and stage messages: the routing of SPEC §3.
+
+prepare is taken from a pool-wide queue by whichever node has room; run agent and evaluate touch the
+runtime, which lives on one node, so they go to that node's own queues; build only reads the
+database and runs anywhere.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class Stage(StrEnum):
+    PREPARE = "prepare"
+    RUN_AGENT = "run_agent"
+    BUILD = "build"
+    EVALUATE = "evaluate"
+
+    @property
+    def task_name(self) -> str:
+        return f"polar_mq.{self.value}"
+
+    @property
+    def node_local(self) -> bool:
+        return self in (Stage.RUN_AGENT, Stage.EVALUATE)
+
+
+NEXT_STAGE: dict[Stage, Stage | None] = {
+    Stage.PREPARE: Stage.RUN_AGENT,
+    Stage.RUN_AGENT: Stage.BUILD,
+    Stage.BUILD: Stage.EVALUATE,
+    Stage.EVALUATE: None,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class StageMessage:
+    """What goes on the broker: a stage, a rollout id and where it must run. Never a payload."""
+
+    stage: Stage
+    rollout_id: uuid.UUID
+    pool: str
+    node: str | None = None
+
+
+def queue_name(prefix: str, stage: Stage, pool: str, node: str | None) -> str:
+    if stage is Stage.PREPARE:
+        return f"{prefix}.prepare.{pool}"
+    if stage is Stage.BUILD:
+        return f"{prefix}.build.{pool}"
+    if node is None:
+        raise ValueError(f"stage {stage} runs on the node holding the runtime; node is required")
+    return f"{prefix}.{stage.value}.{node}"

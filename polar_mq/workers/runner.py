@@ -1,0 +1,95 @@
+"""The behaviour every stage shares, in one place: claim, run, record, hand over, clean up.
+
+A Celery task calls `run_stage`; it claims the rollout (a duplicate delivery stops here), runs the
+stage module, and commits the result fenced by the claim, publishing the next stage after commit.
+An infrastructure failure ends the rollout as failed with its reason; the runtime is released when
+the rollout leaves the node for good.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import traceback
+import uuid
+from collections.abc import Callable
+
+from polar_mq.db import unit_of_work
+from polar_mq.models import RolloutStatus, TerminationReason
+from polar_mq.workers.context import WorkerContext
+from polar_mq.workers.routing import NEXT_STAGE, Stage, StageMessage
+from polar_mq.workers.stages import build, evaluate, prepare, run_agent
+from polar_mq.workers.stages.common import StageFailure, StageOutcome, open_runtime
+from polar_mq.workers.transitions import STAGE_STATES, Claimed, LeaseLost, claim, fail, finish
+
+log = logging.getLogger(__name__)
+
+STAGE_FUNCTIONS: dict[Stage, Callable[[WorkerContext, Claimed], StageOutcome]] = {
+    Stage.PREPARE: prepare.run,
+    Stage.RUN_AGENT: run_agent.run,
+    Stage.BUILD: build.run,
+    Stage.EVALUATE: evaluate.run,
+}
+RUNTIME_STAGES = frozenset({Stage.PREPARE, Stage.RUN_AGENT, Stage.EVALUATE})
+
+
+def _lease_seconds(ctx: WorkerContext, claimed_stage: Stage) -> float:
+    if claimed_stage is Stage.RUN_AGENT:
+        return ctx.settings.max_agent_timeout_s + ctx.settings.lease_s
+    return float(ctx.settings.lease_s)
+
+
+def _release_runtime(ctx: WorkerContext, claimed: Claimed) -> None:
+    try:
+        open_runtime(ctx.settings, claimed.job.spec.get("runtime", {}), claimed.rollout).stop()
+    except Exception:
+        log.exception("releasing the runtime of rollout %s failed", claimed.rollout.id)
+
+
+def _next_message(
+    ctx: WorkerContext, claimed: Claimed, outcome: StageOutcome
+) -> StageMessage | None:
+    nxt = NEXT_STAGE[claimed.stage]
+    if nxt is None:
+        return None
+    node = outcome.values.get("node") or claimed.rollout.node
+    pool = str(claimed.job.spec.get("pool", ctx.settings.pool))
+    return StageMessage(nxt, claimed.rollout.id, pool, node)
+
+
+def run_stage(ctx: WorkerContext, stage: Stage, rollout_id: str, task_id: str | None) -> str:
+    """Run one stage for one rollout; returns what happened (for logs and tests)."""
+    owner = ctx.lease_owner(task_id)
+    with unit_of_work(ctx.session_factory) as session:
+        claimed = claim(session, stage, uuid.UUID(rollout_id), owner, _lease_seconds(ctx, stage))
+    if isinstance(claimed, str):
+        log.info("%s of %s skipped: rollout is %s", stage, rollout_id, claimed)
+        return f"skipped:{claimed}"
+    started = time.monotonic()
+    try:
+        outcome = STAGE_FUNCTIONS[stage](ctx, claimed)
+    except Exception as exc:
+        reason = exc.reason if isinstance(exc, StageFailure) else TerminationReason.RUNTIME_ERROR
+        message = str(exc) if isinstance(exc, StageFailure) else traceback.format_exc()
+        log.warning("%s of %s failed (%s): %s", stage, rollout_id, reason, message[-500:])
+        try:
+            with unit_of_work(ctx.session_factory) as session:
+                fail(session, claimed, reason, message)
+        except LeaseLost:
+            log.warning("%s of %s: lease lost before recording the failure", stage, rollout_id)
+        if stage in RUNTIME_STAGES:
+            _release_runtime(ctx, claimed)
+        return f"failed:{reason}"
+    outcome.detail["duration_s"] = round(time.monotonic() - started, 4)
+    try:
+        with unit_of_work(ctx.session_factory) as session:
+            finish(
+                session, claimed, outcome.values, outcome.rows, outcome.detail,
+                _next_message(ctx, claimed, outcome),
+            )  # fmt: skip
+    except LeaseLost:
+        log.warning("%s of %s: lease lost, result discarded", stage, rollout_id)
+        return "lease_lost"
+    if STAGE_STATES[stage][2] in RolloutStatus.TERMINAL:
+        _release_runtime(ctx, claimed)
+    return "done"

@@ -1,0 +1,1 @@
+"""The four stages; each module tells the whole story of its stage."""

@@ -1,0 +1,67 @@
+"""Stage 3, build trajectory: the rollout's captured LLM calls become training samples.
+
+Reads only the database, so it runs on any node. Token ids come from the calls exactly as the engine
+produced them; nothing is re-tokenized.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+
+from polar_mq.db import unit_of_work
+from polar_mq.models import LlmCall, TrajectorySample
+from polar_mq.trajectories.base import CapturedCall
+from polar_mq.trajectories.registry import get_builder
+from polar_mq.workers.context import WorkerContext
+from polar_mq.workers.stages.common import StageOutcome
+from polar_mq.workers.transitions import Claimed
+
+
+def load_calls(ctx: WorkerContext, claimed: Claimed) -> list[CapturedCall]:
+    with unit_of_work(ctx.session_factory) as session:
+        rows = session.scalars(
+            select(LlmCall)
+            .where(LlmCall.rollout_id == claimed.rollout.id)
+            .order_by(LlmCall.seq, LlmCall.created_at)
+        ).all()
+        return [
+            CapturedCall(
+                seq=row.seq,
+                call_id=str(row.id),
+                prompt_ids=row.prompt_ids,
+                completion_ids=row.completion_ids,
+                logprobs=row.logprobs,
+                finish_reason=row.finish_reason,
+                policy_version=row.policy_version,
+                status_code=row.status_code,
+                request=row.request,
+                response=row.response,
+            )
+            for row in rows
+        ]
+
+
+def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
+    builder_name = claimed.job.spec.get("builder", "per_call")
+    calls = load_calls(ctx, claimed)
+    result = get_builder(builder_name).build(calls)
+    rows = [
+        TrajectorySample(
+            rollout_id=claimed.rollout.id,
+            attempt=claimed.rollout.attempt,
+            sample_index=i,
+            builder=builder_name,
+            prompt_ids=sample.prompt_ids,
+            response_ids=sample.response_ids,
+            loss_mask=sample.loss_mask,
+            logprobs=sample.logprobs,
+            messages=sample.messages,
+            meta=sample.meta,
+        )
+        for i, sample in enumerate(result.samples)
+    ]
+    return StageOutcome(
+        values={"n_llm_calls": len(calls)},
+        rows=rows,
+        detail={"builder": builder_name, **result.stats},
+    )

@@ -1,0 +1,78 @@
+"""Stage 4, evaluate: score the rollout with the job's evaluator, then release the runtime.
+
+Runs on the node that holds the runtime because some evaluators run test commands inside it. The
+runtime is stopped by the runner once the result is committed (or the stage failed).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import select
+
+from polar_mq.db import unit_of_work
+from polar_mq.evaluators import EvalContext, get_evaluator
+from polar_mq.models import Evaluation, LlmCall
+from polar_mq.runtimes import Runtime
+from polar_mq.workers.context import WorkerContext
+from polar_mq.workers.stages.common import StageOutcome, open_runtime
+from polar_mq.workers.transitions import Claimed
+
+ANSWER_FILE = "answer.txt"
+
+
+def _last_assistant_text(ctx: WorkerContext, claimed: Claimed) -> str | None:
+    with unit_of_work(ctx.session_factory) as session:
+        response: dict[str, Any] | None = session.scalar(
+            select(LlmCall.response)
+            .where(LlmCall.rollout_id == claimed.rollout.id, LlmCall.status_code == 200)
+            .order_by(LlmCall.seq.desc())
+            .limit(1)
+        )
+    if not response:
+        return None
+    choices = response.get("choices") or []
+    if choices:
+        first = choices[0]
+        message = first.get("message") or {}
+        return message.get("content") or first.get("text")
+    return response.get("text")
+
+
+def final_text(ctx: WorkerContext, claimed: Claimed, runtime: Runtime) -> str | None:
+    """The agent's answer: its answer file if it wrote one, else its last assistant message."""
+    try:
+        return runtime.download(ANSWER_FILE).decode(errors="replace")
+    except (FileNotFoundError, OSError):
+        return _last_assistant_text(ctx, claimed)
+
+
+def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
+    spec = claimed.job.spec
+    rollout = claimed.rollout
+    evaluator_spec = spec.get("evaluator", "completed")
+    runtime = open_runtime(ctx.settings, spec.get("runtime", {}), rollout)
+    context = EvalContext(
+        rollout_id=str(rollout.id),
+        task=claimed.task.instance,
+        runtime=runtime,
+        workdir=runtime.workdir,
+        agent_exit_code=rollout.agent_exit_code,
+        termination_reason=rollout.termination_reason or "completed",
+        final_text=final_text(ctx, claimed, runtime),
+    )
+    result = get_evaluator(evaluator_spec).evaluate(context)
+    name = evaluator_spec if isinstance(evaluator_spec, str) else evaluator_spec.get("name", "?")
+    return StageOutcome(
+        values={"reward": result.reward},
+        rows=[
+            Evaluation(
+                rollout_id=rollout.id,
+                attempt=rollout.attempt,
+                evaluator=str(name),
+                reward=result.reward,
+                detail=result.detail,
+            )
+        ],
+        detail={"reward": result.reward, "final_text": (context.final_text or "")[:200]},
+    )

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Make sure the services the tests need are up: PostgreSQL on 127.0.0.1:5432 and Redis on 6379.
+# Machines of our kind start them at boot; a fresh CI machine may not have yet.
+set -euo pipefail
+wait_for() {  # name, command
+  for _ in $(seq 1 60); do
+    if eval "$2" >/dev/null 2>&1; then return 0; fi
+    sleep 0.5
+  done
+  echo "error: $1 did not come up" >&2
+  return 1
+}
+if ! pg_isready -h 127.0.0.1 -p 5432 >/dev/null 2>&1; then
+  echo "starting PostgreSQL"
+  pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -n1)" main start || true
+  wait_for PostgreSQL "pg_isready -h 127.0.0.1 -p 5432"
+fi
+if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
+  echo "starting Redis"
+  mkdir -p /var/lib/redis /var/log/redis
+  redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no \
+    --dir /var/lib/redis --logfile /var/log/redis/ci.log
+  wait_for Redis "redis-cli -h 127.0.0.1 -p 6379 ping"
+fi

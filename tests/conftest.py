@@ -1,0 +1,60 @@
+"""Shared fixtures: a real PostgreSQL database per test session with the migrations applied.
+
+Each pytest session creates its own database (`polar_mq_test_<pid>`) on the local server, runs the
+Alembic migrations on it, and drops it at the end, so parallel or interrupted runs never collide.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from sqlalchemy import Engine, text
+from sqlalchemy.orm import Session, sessionmaker
+
+from polar_mq.db import create_db_engine, make_session_factory
+from polar_mq.migrate import upgrade
+from polar_mq.models import Base
+
+PG_ADMIN_URL = os.environ.get("POLAR_MQ_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+REDIS_URL = os.environ.get("POLAR_MQ_TEST_REDIS", "redis://127.0.0.1:6379")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> Iterator[str]:
+    """URL of a fresh, migrated PostgreSQL database for this test session."""
+    name = f"polar_mq_test_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    admin = create_db_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    url = PG_ADMIN_URL.rsplit("/", 1)[0] + "/" + name
+    upgrade(url)
+    yield url
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def pg_engine(pg_url: str) -> Iterator[Engine]:
+    engine = create_db_engine(pg_url)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture()
+def db_session_factory(pg_engine: Engine) -> Iterator[sessionmaker[Session]]:
+    """A session factory on the session database; tables are emptied after each test."""
+    yield make_session_factory(pg_engine)
+    with pg_engine.begin() as conn:
+        names = ", ".join(t.name for t in Base.metadata.sorted_tables)
+        conn.execute(text(f"TRUNCATE {names} CASCADE"))

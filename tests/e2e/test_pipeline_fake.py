@@ -1,0 +1,89 @@
+"""The four-stage pipeline end to end against the vLLM-shaped fake upstream."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from polar_mq.client import Client
+from polar_mq.devstack import LocalStack
+from polar_mq.models import Event, EventKind, LlmCall, Rollout, TrajectorySample
+
+pytestmark = pytest.mark.e2e
+
+TASKS = [
+    {"instruction": "What is 6*7?", "answer": "42"},
+    {"instruction": "Compute 12+30.", "answer": "42"},
+    {"instruction": "What is 100-1?", "answer": "98"},  # wrong on purpose: reward 0
+]
+
+
+def _client(stack: LocalStack) -> Client:
+    s = stack.settings
+    return Client(f"http://{s.api_host}:{s.api_port}")
+
+
+def test_three_tasks_four_samples_complete_with_tokens(
+    fake_stack: LocalStack, db_session_factory: sessionmaker[Session]
+) -> None:
+    client = _client(fake_stack)
+    submitted = client.submit(
+        TASKS,
+        samples_per_task=4,
+        harness={"type": "reference"},
+        evaluator="exact_match",
+        timeouts={"agent_s": 60},
+    )
+    job_id = submitted["job_id"]
+    assert len(submitted["rollout_ids"]) == 12
+    status = client.wait(job_id, progress=False, timeout=180)
+
+    assert status["totals"]["completed"] == 12, status
+    stage_total = sum(sum(c.values()) for c in status["stages"].values())
+    terminal_total = sum(status["terminal"].values())
+    assert stage_total + terminal_total == status["totals"]["rollouts"] == 12
+
+    with db_session_factory() as session:
+        rollouts = session.scalars(select(Rollout).where(Rollout.job_id == job_id)).all()
+        assert {r.status for r in rollouts} == {"completed"}
+        assert {r.termination_reason for r in rollouts} == {"completed"}
+        for r in rollouts:
+            calls = session.scalars(
+                select(LlmCall).where(LlmCall.rollout_id == r.id).order_by(LlmCall.seq)
+            ).all()
+            assert len(calls) >= 2
+            for call in calls:
+                assert call.prompt_ids and call.completion_ids
+                assert call.logprobs is not None
+                assert len(call.logprobs) == len(call.completion_ids)
+            samples = session.scalars(
+                select(TrajectorySample)
+                .where(TrajectorySample.rollout_id == r.id)
+                .order_by(TrajectorySample.sample_index)
+            ).all()
+            assert [(s.prompt_ids, s.response_ids, s.logprobs) for s in samples] == [
+                (c.prompt_ids, c.completion_ids, c.logprobs) for c in calls
+            ]
+            assert all(s.loss_mask == [1] * len(s.response_ids) for s in samples)
+            expected = 0.0 if r.task_index == 2 else 1.0
+            assert r.reward == expected, (r.task_index, r.reward)
+            kinds = Counter(
+                (e.stage, e.kind)
+                for e in session.scalars(select(Event).where(Event.rollout_id == r.id))
+            )
+            for stage in ("prepare", "run_agent", "build", "evaluate"):
+                assert kinds[(stage, EventKind.STARTED)] == 1
+                assert kinds[(stage, EventKind.FINISHED)] == 1
+
+    groups = list(client.results(job_id, complete_only=True))
+    assert sorted(g["task_index"] for g in groups) == [0, 1, 2]
+    assert all(len(g["samples"]) == 4 for g in groups)
+    detail = client.rollout(submitted["rollout_ids"][0])
+    assert set(detail["timings"]) >= {"prepare", "run_agent", "build", "evaluate"}
+    trajectory = client.trajectory(submitted["rollout_ids"][0])
+    assert len(trajectory["samples"]) >= 2
+    # the runtimes are gone: no workspace left behind, no process of a rollout alive
+    assert not any((fake_stack.settings.runtime_root).glob("*/workspace"))

@@ -1,0 +1,70 @@
+"""Compare-and-set transitions: one winner per stage, fenced results, failures recorded."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from polar_mq.db import unit_of_work
+from polar_mq.jobs.schemas import JobCreate
+from polar_mq.jobs.service import create_job
+from polar_mq.models import Event, Rollout, RolloutStatus
+from polar_mq.workers.routing import Stage, StageMessage
+from polar_mq.workers.transitions import Claimed, LeaseLost, claim, fail, finish
+
+
+def _one_rollout(factory: sessionmaker[Session]) -> uuid.UUID:
+    with unit_of_work(factory) as session:
+        job = create_job(session, JobCreate.model_validate({"tasks": [{"instruction": "x"}]}), "p")
+    return job.rollout_ids[0]
+
+
+def test_only_one_claim_wins(db_session_factory: sessionmaker[Session]) -> None:
+    rid = _one_rollout(db_session_factory)
+    with unit_of_work(db_session_factory) as session:
+        first = claim(session, Stage.PREPARE, rid, "w1", 60)
+    with unit_of_work(db_session_factory) as session:
+        second = claim(session, Stage.PREPARE, rid, "w2", 60)
+    assert isinstance(first, Claimed)
+    assert second == RolloutStatus.PREPARING
+    with unit_of_work(db_session_factory) as session:
+        wrong_stage = claim(session, Stage.BUILD, rid, "w3", 60)
+    assert wrong_stage == RolloutStatus.PREPARING
+
+
+def test_finish_is_fenced_by_owner(db_session_factory: sessionmaker[Session]) -> None:
+    rid = _one_rollout(db_session_factory)
+    with unit_of_work(db_session_factory) as session:
+        won = claim(session, Stage.PREPARE, rid, "w1", 60)
+    assert isinstance(won, Claimed)
+    impostor = Claimed(won.rollout, won.job, won.task, "w2", Stage.PREPARE)
+    with pytest.raises(LeaseLost), unit_of_work(db_session_factory) as session:
+        finish(session, impostor, {}, [], {}, None)
+    nxt = StageMessage(Stage.RUN_AGENT, rid, "p", "n1")
+    with unit_of_work(db_session_factory) as session:
+        finish(session, won, {"node": "n1"}, [], {"ok": True}, nxt)
+    with pytest.raises(LeaseLost), unit_of_work(db_session_factory) as session:
+        finish(session, won, {}, [], {}, None)  # a second finish of the same claim
+    with db_session_factory() as session:
+        rollout = session.get_one(Rollout, rid)
+        assert (rollout.status, rollout.node, rollout.lease_owner) == ("prepared", "n1", None)
+        assert rollout.started_at is not None
+        kinds = session.scalars(select(Event.kind).where(Event.rollout_id == rid)).all()
+        assert sorted(kinds) == ["finished", "started", "submitted"]
+
+
+def test_fail_marks_terminal_without_reward(db_session_factory: sessionmaker[Session]) -> None:
+    rid = _one_rollout(db_session_factory)
+    with unit_of_work(db_session_factory) as session:
+        won = claim(session, Stage.PREPARE, rid, "w1", 60)
+    assert isinstance(won, Claimed)
+    with unit_of_work(db_session_factory) as session:
+        fail(session, won, "runtime_error", "disk full")
+    with db_session_factory() as session:
+        rollout = session.get_one(Rollout, rid)
+        assert rollout.status == RolloutStatus.FAILED
+        assert rollout.termination_reason == "runtime_error"
+        assert rollout.reward is None and rollout.finished_at is not None
