@@ -58,6 +58,18 @@ def keys_create(name: str) -> None:
     print(key)
 
 
+def _has_keys(settings: Settings) -> bool:
+    from polar_mq.api.auth import has_active_keys
+    from polar_mq.db import create_db_engine, make_session_factory
+
+    engine = create_db_engine(settings.database_url)
+    try:
+        with make_session_factory(engine)() as session:
+            return has_active_keys(session)
+    finally:
+        engine.dispose()
+
+
 @app.command()
 def api(
     host: Annotated[str | None, typer.Option(help="bind address")] = None,
@@ -67,12 +79,10 @@ def api(
     import uvicorn
 
     from polar_mq.api.app import create_app
-    from polar_mq.api.auth import any_active_key
-    from polar_mq.db import create_db_engine
 
     settings = _settings()
     host = host or settings.api_host
-    if host not in LOCAL_HOSTS and not any_active_key(create_db_engine(settings.database_url)):
+    if host not in LOCAL_HOSTS and not _has_keys(settings):
         raise _fail(
             f"refusing to listen on {host} without API keys; create one with "
             "`polar-mq keys create NAME` or bind to 127.0.0.1"
@@ -183,9 +193,9 @@ def submit(
     client = _client(url, api_key)
     try:
         submitted = client.submit_spec(spec)
-        console.print(f"job {submitted['job_id']}: {len(submitted['rollout_ids'])} rollouts")
+        console.print(f"job {submitted.job_id}: {len(submitted.rollout_ids)} rollouts")
         if wait:
-            status = client.wait(submitted["job_id"], progress=True)
+            status = client.wait(str(submitted.job_id), progress=True)
             console.print_json(data=status)
     except PolarMQError as exc:
         raise _fail(str(exc)) from exc
@@ -202,7 +212,7 @@ def status(
 
     client = _client(url, api_key)
     try:
-        console.print_json(data=client.status(job_id) if job_id else client.list_jobs())
+        console.print_json(data=client.status(job_id) if job_id else client.jobs())
     except PolarMQError as exc:
         raise _fail(str(exc)) from exc
 

@@ -63,15 +63,15 @@ def _print_results(client: Client, job_id: str, seconds: float) -> None:
     for group in client.results(job_id, complete_only=False, include_trajectories=True):
         rewards, calls, prompt_tok, completion_tok = [], 0, 0, 0
         for sample in group["samples"]:
-            rewards.append("–" if sample["reward"] is None else f"{sample['reward']:.0f}")
+            rewards.append("-" if sample["reward"] is None else f"{sample['reward']:.0f}")
             calls += sample.get("n_llm_calls") or 0
             for traj in sample.get("trajectories") or []:
                 prompt_tok += len(traj["prompt_ids"])
                 completion_tok += len(traj["response_ids"])
             detail = client.rollout(sample["rollout_id"])
-            for stage, secs in (detail.get("timings") or {}).items():
-                if secs is not None and stage in timings:
-                    timings[stage].append(secs)
+            for stage, timing in (detail.get("timings") or {}).items():
+                if timing.get("duration_s") is not None and stage in timings:
+                    timings[stage].append(timing["duration_s"])
         task = group["task"]
         table.add_row(
             task["instruction"], task.get("answer", ""), " ".join(rewards), str(calls),
@@ -124,9 +124,10 @@ def run_demo(use_fake: bool, n_tasks: int, samples: int) -> int:
                 sampling={"temperature": 0.7, "max_tokens": 96},
                 timeouts={"agent_s": 120},
             )
-            console.print(f"submitted job {job['job_id']}: {len(job['rollout_ids'])} rollouts")
-            client.wait(job["job_id"], progress=True, timeout=1800)
-            _print_results(client, job["job_id"], time.monotonic() - started)
+            job_id = str(job.job_id)
+            console.print(f"submitted job {job_id}: {len(job.rollout_ids)} rollouts")
+            client.wait(job_id, progress=True, timeout=1800)
+            _print_results(client, job_id, time.monotonic() - started)
             console.print(
                 f"logs: {DEMO_DIR}/logs   database: {settings.database_url}\n"
                 "Flower (Celery dashboard) for a Redis deployment: `polar-mq flower` then open "

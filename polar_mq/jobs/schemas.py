@@ -71,7 +71,9 @@ class JobCreate(StrictModel):
     sampling: dict[str, Any] = Field(default_factory=dict, description="temperature, max_tokens")
     timeouts: TimeoutSpec = Field(default_factory=TimeoutSpec)
     model: str | None = Field(None, description="model name the agent is told to use")
-    pool: str | None = Field(None, description="worker pool; default: the API's pool")
+    pool: str | None = Field(
+        None, pattern=r"^[A-Za-z0-9_-]{1,64}$", description="worker pool; default: the API's pool"
+    )
     metadata: dict[str, Any] = Field(default_factory=dict)
     idempotency_key: str | None = Field(None, min_length=1, max_length=200)
 
@@ -99,5 +101,7 @@ class JobCreate(StrictModel):
     def stored_spec(self) -> dict[str, Any]:
         """The part of the job every stage reads (tasks and metadata are stored apart)."""
         return self.model_dump(
-            mode="json", exclude={"tasks", "metadata", "idempotency_key", "samples_per_task"}
+            mode="json",
+            exclude_none=True,
+            exclude={"tasks", "metadata", "idempotency_key", "samples_per_task"},
         )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
@@ -62,9 +63,10 @@ def create_job(session: Session, spec: JobCreate, default_pool: str) -> Submitte
         insert(JobTask).returning(JobTask.id, sort_by_parameter_order=True),
         [{"job_id": job.id, "task_index": i, "instance": t} for i, t in enumerate(spec.tasks)],
     ).all()
-    rollouts = [
+    rollout_ids = [uuid.uuid4() for _ in range(len(task_ids) * spec.samples_per_task)]
+    rollouts: list[dict[str, Any]] = [
         {
-            "id": uuid.uuid4(),
+            "id": rollout_ids[task_index * spec.samples_per_task + sample],
             "job_id": job.id,
             "task_id": task_id,
             "task_index": task_index,
@@ -92,6 +94,6 @@ def create_job(session: Session, spec: JobCreate, default_pool: str) -> Submitte
             for r in rollouts
         ],
     )
-    for r in rollouts:
-        defer_publish(session, StageMessage(Stage.PREPARE, r["id"], pool))
-    return SubmittedJob(job.id, [r["id"] for r in rollouts], created=True)
+    for rollout_id in rollout_ids:
+        defer_publish(session, StageMessage(Stage.PREPARE, rollout_id, pool))
+    return SubmittedJob(job.id, rollout_ids, created=True)

@@ -20,7 +20,10 @@ def get_builder(name: str) -> Builder:
             target = getattr(importlib.import_module(module_name), attr)
         except (ImportError, AttributeError) as exc:
             raise ValueError(f"cannot import builder {name!r}: {exc}") from exc
-        return cast(Builder, target() if isinstance(target, type) else target)
+        builder = target() if isinstance(target, type) else target
+        if not callable(getattr(builder, "build", None)):
+            raise ValueError(f"{name!r} is not a builder: it has no build(calls) method")
+        return cast(Builder, builder)
     raise ValueError(f"unknown builder {name!r}; known: {', '.join(BUILTIN)} or 'module:attr'")
 
 

@@ -16,7 +16,7 @@ from polar_mq.config import Settings
 from polar_mq.workers.routing import StageMessage, queue_name
 
 
-class PolarCelery(Celery):  # type: ignore[misc]
+class PolarCelery(Celery):
     """A Celery app that carries the polar_mq Settings it was built from."""
 
     polar_settings: Settings

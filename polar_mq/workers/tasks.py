@@ -15,7 +15,7 @@ from polar_mq.workers.runner import run_stage
 _contexts: dict[tuple[int, int], WorkerContext] = {}
 
 
-class StageTask(Task):  # type: ignore[misc]
+class StageTask(Task):
     """Gives each task the worker context of its process (built after fork, once per app)."""
 
     @property

@@ -11,9 +11,9 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import func, select, update
+from sqlalchemy import CursorResult, func, select, update
 from sqlalchemy.orm import Session
 
 from polar_mq.models import Event, EventKind, Job, JobTask, Rollout, RolloutStatus
@@ -43,6 +43,10 @@ class Claimed:
     task: JobTask
     owner: str
     stage: Stage
+
+
+def _rowcount(result: object) -> int:
+    return int(cast(CursorResult[Any], result).rowcount)
 
 
 def _event(
@@ -75,12 +79,14 @@ def claim(
     }
     if stage is Stage.PREPARE:
         values["started_at"] = func.coalesce(Rollout.started_at, now)
-    won = session.execute(
-        update(Rollout)
-        .where(Rollout.id == rollout_id, Rollout.status == ready)
-        .values(**values)
-        .execution_options(synchronize_session=False)
-    ).rowcount
+    won = _rowcount(
+        session.execute(
+            update(Rollout)
+            .where(Rollout.id == rollout_id, Rollout.status == ready)
+            .values(**values)
+            .execution_options(synchronize_session=False)
+        )
+    )
     rollout = session.get(Rollout, rollout_id, populate_existing=True)
     if rollout is None:
         return "missing"
@@ -95,16 +101,18 @@ def claim(
 
 def _fenced_update(session: Session, claimed: Claimed, values: dict[str, Any]) -> None:
     _, busy, _ = STAGE_STATES[claimed.stage]
-    done = session.execute(
-        update(Rollout)
-        .where(
-            Rollout.id == claimed.rollout.id,
-            Rollout.status == busy,
-            Rollout.lease_owner == claimed.owner,
+    done = _rowcount(
+        session.execute(
+            update(Rollout)
+            .where(
+                Rollout.id == claimed.rollout.id,
+                Rollout.status == busy,
+                Rollout.lease_owner == claimed.owner,
+            )
+            .values(lease_owner=None, lease_expires_at=None, **values)
+            .execution_options(synchronize_session=False)
         )
-        .values(lease_owner=None, lease_expires_at=None, **values)
-        .execution_options(synchronize_session=False)
-    ).rowcount
+    )
     if done != 1:
         raise LeaseLost(f"rollout {claimed.rollout.id} left {claimed.stage} under another owner")
 

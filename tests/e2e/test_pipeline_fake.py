@@ -37,14 +37,18 @@ def test_three_tasks_four_samples_complete_with_tokens(
         evaluator="exact_match",
         timeouts={"agent_s": 60},
     )
-    job_id = submitted["job_id"]
-    assert len(submitted["rollout_ids"]) == 12
+    job_id = str(submitted.job_id)
+    assert len(submitted.rollout_ids) == 12
     status = client.wait(job_id, progress=False, timeout=180)
 
-    assert status["totals"]["completed"] == 12, status
-    stage_total = sum(sum(c.values()) for c in status["stages"].values())
-    terminal_total = sum(status["terminal"].values())
-    assert stage_total + terminal_total == status["totals"]["rollouts"] == 12
+    assert status["state"] == "completed", status
+    if status["by_status"] != {"completed": 12}:
+        first = client.rollout(str(submitted.rollout_ids[0]))
+        pytest.fail(f"not all completed: {status['by_status']}; e.g. {first}")
+    assert status["by_termination_reason"] == {"completed": 12}, status
+    in_stages = sum(c["queued"] + c["running"] for c in status["stages"].values())
+    assert in_stages + status["terminal"] == status["total"] == 12
+    assert status["groups_complete"] == status["groups_total"] == 3
 
     with db_session_factory() as session:
         rollouts = session.scalars(select(Rollout).where(Rollout.job_id == job_id)).all()
@@ -81,9 +85,9 @@ def test_three_tasks_four_samples_complete_with_tokens(
     groups = list(client.results(job_id, complete_only=True))
     assert sorted(g["task_index"] for g in groups) == [0, 1, 2]
     assert all(len(g["samples"]) == 4 for g in groups)
-    detail = client.rollout(submitted["rollout_ids"][0])
+    detail = client.rollout(str(submitted.rollout_ids[0]))
     assert set(detail["timings"]) >= {"prepare", "run_agent", "build", "evaluate"}
-    trajectory = client.trajectory(submitted["rollout_ids"][0])
+    trajectory = client.trajectory(str(submitted.rollout_ids[0]))
     assert len(trajectory["samples"]) >= 2
     # the runtimes are gone: no workspace left behind, no process of a rollout alive
     assert not any((fake_stack.settings.runtime_root).glob("*/workspace"))

@@ -1,0 +1,85 @@
+"""Job routes: submit, list, status and results by cursor."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Query
+from starlette.responses import Response
+
+from polar_mq.api.deps import PrincipalDep, SessionDep, SettingsDep, get_principal
+from polar_mq.api.responses import OrjsonResponse
+from polar_mq.api.schemas import SubmitResponse, error_responses
+from polar_mq.jobs import queries
+from polar_mq.jobs.schemas import JobCreate
+from polar_mq.submit import submit_job
+
+log = logging.getLogger(__name__)
+router = APIRouter(
+    prefix="/v1/jobs",
+    tags=["jobs"],
+    dependencies=[Depends(get_principal)],
+    responses=error_responses(401, 422, 503),
+)
+
+Cursor = Annotated[str | None, Query(description="next_cursor (or a group's cursor) of a page")]
+
+
+@router.post(
+    "",
+    status_code=201,
+    response_model=SubmitResponse,
+    responses={
+        200: {"model": SubmitResponse, "description": "Existing job of this idempotency_key"},
+        **error_responses(400, 409, 413),
+    },
+)
+def submit(
+    spec: JobCreate, session: SessionDep, settings: SettingsDep, principal: PrincipalDep
+) -> Response:
+    """Create a job: tasks x samples_per_task rollouts, queued once the rows are committed."""
+    job = submit_job(session, spec, settings.pool)
+    if job.created:
+        log.info(
+            "job %s submitted by %s: %d rollouts", job.job_id, principal.name, len(job.rollout_ids)
+        )
+    body = {"job_id": job.job_id, "rollout_ids": job.rollout_ids, "created": job.created}
+    return OrjsonResponse(body, status_code=201 if job.created else 200)
+
+
+@router.get("", response_model=queries.JobPage, responses=error_responses(400))
+def list_jobs(
+    session: SessionDep,
+    limit: Annotated[int, Query(ge=1, le=queries.MAX_PAGE)] = 50,
+    cursor: Cursor = None,
+) -> Response:
+    """Jobs, newest first."""
+    return OrjsonResponse(queries.list_jobs(session, limit, cursor))
+
+
+@router.get("/{job_id}", response_model=queries.JobStatus, responses=error_responses(404))
+def job_status(job_id: uuid.UUID, session: SessionDep) -> Response:
+    """Totals, per-stage counts, outcomes, group completion and mean reward."""
+    return OrjsonResponse(queries.job_status(session, job_id))
+
+
+@router.get(
+    "/{job_id}/results", response_model=queries.ResultsPage, responses=error_responses(400, 404)
+)
+def job_results(
+    job_id: uuid.UUID,
+    session: SessionDep,
+    cursor: Cursor = None,
+    limit: Annotated[int, Query(ge=1, le=queries.MAX_PAGE, description="groups per page")] = 100,
+    complete_only: Annotated[
+        bool, Query(description="only groups whose rollouts are all terminal, by completion")
+    ] = True,
+    include_trajectories: Annotated[
+        bool, Query(description="add token ids, loss masks and logprobs to every sample")
+    ] = False,
+) -> Response:
+    """One page of groups; follow next_cursor until it is null."""
+    page = queries.job_results(session, job_id, cursor, limit, complete_only, include_trajectories)
+    return OrjsonResponse(page)

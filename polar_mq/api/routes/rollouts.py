@@ -1,0 +1,38 @@
+"""Rollout routes: detail with events and timings, trajectory, captured LLM calls."""
+
+from __future__ import annotations
+
+import uuid
+
+from fastapi import APIRouter, Depends
+from starlette.responses import Response
+
+from polar_mq.api.deps import SessionDep, get_principal
+from polar_mq.api.responses import OrjsonResponse
+from polar_mq.api.schemas import error_responses
+from polar_mq.jobs import queries
+
+router = APIRouter(
+    prefix="/v1/rollouts",
+    tags=["rollouts"],
+    dependencies=[Depends(get_principal)],
+    responses=error_responses(401, 404, 422, 503),
+)
+
+
+@router.get("/{rollout_id}", response_model=queries.RolloutDetail)
+def rollout_detail(rollout_id: uuid.UUID, session: SessionDep) -> Response:
+    """Fields, event log, per-stage timings, error and the evaluator's verdict."""
+    return OrjsonResponse(queries.rollout_detail(session, rollout_id))
+
+
+@router.get("/{rollout_id}/trajectory", response_model=queries.RolloutTrajectory)
+def rollout_trajectory(rollout_id: uuid.UUID, session: SessionDep) -> Response:
+    """Training samples (token ids, loss mask, logprobs) of the current attempt."""
+    return OrjsonResponse(queries.rollout_trajectory(session, rollout_id))
+
+
+@router.get("/{rollout_id}/calls", response_model=queries.RolloutCalls)
+def rollout_calls(rollout_id: uuid.UUID, session: SessionDep) -> Response:
+    """LLM calls captured by the proxy, in order, with token ids and logprobs."""
+    return OrjsonResponse(queries.rollout_calls(session, rollout_id))

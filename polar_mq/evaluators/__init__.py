@@ -1,0 +1,26 @@
+"""Evaluators: turn a finished rollout into a reward, pluggable by name or import path."""
+
+from polar_mq.evaluators.base import EvalContext, EvalResult, Evaluator
+from polar_mq.evaluators.command import CommandEvaluator
+from polar_mq.evaluators.completed import CompletedEvaluator
+from polar_mq.evaluators.match import ExactMatchEvaluator, RegexEvaluator
+from polar_mq.evaluators.registry import (
+    EVALUATORS,
+    CallableEvaluator,
+    get_evaluator,
+    validate_evaluator_spec,
+)
+
+__all__ = [
+    "EVALUATORS",
+    "CallableEvaluator",
+    "CommandEvaluator",
+    "CompletedEvaluator",
+    "EvalContext",
+    "EvalResult",
+    "Evaluator",
+    "ExactMatchEvaluator",
+    "RegexEvaluator",
+    "get_evaluator",
+    "validate_evaluator_spec",
+]

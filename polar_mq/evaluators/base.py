@@ -1,0 +1,51 @@
+"""The evaluator interface: what a scorer sees of a finished rollout and what it returns.
+
+Evaluators are built from a job's spec once and applied to many rollouts, so parameters are
+checked in the constructor (a bad spec fails at submission) and `evaluate` only scores.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from polar_mq.runtimes.base import Runtime
+
+
+@dataclass(frozen=True, slots=True)
+class EvalContext:
+    """A finished rollout as evaluators see it.
+
+    `final_text` is the agent's answer file if it wrote one, else its last assistant message.
+    `runtime` is still alive during evaluation so test commands can run where the agent worked.
+    """
+
+    rollout_id: str
+    task: Mapping[str, Any]
+    runtime: Runtime | None
+    workdir: Path | None
+    agent_exit_code: int | None
+    termination_reason: str
+    final_text: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class EvalResult:
+    """A reward (None = could not be scored, never silently 0) and what led to it."""
+
+    reward: float | None
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+class Evaluator(ABC):
+    """Scores one rollout. `needs_runtime` tells the evaluate stage to keep the sandbox up."""
+
+    name: ClassVar[str]
+    needs_runtime: bool = False
+
+    @abstractmethod
+    def evaluate(self, ctx: EvalContext) -> EvalResult:
+        """Compute the reward; raise only on a bug, report task problems in the result."""

@@ -1,0 +1,76 @@
+"""Harnesses: how an unmodified agent program is started inside a runtime.
+
+`get_harness` turns a job's harness spec into a `Harness`; the API calls it at submission time so
+that a bad spec is a 4xx, never a failed rollout.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from polar_mq.harnesses.base import PROXY_ENV_VARS, AgentContext, Harness, proxy_env
+from polar_mq.harnesses.command import PLACEHOLDERS, CommandHarness
+
+REFERENCE_AGENT_MODULE = "polar_mq.agents.tool_agent"
+
+
+def reference_command() -> str:
+    """The built-in tool agent, started with this interpreter so it finds polar_mq and openai."""
+    return f"{shlex.quote(sys.executable)} -m {REFERENCE_AGENT_MODULE}"
+
+
+def _command(spec: Mapping[str, Any]) -> Harness:
+    _check_keys(spec, {"type", "command", "env"})
+    return CommandHarness(spec.get("command", ""), spec.get("env"))
+
+
+def _reference(spec: Mapping[str, Any]) -> Harness:
+    _check_keys(spec, {"type", "env"})
+    return CommandHarness(reference_command(), spec.get("env"))
+
+
+HARNESS_TYPES: dict[str, Callable[[Mapping[str, Any]], Harness]] = {
+    "command": _command,
+    "reference": _reference,
+}
+
+
+def get_harness(spec: Mapping[str, Any]) -> Harness:
+    """Build a harness from `{"type": "command", "command": ..., "env": {...}}` and the like."""
+    if not isinstance(spec, Mapping):
+        raise ValueError(f"harness spec must be a mapping, got {type(spec).__name__}")
+    kind = spec.get("type")
+    factory = HARNESS_TYPES.get(kind) if isinstance(kind, str) else None
+    if factory is None:
+        known = ", ".join(sorted(HARNESS_TYPES))
+        raise ValueError(f"unknown harness type {kind!r}; known types: {known}")
+    env = spec.get("env")
+    if env is not None and not isinstance(env, Mapping):
+        raise ValueError("harness 'env' must be a mapping of str to str")
+    return factory(spec)
+
+
+def _check_keys(spec: Mapping[str, Any], allowed: set[str]) -> None:
+    unknown = sorted(set(spec) - allowed)
+    if unknown:
+        raise ValueError(
+            f"unknown key(s) {', '.join(map(repr, unknown))} in {spec.get('type')!r} harness spec; "
+            f"allowed: {', '.join(sorted(allowed))}"
+        )
+
+
+__all__ = [
+    "HARNESS_TYPES",
+    "PLACEHOLDERS",
+    "PROXY_ENV_VARS",
+    "REFERENCE_AGENT_MODULE",
+    "AgentContext",
+    "CommandHarness",
+    "Harness",
+    "get_harness",
+    "proxy_env",
+    "reference_command",
+]

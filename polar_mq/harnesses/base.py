@@ -1,0 +1,76 @@
+"""What every harness shares: the rollout context and the proxy wiring through env vars.
+
+A harness is an unmodified agent program; polar_mq only decides its command line and its
+environment. The proxy wiring is the same for all harnesses, so it lives here and harnesses
+cannot override it (an agent talking to the inference server directly would leave no tokens).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+# Variables that route the agent through the proxy and tell it its task; reserved for polar_mq.
+PROXY_ENV_VARS = frozenset(
+    {
+        "OPENAI_BASE_URL",
+        "OPENAI_API_KEY",
+        "ANTHROPIC_BASE_URL",
+        "ANTHROPIC_API_KEY",
+        "POLAR_ROLLOUT_ID",
+        "POLAR_INSTRUCTION",
+        "POLAR_TASK_FILE",
+        "POLAR_WORKDIR",
+        "POLAR_MODEL",
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class AgentContext:
+    """Everything a harness needs to start one rollout's agent.
+
+    `proxy_base_url` is the OpenAI-style base (ending in `/v1`); `api_key` is the rollout's
+    capability token, so the proxy can attribute every call to this rollout.
+    """
+
+    rollout_id: str
+    instruction: str
+    task_file: str
+    workdir: str
+    proxy_base_url: str
+    api_key: str
+    model: str
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+
+def proxy_env(ctx: AgentContext) -> dict[str, str]:
+    """The variables that point OpenAI- and Anthropic-SDK agents at the proxy for this rollout."""
+    openai_base = ctx.proxy_base_url.rstrip("/")
+    anthropic_base = openai_base.removesuffix("/v1")
+    return {
+        "OPENAI_BASE_URL": openai_base,
+        "OPENAI_API_KEY": ctx.api_key,
+        "ANTHROPIC_BASE_URL": anthropic_base,
+        "ANTHROPIC_API_KEY": ctx.api_key,
+        "POLAR_ROLLOUT_ID": ctx.rollout_id,
+        "POLAR_INSTRUCTION": ctx.instruction,
+        "POLAR_TASK_FILE": ctx.task_file,
+        "POLAR_WORKDIR": ctx.workdir,
+        "POLAR_MODEL": ctx.model,
+    }
+
+
+class Harness(ABC):
+    """Turns a rollout context into a shell command and an environment for the runtime."""
+
+    type: ClassVar[str]
+
+    @abstractmethod
+    def command(self, ctx: AgentContext) -> str:
+        """The shell command (run via `/bin/sh -c`) that starts the agent."""
+
+    def env(self, ctx: AgentContext) -> dict[str, str]:
+        """Per-rollout extras first, then the proxy wiring, which always wins."""
+        return {**ctx.extra_env, **proxy_env(ctx)}

@@ -1,0 +1,71 @@
+"""The `command` harness: any shell command, with the task reachable by placeholders and env.
+
+Placeholders are replaced one by one (not with `str.format`) so that shell braces such as
+`${HOME}` or `awk '{print $1}'` in user commands pass through untouched.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Mapping
+
+from polar_mq.harnesses.base import PROXY_ENV_VARS, AgentContext, Harness
+
+PLACEHOLDERS = ("instruction", "task_file", "workdir", "rollout_id", "model")
+_PLACEHOLDER = re.compile(r"\{(" + "|".join(PLACEHOLDERS) + r")\}")
+
+
+def _values(ctx: AgentContext) -> dict[str, str]:
+    return {
+        "instruction": ctx.instruction,
+        "task_file": ctx.task_file,
+        "workdir": ctx.workdir,
+        "rollout_id": ctx.rollout_id,
+        "model": ctx.model,
+    }
+
+
+def substitute(template: str, ctx: AgentContext, *, quote: bool) -> str:
+    """Fill the known placeholders; `quote` shell-quotes each value (for command lines)."""
+    values = _values(ctx)
+
+    def fill(match: re.Match[str]) -> str:
+        value = values[match.group(1)]
+        return shlex.quote(value) if quote else value
+
+    return _PLACEHOLDER.sub(fill, template)
+
+
+class CommandHarness(Harness):
+    """Runs `command` through the shell; `env` values may use the same placeholders, unquoted.
+
+    The proxy variables are reserved: a job that tries to set them is refused at construction,
+    before any rollout runs, rather than silently bypassing token capture.
+    """
+
+    type = "command"
+
+    def __init__(self, command: str, env: Mapping[str, str] | None = None) -> None:
+        if not isinstance(command, str) or not command.strip():
+            raise ValueError("command harness needs a non-empty 'command' string")
+        user_env = dict(env or {})
+        for key, value in user_env.items():
+            if not isinstance(key, str) or not isinstance(value, str):
+                raise ValueError(f"harness env must map str to str, got {key!r}: {value!r}")
+        reserved = sorted(PROXY_ENV_VARS & user_env.keys())
+        if reserved:
+            raise ValueError(f"harness env may not set {', '.join(reserved)} (set by polar_mq)")
+        self.template = command
+        self.user_env = user_env
+
+    def command(self, ctx: AgentContext) -> str:
+        return substitute(self.template, ctx, quote=True)
+
+    def env(self, ctx: AgentContext) -> dict[str, str]:
+        """Harness env, then the rollout's extra env, then the proxy wiring (which always wins)."""
+        user = {key: substitute(value, ctx, quote=False) for key, value in self.user_env.items()}
+        return {**user, **super().env(ctx)}
+
+    def __repr__(self) -> str:
+        return f"CommandHarness({self.template!r})"

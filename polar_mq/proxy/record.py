@@ -1,0 +1,113 @@
+"""One `llm_calls` row per proxied call, built on the request path as a plain dict.
+
+The dict is all the request path produces: the writer thread turns batches of them into one
+multi-row INSERT. Timings are measured from the moment the agent's body was read.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from polar_mq.proxy.engines.vllm import Capture, View
+
+SEQ_ROLLOUTS_MAX = 100_000
+POLICY_VERSION = 0
+"""Stamped on every call until weight-update support (pause/resume, per-backend version) lands."""
+
+
+class SeqCounter:
+    """Per-rollout call sequence numbers, for the most recently active rollouts (LRU-bounded).
+
+    A rollout evicted after `max_rollouts` newer ones were seen restarts at 0; the builders order
+    calls by (seq, created_at), so that only matters for rollouts idle through that many others.
+    """
+
+    def __init__(self, max_rollouts: int = SEQ_ROLLOUTS_MAX) -> None:
+        self._next: OrderedDict[uuid.UUID, int] = OrderedDict()
+        self._max = max_rollouts
+
+    def next(self, rollout_id: uuid.UUID) -> int:
+        seq = self._next.get(rollout_id, 0)
+        self._next[rollout_id] = seq + 1
+        self._next.move_to_end(rollout_id)
+        if len(self._next) > self._max:
+            self._next.popitem(last=False)
+        return seq
+
+
+@dataclass(slots=True)
+class CallContext:
+    """Everything known about a call before it is forwarded."""
+
+    rollout_id: uuid.UUID
+    seq: int
+    api_type: str
+    stream: bool
+    request: dict[str, Any]
+    model: str | None
+    view: View
+    started: float
+    created_at: datetime
+
+
+def new_call(
+    rollout_id: uuid.UUID,
+    seq: int,
+    api_type: str,
+    request: dict[str, Any],
+    upstream_body: dict[str, Any],
+    view: View,
+) -> CallContext:
+    model = upstream_body.get("model")
+    return CallContext(
+        rollout_id=rollout_id,
+        seq=seq,
+        api_type=api_type,
+        stream=bool(request.get("stream")),
+        request=request,
+        model=model[:200] if isinstance(model, str) else None,
+        view=view,
+        started=time.perf_counter(),
+        created_at=datetime.now(UTC),
+    )
+
+
+def call_row(
+    call: CallContext,
+    backend: str,
+    *,
+    status_code: int,
+    complete: bool,
+    response: dict[str, Any] | None,
+    capture: Capture | None,
+    first_token_at: float | None = None,
+) -> dict[str, Any]:
+    """The `llm_calls` row (column name -> value); the column types pack the token lists."""
+    capture = capture or Capture()
+    finish = capture.finish_reason
+    return {
+        "id": uuid.uuid4(),
+        "rollout_id": call.rollout_id,
+        "seq": call.seq,
+        "backend": backend,
+        "model": call.model,
+        "api_type": call.api_type,
+        "stream": call.stream,
+        "policy_version": POLICY_VERSION,
+        "status_code": status_code,
+        "complete": complete,
+        "request": call.request,
+        "response": response,
+        "prompt_ids": capture.prompt_ids,
+        "completion_ids": capture.completion_ids,
+        "logprobs": capture.logprobs,
+        "finish_reason": finish[:30] if isinstance(finish, str) else None,
+        "latency_ms": (time.perf_counter() - call.started) * 1000.0,
+        "ttft_ms": None if first_token_at is None else (first_token_at - call.started) * 1000.0,
+        "created_at": call.created_at,
+    }

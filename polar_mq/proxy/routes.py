@@ -1,0 +1,79 @@
+"""Route handlers: authenticate, read the body, rewrite for the engine, forward and capture."""
+
+from __future__ import annotations
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+
+from polar_mq.proxy.auth import admin_allowed
+from polar_mq.proxy.body import read_json_object
+from polar_mq.proxy.capture import forward_json, forward_stream
+from polar_mq.proxy.engines.vllm import CHAT, COMPLETIONS, rewrite_request
+from polar_mq.proxy.errors import bad_gateway, unauthorized
+from polar_mq.proxy.record import new_call
+from polar_mq.proxy.state import ProxyState
+
+CHAT_PATH = "/v1/chat/completions"
+COMPLETIONS_PATH = "/v1/completions"
+FORWARDED_PATHS = (CHAT_PATH, COMPLETIONS_PATH)
+
+
+def _json(data: object, status: int = 200) -> Response:
+    return Response(orjson.dumps(data), status, media_type="application/json")
+
+
+async def _generate(request: Request, api_type: str, path: str) -> Response:
+    """Authenticate, read, rewrite, forward: the proxy's whole hot path."""
+    state: ProxyState = request.app.state.proxy
+    claim = state.auth.authenticate(request)
+    if isinstance(claim, str):
+        return unauthorized(claim)
+    body = await read_json_object(request, state.max_body_bytes)
+    if isinstance(body, Response):
+        return body
+    upstream_body, view = rewrite_request(api_type, body, state.served_model)
+    seq = state.seqs.next(claim.rollout_id)
+    call = new_call(claim.rollout_id, seq, api_type, body, upstream_body, view)
+    url = state.urls[path]
+    if call.stream:
+        return await forward_stream(state, call, url, upstream_body)
+    return await forward_json(state, call, url, upstream_body)
+
+
+async def chat_completions(request: Request) -> Response:
+    return await _generate(request, CHAT, CHAT_PATH)
+
+
+async def completions(request: Request) -> Response:
+    return await _generate(request, COMPLETIONS, COMPLETIONS_PATH)
+
+
+async def models(request: Request) -> Response:
+    """The served model, as the agent should name it; asked upstream when none is configured."""
+    state: ProxyState = request.app.state.proxy
+    claim = state.auth.authenticate(request)
+    if isinstance(claim, str):
+        return unauthorized(claim)
+    if state.served_model is not None:
+        card = {"id": state.served_model, "object": "model", "created": 0, "owned_by": "polar_mq"}
+        return _json({"object": "list", "data": [card]})
+    try:
+        upstream = await state.client.get("/v1/models")
+    except Exception as exc:  # httpx errors: the agent only needs to know it failed
+        return bad_gateway(f"upstream inference server unavailable ({type(exc).__name__})")
+    ctype = upstream.headers.get("content-type", "application/json")
+    return Response(upstream.content, upstream.status_code, headers={"content-type": ctype})
+
+
+async def healthz(request: Request) -> Response:
+    return _json({"status": "ok"})
+
+
+async def admin_flush(request: Request) -> Response:
+    """Wait until every call logged so far is in the database (tests, benchmarks, shutdown)."""
+    state: ProxyState = request.app.state.proxy
+    if not admin_allowed(request, state.admin_token):
+        return unauthorized("admin token required")
+    written = await state.sink.flush()
+    return _json({**state.sink.stats(), "written": written})

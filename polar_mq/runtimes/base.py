@@ -1,0 +1,143 @@
+"""The runtime interface: a sandbox that one rollout's stages share across processes.
+
+Stages run in different worker processes on the same node, so a `Runtime` object is only a handle:
+everything it needs to act on the sandbox (files, processes) must be discoverable from its id and
+root alone. Any process may build a handle for an existing id and exec in it, reset it or stop it.
+"""
+
+from __future__ import annotations
+
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import ClassVar, Self
+
+_RUNTIME_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+@dataclass(frozen=True, slots=True)
+class ExecResult:
+    """Outcome of one command; the tails keep memory bounded whatever the command prints.
+
+    `exit_code` is the command's status (negative N: killed by signal N, e.g. a resource limit),
+    or None when exec itself killed it (`timed_out` or `inactive`).
+    """
+
+    exit_code: int | None
+    stdout_tail: str
+    stderr_tail: str
+    timed_out: bool
+    inactive: bool
+    duration_s: float
+
+    @property
+    def ok(self) -> bool:
+        """True when the command ran to completion and exited 0."""
+        return self.exit_code == 0 and not self.timed_out and not self.inactive
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceLimits:
+    """Per-process limits; `None` leaves the worker's own limit in place.
+
+    `memory_mb` bounds the address space (RLIMIT_AS), which is stricter than resident memory:
+    runtimes that start JIT-heavy programs need generous values.
+    """
+
+    memory_mb: int | None = None
+    cpu_seconds: int | None = None
+    max_open_files: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("memory_mb", "cpu_seconds", "max_open_files"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value <= 0):
+                raise ValueError(f"ResourceLimits.{name} must be a positive int or None")
+
+
+def validate_runtime_id(runtime_id: str) -> str:
+    """Refuse ids that could escape the runtime root once used as a directory name."""
+    if not isinstance(runtime_id, str) or not _RUNTIME_ID.fullmatch(runtime_id):
+        raise ValueError(
+            f"invalid runtime id {runtime_id!r}: use 1-128 characters from [A-Za-z0-9._-], "
+            "starting with a letter or digit"
+        )
+    return runtime_id
+
+
+class Runtime(ABC):
+    """A sandbox: a work directory plus the processes started in it.
+
+    Implementations must be re-attachable: constructing a runtime with the id of an existing one
+    (in any process on the node) gives a handle on the same sandbox. `stop()` must be idempotent
+    and must leave no process, container or directory behind.
+    """
+
+    kind: ClassVar[str]
+
+    def __init__(self, runtime_id: str) -> None:
+        self.runtime_id = validate_runtime_id(runtime_id)
+
+    @property
+    @abstractmethod
+    def workdir(self) -> Path:
+        """Directory the agent works in (its `POLAR_WORKDIR`)."""
+
+    @abstractmethod
+    def start(self) -> None:
+        """Create the sandbox; calling it on an existing sandbox is a no-op."""
+
+    @abstractmethod
+    def exec(
+        self,
+        command: str | list[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        timeout: float | None = None,
+        inactivity_timeout: float | None = None,
+        activity: Callable[[], float] | None = None,
+        stdout_path: Path | None = None,
+    ) -> ExecResult:
+        """Run a command to completion, or kill its whole process tree on expiry.
+
+        A str command runs via `/bin/sh -c`. `timeout` is wall-clock seconds. With
+        `inactivity_timeout`, the command is killed once neither its output nor `activity()`
+        (a `time.monotonic()` stamp of the last external sign of life, e.g. the last LLM call)
+        has moved for that many seconds. `stdout_path` receives stdout and stderr interleaved.
+        """
+
+    @abstractmethod
+    def upload(self, data: bytes, dest: str) -> None:
+        """Write `data` to `dest` (relative paths are relative to the work directory)."""
+
+    @abstractmethod
+    def download(self, path: str) -> bytes:
+        """Read a file of the sandbox (relative paths are relative to the work directory)."""
+
+    @abstractmethod
+    def reset(self) -> None:
+        """Kill every process and empty the work directory so the sandbox can be reused."""
+
+    @abstractmethod
+    def stop(self) -> None:
+        """Kill every process and delete the sandbox; safe to call repeatedly, from any process."""
+
+    @abstractmethod
+    def alive_processes(self) -> list[int]:
+        """Pids of the sandbox's live processes (a leak check for tests and the sweeper)."""
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

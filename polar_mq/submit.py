@@ -1,0 +1,155 @@
+"""Submitting jobs: the one code path shared by the REST API and in-cluster Python callers.
+
+`submit_job` runs inside a caller's unit of work and adds what `create_job` leaves to its callers:
+a resubmission with the same idempotency key but a different body is refused (it is almost always a
+reused key, and silently returning the old job would hand a trainer the wrong rollouts), and two
+concurrent submissions racing on one key both get the single job that won.
+
+`enqueue_job` is the low-level path for code running next to the database and broker (a trainer
+inside the cluster, the CLI): it writes the job and publishes its messages directly, no HTTP.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections.abc import Mapping
+from functools import partial
+from types import TracebackType
+from typing import Any
+
+from pydantic import BaseModel
+from sqlalchemy import Engine
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+
+from polar_mq.config import Settings
+from polar_mq.db import create_db_engine, make_session_factory, unit_of_work
+from polar_mq.jobs.queries import same_submission
+from polar_mq.jobs.schemas import JobCreate
+from polar_mq.jobs.service import SubmittedJob, create_job
+from polar_mq.workers.outbox import Publisher, attach_publisher
+
+
+class IdempotencyConflict(Exception):
+    """The idempotency key already names a job with a different body (the API answers 409)."""
+
+    def __init__(self, key: str, job_id: uuid.UUID) -> None:
+        super().__init__(
+            f"idempotency_key {key!r} already names job {job_id} with a different body; "
+            "use a new key for a new job"
+        )
+        self.job_id = job_id
+
+
+class UnstorableValue(ValueError):
+    """A value JSON allows but the database cannot store (the API answers 422)."""
+
+    def __init__(self, path: str, problem: str) -> None:
+        super().__init__(f"{path}: {problem}" if path else problem)
+        self.path = path
+        self.problem = problem
+
+
+def _check_storable(value: Any, path: str) -> None:
+    """Refuse NaN/Infinity, NUL characters and lone surrogates anywhere in a submitted value.
+
+    Python's JSON parser accepts all three, PostgreSQL rejects them (JSONB has no NaN, text has no
+    NUL, UTF-8 has no surrogates); caught here they are a 422 naming the field, not a failed INSERT.
+    """
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise UnstorableValue(path, "NUL characters (\\u0000) cannot be stored")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise UnstorableValue(path, "lone UTF-16 surrogates cannot be stored") from None
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise UnstorableValue(path, "NaN and infinite numbers cannot be stored")
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            _check_storable(key, path)
+            _check_storable(item, f"{path}.{key}" if path else str(key))
+    elif isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            _check_storable(item, f"{path}.{i}")
+    elif isinstance(value, BaseModel):
+        for name in type(value).model_fields:
+            _check_storable(getattr(value, name), f"{path}.{name}" if path else name)
+
+
+def submit_job(session: Session, spec: JobCreate, default_pool: str) -> SubmittedJob:
+    """Create the job (or find it by idempotency key) inside the caller's transaction."""
+    _check_storable(spec, "")
+    try:
+        submitted = create_job(session, spec, default_pool)
+    except IntegrityError:
+        if spec.idempotency_key is None:
+            raise
+        # A concurrent request inserted the same key first; its job is the answer.
+        session.rollback()
+        submitted = create_job(session, spec, default_pool)
+    if not submitted.created:
+        assert spec.idempotency_key is not None
+        if not same_submission(session, submitted.job_id, spec, spec.pool or default_pool):
+            raise IdempotencyConflict(spec.idempotency_key, submitted.job_id)
+    return submitted
+
+
+class Enqueuer:
+    """Reusable database engine + broker publisher for submitting many jobs from one process."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        session_factory: sessionmaker[Session] | None = None,
+        publisher: Publisher | None = None,
+    ) -> None:
+        """A given `session_factory` must have a publisher attached already, or get `publisher`."""
+        self.settings = settings
+        self._engine: Engine | None = None
+        self._celery: Any = None
+        if session_factory is None:
+            self._engine = create_db_engine(settings.database_url)
+            session_factory = make_session_factory(self._engine)
+            if publisher is None:
+                publisher = self._celery_publisher()
+        if publisher is not None:
+            attach_publisher(session_factory, publisher)
+        self.session_factory = session_factory
+
+    def _celery_publisher(self) -> Publisher:
+        from polar_mq.workers.celery_app import create_celery, publish_messages
+
+        self._celery = create_celery(self.settings)
+        return partial(publish_messages, self._celery)
+
+    def enqueue(self, spec: JobCreate | Mapping[str, Any]) -> SubmittedJob:
+        """Validate, write and publish one job; raises pydantic.ValidationError on a bad spec."""
+        job = spec if isinstance(spec, JobCreate) else JobCreate.model_validate(spec)
+        with unit_of_work(self.session_factory) as session:
+            return submit_job(session, job, self.settings.pool)
+
+    def close(self) -> None:
+        if self._celery is not None:
+            self._celery.close()
+        if self._engine is not None:
+            self._engine.dispose()
+
+    def __enter__(self) -> Enqueuer:
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+def enqueue_job(
+    settings: Settings, spec: JobCreate | Mapping[str, Any], *, publisher: Publisher | None = None
+) -> SubmittedJob:
+    """Submit one job straight to the database and broker (opens and closes its own connections)."""
+    with Enqueuer(settings, publisher=publisher) as enqueuer:
+        return enqueuer.enqueue(spec)

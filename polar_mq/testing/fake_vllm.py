@@ -1,0 +1,304 @@
+"""A fast, in-process vLLM 0.32 look-alike: the upstream for the bulk of the proxy and e2e tests.
+
+It speaks the same HTTP API and returns the same fields as the real server (see `fake_responses`),
+tokenizes with a byte tokenizer and answers with a scripted calculator policy, so tests can assert
+exact token ids, logprobs and answers without a model. Inject it with `httpx.ASGITransport`, or
+serve it: `python -m polar_mq.testing.fake_vllm --port 8011 [--ttft-ms 20 --token-delay-ms 5]`.
+`app.state.stats` counts what reached it (e.g. to prove a refused call was never forwarded).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from polar_mq.testing.fake_policy import Reply, chat_reply, completion_text
+from polar_mq.testing.fake_responses import (
+    Options,
+    chat_chunks,
+    chat_response,
+    completion_chunks,
+    completion_response,
+)
+from polar_mq.testing.fake_sampling import sample
+from polar_mq.testing.fake_tokenizer import VOCAB_SIZE, decode, encode, render_chat
+
+MAX_LOGPROBS = 20
+
+
+@dataclass
+class FakeStats:
+    """What reached the fake: generation requests, per-path hits, and how streams ended."""
+
+    requests: int = 0
+    paths: Counter[str] = field(default_factory=Counter)
+    last_request: dict[str, Any] | None = None
+    streams_finished: int = 0
+    streams_aborted: int = 0
+
+
+class BadRequest(Exception):
+    def __init__(self, message: str, status: int = 400, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.param = param
+
+
+def _json(data: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(data), status, media_type="application/json")
+
+
+def _error(exc: BadRequest) -> Response:
+    kind = {400: "BadRequestError", 404: "NotFoundError"}.get(exc.status, "InternalServerError")
+    error = {"message": str(exc), "type": kind, "param": exc.param, "code": exc.status}
+    return _json({"error": error}, exc.status)
+
+
+def _int(body: dict[str, Any], key: str, default: int | None, low: int, high: int) -> int | None:
+    value = body.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise BadRequest(f"`{key}` must be an integer in [{low}, {high}]", param=key)
+    return value
+
+
+class FakeVllm:
+    """The route handlers, holding the model name, the delays and the stats."""
+
+    def __init__(self, model: str, ttft_s: float, token_delay_s: float, max_model_len: int):
+        self.model = model
+        self.ttft_s = ttft_s
+        self.token_delay_s = token_delay_s
+        self.max_model_len = max_model_len
+        self.stats = FakeStats()
+
+    async def _body(self, request: Request) -> dict[str, Any]:
+        self.stats.paths[request.url.path] += 1
+        try:
+            body = orjson.loads(await request.body())
+        except orjson.JSONDecodeError as exc:
+            raise BadRequest(f"invalid JSON body: {exc}") from exc
+        if not isinstance(body, dict):
+            raise BadRequest("the request body must be a JSON object")
+        model = body.get("model")
+        if model is not None and model != self.model:
+            raise BadRequest(f"The model `{model}` does not exist.", 404, "model")
+        return body
+
+    def _options(self, body: dict[str, Any], logprobs: int | None, n: int) -> Options:
+        stream_options = body.get("stream_options") or {}
+        return Options(
+            model=self.model,
+            want_ids=bool(body.get("return_token_ids")),
+            logprobs=logprobs,
+            n=n,
+            include_usage=bool(body.get("stream") and stream_options.get("include_usage")),
+        )
+
+    def _budget(self, body: dict[str, Any], prompt_len: int, default: int | None) -> int:
+        room = self.max_model_len - prompt_len
+        max_tokens = _int(body, "max_completion_tokens", None, 1, 1 << 30)
+        max_tokens = _int(body, "max_tokens", max_tokens or default, 1, 1 << 30)
+        if room <= 0 or (max_tokens is not None and max_tokens > room):
+            raise BadRequest(
+                f"This model's maximum context length is {self.max_model_len} tokens; the prompt"
+                f" has {prompt_len} and up to {max_tokens} were requested."
+            )
+        return room if max_tokens is None else max_tokens
+
+    async def chat(self, request: Request) -> Response:
+        try:
+            body = await self._body(request)
+            self.stats.requests += 1
+            self.stats.last_request = body
+            messages = body.get("messages")
+            if not isinstance(messages, list) or not messages:
+                raise BadRequest("`messages` must be a non-empty list", param="messages")
+            if not all(isinstance(m, dict) for m in messages):
+                raise BadRequest("each message must be an object", param="messages")
+            top = _int(body, "top_logprobs", None, 0, MAX_LOGPROBS)
+            if top is not None and not body.get("logprobs"):
+                raise BadRequest("when using `top_logprobs`, `logprobs` must be set to true")
+            tools = body.get("tools") if body.get("tool_choice") != "none" else None
+            add_prompt = body.get("add_generation_prompt", True) is not False
+            prompt_ids = encode(render_chat(messages, tools, add_prompt))
+            budget = self._budget(body, len(prompt_ids), None)
+            logprobs = (top or 0) if body.get("logprobs") else None
+            opts = self._options(body, logprobs, _int(body, "n", 1, 1, 16) or 1)
+        except BadRequest as exc:
+            return _error(exc)
+        result = sample(chat_reply(messages, tools), budget)
+        if body.get("stream"):
+            return self._stream(chat_chunks(prompt_ids, result, opts))
+        await self._wait(len(result.token_ids))
+        return _json(chat_response(prompt_ids, result, opts))
+
+    async def completions(self, request: Request) -> Response:
+        try:
+            body = await self._body(request)
+            self.stats.requests += 1
+            self.stats.last_request = body
+            prompts = _prompts(body.get("prompt"))
+            longest = max(len(p) for p in prompts)
+            budget = self._budget(body, longest, 16)
+            logprobs = _int(body, "logprobs", None, 0, MAX_LOGPROBS)
+            opts = self._options(body, logprobs, _int(body, "n", 1, 1, 16) or 1)
+        except BadRequest as exc:
+            return _error(exc)
+        samples = [sample(Reply(completion_text(decode(p))), budget) for p in prompts]
+        if body.get("stream"):
+            return self._stream(completion_chunks(prompts, samples, opts))
+        await self._wait(max(len(s.token_ids) for s in samples))
+        return _json(completion_response(prompts, samples, opts))
+
+    async def _wait(self, n_tokens: int) -> None:
+        delay = self.ttft_s + self.token_delay_s * max(n_tokens - 1, 0)
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+    def _stream(self, chunks: Iterator[dict[str, Any]]) -> Response:
+        return StreamingResponse(self._sse(chunks), media_type="text/event-stream")
+
+    async def _sse(self, chunks: Iterator[dict[str, Any]]) -> AsyncIterator[bytes]:
+        """SSE events with the configured pacing: TTFT, then one token per `token_delay_s`."""
+        finished = False
+        tokens_sent = 0
+        try:
+            if self.ttft_s > 0:
+                await asyncio.sleep(self.ttft_s)
+            for chunk in chunks:
+                choices = chunk["choices"]
+                if choices and "role" not in choices[0].get("delta", ()):
+                    if tokens_sent and self.token_delay_s > 0:
+                        await asyncio.sleep(self.token_delay_s)
+                    tokens_sent += 1
+                yield b"data: " + orjson.dumps(chunk) + b"\n\n"
+            yield b"data: [DONE]\n\n"
+            finished = True
+        finally:
+            if finished:
+                self.stats.streams_finished += 1
+            else:
+                self.stats.streams_aborted += 1
+
+    async def tokenize(self, request: Request) -> Response:
+        try:
+            body = await self._body(request)
+            if isinstance(body.get("messages"), list):
+                add_prompt = body.get("add_generation_prompt", True) is not False
+                ids = encode(render_chat(body["messages"], body.get("tools"), add_prompt))
+            elif isinstance(body.get("prompt"), str):
+                ids = encode(body["prompt"])
+            else:
+                raise BadRequest("give `prompt` (a string) or `messages`")
+        except BadRequest as exc:
+            return _error(exc)
+        count = len(ids)
+        return _json(
+            {"count": count, "max_model_len": self.max_model_len, "tokens": ids, "token_strs": None}
+        )
+
+    async def detokenize(self, request: Request) -> Response:
+        try:
+            body = await self._body(request)
+            prompt = _prompts(body.get("tokens"))
+        except BadRequest as exc:
+            return _error(exc)
+        return _json({"prompt": decode(prompt[0], skip_special_tokens=False)})
+
+    async def models(self, request: Request) -> Response:
+        self.stats.paths[request.url.path] += 1
+        card = {
+            "id": self.model,
+            "object": "model",
+            "created": int(time.time()),
+            "owned_by": "vllm",
+            "root": self.model,
+            "parent": None,
+            "max_model_len": self.max_model_len,
+        }
+        return _json({"object": "list", "data": [card]})
+
+    async def health(self, request: Request) -> Response:
+        return Response(b"", 200)
+
+    async def version(self, request: Request) -> Response:
+        return _json({"version": "0.32.0"})
+
+
+def _prompts(prompt: Any) -> list[list[int]]:
+    """vLLM's prompt forms: a string, token ids, or a batch of either."""
+    if isinstance(prompt, str):
+        return [encode(prompt)]
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            return [_checked(prompt)]
+        if all(isinstance(p, str) for p in prompt):
+            return [encode(p) for p in prompt]
+        if all(isinstance(p, list) and p for p in prompt):
+            return [_checked(p) for p in prompt]
+    raise BadRequest("`prompt` must be a string, a list of token ids, or a batch of them")
+
+
+def _checked(ids: Sequence[Any]) -> list[int]:
+    if not all(isinstance(t, int) and 0 <= t < VOCAB_SIZE for t in ids):
+        raise BadRequest(f"token ids must be integers in [0, {VOCAB_SIZE})", param="prompt")
+    return list(ids)
+
+
+def create_fake_vllm_app(
+    model: str = "fake-model",
+    ttft_s: float = 0.0,
+    token_delay_s: float = 0.0,
+    max_model_len: int = 32768,
+) -> Starlette:
+    """The fake engine as an ASGI app; `app.state.stats` is its `FakeStats`."""
+    fake = FakeVllm(model, ttft_s, token_delay_s, max_model_len)
+    app = Starlette(
+        routes=[
+            Route("/v1/chat/completions", fake.chat, methods=["POST"]),
+            Route("/v1/completions", fake.completions, methods=["POST"]),
+            Route("/tokenize", fake.tokenize, methods=["POST"]),
+            Route("/detokenize", fake.detokenize, methods=["POST"]),
+            Route("/v1/models", fake.models, methods=["GET"]),
+            Route("/health", fake.health, methods=["GET"]),
+            Route("/version", fake.version, methods=["GET"]),
+        ]
+    )
+    app.state.stats = fake.stats
+    app.state.fake = fake
+    return app
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Serve the vLLM-shaped fake engine.")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--model", default="fake-model")
+    parser.add_argument("--ttft-ms", type=float, default=0.0, help="delay before the 1st token")
+    parser.add_argument("--token-delay-ms", type=float, default=0.0, help="delay between tokens")
+    parser.add_argument("--max-model-len", type=int, default=32768)
+    args = parser.parse_args(argv)
+
+    import uvicorn
+
+    app = create_fake_vllm_app(
+        args.model, args.ttft_ms / 1000, args.token_delay_ms / 1000, args.max_model_len
+    )
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+
+
+if __name__ == "__main__":
+    main()

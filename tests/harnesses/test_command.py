@@ -1,0 +1,112 @@
+"""CommandHarness: placeholders are shell-safe, the proxy wiring is complete and authoritative."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from polar_mq.harnesses import (
+    PROXY_ENV_VARS,
+    AgentContext,
+    CommandHarness,
+    get_harness,
+    reference_command,
+)
+
+HOSTILE = 'It\'s "quoted"; $(touch pwned) `id` & a\nnewline {model}'
+
+
+def make_ctx(**overrides: object) -> AgentContext:
+    fields: dict[str, object] = {
+        "rollout_id": "r-1",
+        "instruction": "What is 6*7?",
+        "task_file": "/work/task.json",
+        "workdir": "/work dir",
+        "proxy_base_url": "http://127.0.0.1:8010/v1",
+        "api_key": "tok-abc",
+        "model": "smollm2",
+        "extra_env": {},
+    }
+    fields.update(overrides)
+    return AgentContext(**fields)  # type: ignore[arg-type]
+
+
+def test_placeholders_are_shell_quoted(tmp_path: Path) -> None:
+    ctx = make_ctx(instruction=HOSTILE)
+    command = CommandHarness("printf '%s|%s|%s' {instruction} {workdir} {model}").command(ctx)
+    out = subprocess.run(
+        ["/bin/sh", "-c", command], capture_output=True, text=True, check=True, cwd=tmp_path
+    )
+    assert out.stdout == f"{HOSTILE}|/work dir|smollm2"
+
+
+def test_every_placeholder_and_foreign_braces() -> None:
+    harness = CommandHarness(
+        "run {rollout_id} {task_file} {workdir} {model} ${HOME} {unknown} awk '{print $1}'"
+    )
+    assert harness.command(make_ctx()) == (
+        "run r-1 /work/task.json '/work dir' smollm2 ${HOME} {unknown} awk '{print $1}'"
+    )
+
+
+def test_env_wires_the_proxy() -> None:
+    env = CommandHarness("true").env(make_ctx(proxy_base_url="http://proxy:8010/v1/"))
+    assert env == {
+        "OPENAI_BASE_URL": "http://proxy:8010/v1",
+        "OPENAI_API_KEY": "tok-abc",
+        "ANTHROPIC_BASE_URL": "http://proxy:8010",
+        "ANTHROPIC_API_KEY": "tok-abc",
+        "POLAR_ROLLOUT_ID": "r-1",
+        "POLAR_INSTRUCTION": "What is 6*7?",
+        "POLAR_TASK_FILE": "/work/task.json",
+        "POLAR_WORKDIR": "/work dir",
+        "POLAR_MODEL": "smollm2",
+    }
+    assert set(env) == PROXY_ENV_VARS
+
+
+def test_user_and_extra_env() -> None:
+    harness = CommandHarness("true", {"MODEL_NAME": "openai/{model}", "LEVEL": "user"})
+    env = harness.env(make_ctx(extra_env={"LEVEL": "rollout", "OPENAI_API_KEY": "leak"}))
+    assert env["MODEL_NAME"] == "openai/smollm2"  # placeholders in env values, unquoted
+    assert env["LEVEL"] == "rollout"  # the rollout's extra env beats the harness default
+    assert env["OPENAI_API_KEY"] == "tok-abc"  # the proxy wiring always wins
+
+
+def test_reserved_and_invalid_env_are_refused() -> None:
+    with pytest.raises(ValueError, match="may not set OPENAI_BASE_URL"):
+        CommandHarness("agent", {"OPENAI_BASE_URL": "http://elsewhere"})
+    with pytest.raises(ValueError, match="str to str"):
+        CommandHarness("agent", {"N": 3})  # type: ignore[dict-item]
+    with pytest.raises(ValueError, match="non-empty 'command'"):
+        CommandHarness("   ")
+
+
+def test_get_harness_command_and_reference() -> None:
+    harness = get_harness({"type": "command", "command": "my-agent {instruction}", "env": {}})
+    assert harness.command(make_ctx()) == "my-agent 'What is 6*7?'"
+
+    reference = get_harness({"type": "reference", "env": {"POLAR_AGENT_TOOLS": "native"}})
+    assert reference.command(make_ctx()) == reference_command()
+    assert reference_command().endswith("-m polar_mq.agents.tool_agent")
+    assert sys.executable in reference_command()
+    assert reference.env(make_ctx())["POLAR_AGENT_TOOLS"] == "native"
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({"type": "swe-magic"}, "unknown harness type 'swe-magic'; known types: command, ref"),
+        ({}, "unknown harness type None"),
+        ({"type": "command"}, "non-empty 'command'"),
+        ({"type": "command", "command": "x", "cmd": "y"}, "unknown key\\(s\\) 'cmd'"),
+        ({"type": "reference", "command": "x"}, "unknown key\\(s\\) 'command'"),
+        ({"type": "command", "command": "x", "env": ["A=1"]}, "'env' must be a mapping"),
+    ],
+)
+def test_get_harness_rejects_bad_specs(spec: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        get_harness(spec)

@@ -1,0 +1,251 @@
+"""LocalRuntime: real processes, real signals; every test checks that nothing is left running."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from polar_mq.runtimes import LocalRuntime, ResourceLimits, get_runtime
+
+# Forks twice and calls setsid, like a real daemon; keeps the inherited pipes open on purpose,
+# the harder case for exec(), which must still return.
+DAEMON = textwrap.dedent(
+    """
+    import os, sys, time
+    if os.fork():
+        os._exit(0)
+    exec_session = os.getsid(0)
+    os.setsid()
+    if os.fork():
+        os._exit(0)
+    tmp = sys.argv[1] + ".tmp"
+    with open(tmp, "w") as handle:
+        handle.write(f"{os.getpid()} {exec_session}")
+    os.rename(tmp, sys.argv[1])
+    time.sleep(300)
+    """
+)
+
+
+def gone(pid: int) -> bool:
+    """Dead or a zombie (this container's init may not reap orphans)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def wait_for_file(path: Path, timeout: float = 10.0) -> str:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if path.exists():
+            return path.read_text()
+        time.sleep(0.02)
+    raise AssertionError(f"{path} never appeared")
+
+
+@pytest.fixture
+def runtime(tmp_path: Path) -> Iterator[LocalRuntime]:
+    rt = LocalRuntime("rt-test", tmp_path / "runtimes", kill_grace_s=0.3)
+    rt.start()
+    yield rt
+    rt.stop()
+    assert rt.alive_processes() == []
+
+
+def test_exec_output_and_exit_codes(runtime: LocalRuntime) -> None:
+    result = runtime.exec("echo out; echo err >&2; exit 3")
+    assert (result.exit_code, result.stdout_tail, result.stderr_tail) == (3, "out\n", "err\n")
+    assert not result.timed_out and not result.inactive and not result.ok
+
+    listed = runtime.exec(["/bin/echo", "a b", "$HOME"])
+    assert listed.ok and listed.stdout_tail == "a b $HOME\n"
+
+    missing = runtime.exec(["/no/such/program"])
+    assert missing.exit_code == 127 and "no/such/program" in missing.stderr_tail
+
+
+def test_exec_env_cwd_and_isolation(runtime: LocalRuntime, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WORKER_SECRET", "do-not-leak")
+    runtime.upload(b"", "sub/keep")
+    result = runtime.exec(
+        'echo "$POLAR_MQ_RUNTIME_ID|$GREETING|${WORKER_SECRET:-unset}|$(pwd)"',
+        env={"GREETING": "hi"},
+        cwd="sub",
+    )
+    tag, greeting, secret, cwd = result.stdout_tail.strip().split("|")
+    assert (tag, greeting, secret) == ("rt-test", "hi", "unset")
+    assert Path(cwd) == (runtime.workdir / "sub").resolve()
+    assert runtime.exec("pwd").stdout_tail.strip() == str(runtime.workdir.resolve())
+
+
+def test_timeout_kills_the_whole_tree(runtime: LocalRuntime) -> None:
+    # a background child, and one that ignores SIGTERM (needs the SIGKILL after the grace)
+    script = "sleep 60 & echo $! > bg.pid; sh -c 'trap \"\" TERM; echo $$ > stubborn.pid; sleep 60'"
+    started = time.monotonic()
+    result = runtime.exec(script, timeout=0.5)
+    assert result.timed_out and not result.inactive and result.exit_code is None
+    assert time.monotonic() - started < 5
+    for name in ("bg.pid", "stubborn.pid"):
+        assert gone(int(runtime.download(name)))
+    assert runtime.alive_processes() == []
+
+
+def test_inactivity_watchdog(runtime: LocalRuntime) -> None:
+    result = runtime.exec("echo started; sleep 60", inactivity_timeout=0.5, timeout=30)
+    assert result.inactive and not result.timed_out and result.exit_code is None
+    assert result.stdout_tail == "started\n"
+    assert result.duration_s < 5
+
+
+def test_output_counts_as_activity(runtime: LocalRuntime) -> None:
+    script = "for i in 1 2 3 4 5 6; do echo $i; sleep 0.2; done"
+    result = runtime.exec(script, inactivity_timeout=0.6)
+    assert result.ok and result.stdout_tail.split() == ["1", "2", "3", "4", "5", "6"]
+
+
+def test_external_activity_keeps_a_silent_command_alive(runtime: LocalRuntime) -> None:
+    calls: list[float] = []
+
+    def activity() -> float:
+        calls.append(time.monotonic())
+        return calls[-1]  # e.g. the agent just made an LLM call
+
+    result = runtime.exec("sleep 1.2", inactivity_timeout=0.4, activity=activity)
+    assert result.ok and calls
+
+    stale = runtime.exec("sleep 5", inactivity_timeout=0.4, activity=lambda: 0.0)
+    assert stale.inactive
+
+
+def test_large_output_does_not_deadlock(runtime: LocalRuntime, tmp_path: Path) -> None:
+    script = (
+        "head -c 20000000 /dev/zero | tr '\\0' x >&2 & "
+        "head -c 20000000 /dev/zero | tr '\\0' y; wait; echo END; echo ERR-END >&2"
+    )
+    log = tmp_path / "logs" / "agent.log"
+    result = runtime.exec(script, timeout=60, stdout_path=log)
+    assert result.ok
+    assert len(result.stdout_tail) == 8192 and result.stdout_tail.endswith("yEND\n")
+    assert len(result.stderr_tail) == 8192 and result.stderr_tail.endswith("xERR-END\n")
+    assert log.stat().st_size == 40_000_000 + len("END\nERR-END\n")
+
+
+def test_background_child_holding_the_pipe_does_not_block(runtime: LocalRuntime) -> None:
+    started = time.monotonic()
+    result = runtime.exec("sleep 60 & echo $! > bg.pid; echo done")
+    assert result.ok and result.stdout_tail == "done\n"
+    assert time.monotonic() - started < 5
+    pid = int(runtime.download("bg.pid"))
+    assert pid in runtime.alive_processes()  # outlives the command until reset/stop
+
+
+def test_setsid_daemon_is_killed_by_stop_from_another_process(tmp_path: Path) -> None:
+    root = tmp_path / "runtimes"
+    creator = LocalRuntime("rt-daemon", root)
+    creator.start()
+    creator.upload(DAEMON.encode(), "daemon.py")
+    try:
+        result = creator.exec([sys.executable, "daemon.py", "daemon.pid"], timeout=20)
+        assert result.ok
+        pid, exec_session = map(int, wait_for_file(creator.workdir / "daemon.pid").split())
+        assert os.getsid(pid) != exec_session  # escaped the session the runtime gave it
+        assert pid in LocalRuntime("rt-daemon", root).alive_processes()
+
+        stopper = (
+            "import sys; from pathlib import Path; from polar_mq.runtimes import get_runtime; "
+            "get_runtime('local', 'rt-daemon', Path(sys.argv[1]), None).stop()"
+        )
+        subprocess.run([sys.executable, "-c", stopper, str(root)], check=True, timeout=60)
+        assert gone(pid)
+        assert not (root / "rt-daemon").exists()
+    finally:
+        creator.stop()
+
+
+def test_reset_kills_processes_and_empties_the_workspace(tmp_path: Path) -> None:
+    root = tmp_path / "runtimes"
+    LocalRuntime("rt-reset", root).start()
+    first = LocalRuntime("rt-reset", root)
+    first.upload(b"old", "old.txt")
+    first.exec("setsid sleep 60 > /dev/null 2>&1 &")
+    assert first.alive_processes()
+
+    LocalRuntime("rt-reset", root).reset()  # a fresh handle, as in another worker
+    assert first.alive_processes() == []
+    assert list(first.workdir.iterdir()) == []
+    assert first.exec("echo again").stdout_tail == "again\n"
+    first.stop()
+
+
+def test_stop_is_idempotent(tmp_path: Path) -> None:
+    rt = LocalRuntime("rt-stop", tmp_path)
+    rt.stop()  # never started
+    rt.start()
+    rt.exec("sleep 60 &")
+    rt.stop()
+    rt.stop()
+    assert rt.alive_processes() == [] and not rt.path.exists()
+    with pytest.raises(RuntimeError, match="not started"):
+        rt.exec("true")
+
+
+def test_upload_and_download(runtime: LocalRuntime) -> None:
+    runtime.upload(b"\x00binary\xff", "a/b/data.bin")
+    assert runtime.download("a/b/data.bin") == b"\x00binary\xff"
+    assert runtime.download(str(runtime.workdir / "a/b/data.bin")) == b"\x00binary\xff"
+    assert runtime.exec("cat a/b/data.bin").stdout_tail.startswith("\x00binary")
+    runtime.upload(b"v2", "a/b/data.bin")
+    assert runtime.download("a/b/data.bin") == b"v2"
+    with pytest.raises(FileNotFoundError):
+        runtime.download("missing.txt")
+
+
+@pytest.mark.parametrize("bad", ["../../escape.txt", "/etc/passwd", "link/passwd"])
+def test_paths_cannot_escape_the_runtime(runtime: LocalRuntime, bad: str) -> None:
+    (runtime.workdir / "link").symlink_to("/etc")
+    with pytest.raises(ValueError, match="outside runtime"):
+        runtime.download(bad)
+    with pytest.raises(ValueError, match="outside runtime"):
+        runtime.upload(b"x", bad)
+
+
+def test_limits_are_applied_and_persist_across_handles(tmp_path: Path) -> None:
+    limits = ResourceLimits(memory_mb=512, cpu_seconds=20, max_open_files=64)
+    creator = LocalRuntime("rt-limits", tmp_path, limits)
+    creator.start()
+    try:
+        for handle in (creator, LocalRuntime("rt-limits", tmp_path)):  # recorded on disk
+            out = handle.exec("ulimit -n; ulimit -t; ulimit -v").stdout_tail.split()
+            assert out == ["64", "20", str(512 * 1024)]
+    finally:
+        creator.stop()
+
+
+def test_cpu_limit_kills_a_busy_loop(tmp_path: Path) -> None:
+    rt = LocalRuntime("rt-cpu", tmp_path, ResourceLimits(cpu_seconds=1))
+    rt.start()
+    try:
+        result = rt.exec("while :; do :; done", timeout=30)
+        assert not result.timed_out and result.exit_code is not None and result.exit_code < 0
+    finally:
+        rt.stop()
+
+
+def test_factory_and_ids(tmp_path: Path) -> None:
+    assert isinstance(get_runtime("local", "ok-1", tmp_path, None), LocalRuntime)
+    with pytest.raises(ValueError, match="unknown runtime kind 'docker2'; known kinds: local"):
+        get_runtime("docker2", "ok-1", tmp_path, None)
+    for bad in ("../x", "", "a/b", ".hidden"):
+        with pytest.raises(ValueError, match="invalid runtime id"):
+            LocalRuntime(bad, tmp_path)
+    with pytest.raises(ValueError, match="positive"):
+        ResourceLimits(memory_mb=0)
