@@ -126,7 +126,8 @@ fi
 say "debootstrap done in $(elapsed "$T1") s"
 
 if [[ "$HOST_CA" == 1 ]]; then
-  say "adding this host's extra CA certificates: $(cd /usr/local/share/ca-certificates && ls -- *.crt | tr '\n' ' ')"
+  CAS=(/usr/local/share/ca-certificates/*.crt)
+  say "adding this host's extra CA certificates: ${CAS[*]##*/}"
   cp /usr/local/share/ca-certificates/*.crt "$ROOTFS/usr/local/share/ca-certificates/"
   chroot "$ROOTFS" update-ca-certificates >"$ROOTFS.ca.log" 2>&1 ||
     die "update-ca-certificates failed: $(cat "$ROOTFS.ca.log")"

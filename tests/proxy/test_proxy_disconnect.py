@@ -9,11 +9,11 @@ from typing import Any
 import httpx
 import orjson
 import pytest
+from proxy_support import Harness, proxy_settings, start_harness
 from starlette.types import Message
 
 from polar_mq.testing.asgi_stream import StreamingASGITransport
 from polar_mq.testing.fake_vllm import create_fake_vllm_app
-from tests.proxy.proxy_support import Harness, proxy_settings, start_harness
 
 pytestmark = pytest.mark.anyio
 

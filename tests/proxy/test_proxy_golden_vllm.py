@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import orjson
 import pytest
+from proxy_support import SECRET, proxy_settings
 
 from polar_mq.proxy import MemoryCallSink, create_proxy_app
 from polar_mq.proxy.engines.vllm import (
@@ -28,7 +29,6 @@ from polar_mq.proxy.engines.vllm import (
 )
 from polar_mq.proxy.sse import SseRelay
 from polar_mq.tokens import issue_rollout_token
-from tests.proxy.proxy_support import SECRET, proxy_settings
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm-0.32.0-cpu"
 

@@ -16,12 +16,12 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from proxy_support import SECRET, proxy_settings
 
 from polar_mq.proxy import MemoryCallSink, create_proxy_app
 from polar_mq.testing.fake_vllm import FakeStats, create_fake_vllm_app
 from polar_mq.testing.servers import free_port, serve_in_thread
 from polar_mq.tokens import issue_rollout_token
-from tests.proxy.proxy_support import SECRET, proxy_settings
 
 CALCULATOR: Any = {
     "type": "function",

@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
+from proxy_support import SECRET, proxy_settings
 from sqlalchemy import Engine, event, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -22,7 +23,6 @@ from polar_mq.proxy.call_insert import PG_ARRAY_TYPES
 from polar_mq.testing.fake_vllm import create_fake_vllm_app
 from polar_mq.testing.servers import free_port
 from polar_mq.tokens import issue_rollout_token
-from tests.proxy.proxy_support import SECRET, proxy_settings
 
 pytestmark = pytest.mark.anyio
 

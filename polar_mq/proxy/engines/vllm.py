@@ -136,9 +136,10 @@ def _aligned(values: list[Any] | None, n_ids: int) -> list[float] | None:
     if values is None or len(values) < n_ids:
         return None
     tail = values[len(values) - n_ids :]
-    if not all(isinstance(v, float | int) and not isinstance(v, bool) for v in tail):
+    try:
+        return [float(v) for v in tail]
+    except (TypeError, ValueError):  # a null (or garbage) logprob: no usable logprobs
         return None
-    return [float(v) for v in tail]
 
 
 def extract_response(api_type: str, data: dict[str, Any]) -> Capture:
