@@ -86,9 +86,13 @@ if ! docker info >/dev/null 2>&1; then
   dockerd --host=unix:///var/run/docker.sock --bridge=none --iptables=false --ip-forward=false --ip-masq=false > /tmp/dockerd.log 2>&1 &"
 fi
 
-if [[ "$FORCE" != 1 ]] && docker image inspect "$IMAGE" >/dev/null 2>&1; then
-  say "$IMAGE already exists ($(docker image inspect -f '{{.Id}}' "$IMAGE" | cut -c1-19)); nothing to do (FORCE=1 rebuilds)"
-  exit 0
+OLD_ID=""
+if docker image inspect "$IMAGE" >/dev/null 2>&1; then
+  OLD_ID="$(docker image inspect -f '{{.Id}}' "$IMAGE")"
+  if [[ "$FORCE" != 1 ]]; then
+    say "$IMAGE already exists (${OLD_ID:0:19}); nothing to do (FORCE=1 rebuilds)"
+    exit 0
+  fi
 fi
 
 [[ "$(id -u)" == 0 ]] || die "debootstrap needs root; run as root (sudo bash $0)"
@@ -116,7 +120,7 @@ trap cleanup EXIT
 trap 'die "failed at line $LINENO (log: $ROOTFS.log)"' ERR
 
 # --- debootstrap -----------------------------------------------------------------------------
-say "debootstrap $SUITE (minbase + $PACKAGES) from $MIRROR into $ROOTFS (about a minute)"
+say "debootstrap $SUITE (minbase + $PACKAGES) from $MIRROR into $ROOTFS (1-3 minutes)"
 T1=$EPOCHREALTIME
 if ! debootstrap --variant=minbase --include="$PACKAGES" "$SUITE" "$ROOTFS" "$MIRROR" \
   >"$ROOTFS.log" 2>&1; then
@@ -171,3 +175,6 @@ PYVER="$(docker run --rm --network none "$IMAGE" python3 --version 2>&1)" ||
 SIZE="$(docker image inspect -f '{{.Size}}' "$IMAGE" | awk '{ printf "%.0f MB", $1 / 1e6 }')"
 rm -f "$ROOTFS.log"
 say "built $IMAGE ($PYVER, $SIZE) in $(elapsed "$T0") s"
+if [[ -n "$OLD_ID" ]]; then
+  say "the previous $IMAGE (${OLD_ID:0:19}) is now untagged; rebuild images FROM it, then 'docker image prune'"
+fi
