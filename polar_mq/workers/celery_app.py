@@ -16,6 +16,9 @@ from polar_mq.config import Settings
 from polar_mq.workers.routing import StageMessage, queue_name
 
 
+EMBEDDED_PREFIX = "sqla+"
+
+
 class PolarCelery(Celery):
     """A Celery app that carries the polar_mq Settings it was built from."""
 
@@ -23,11 +26,17 @@ class PolarCelery(Celery):
 
 
 def create_celery(settings: Settings) -> PolarCelery:
-    app = PolarCelery("polar_mq", broker=settings.broker_url, backend=settings.result_backend)
-    app.polar_settings = settings
+    broker_url = settings.broker_url
     transport_options: dict[str, Any] = {"visibility_timeout": settings.visibility_timeout_s}
-    if settings.broker_url.startswith("sqla+"):
-        transport_options["polling_interval"] = 0.1
+    embedded = broker_url.startswith(EMBEDDED_PREFIX)
+    if embedded:
+        # kombu hands SQLAlchemy transport options to create_engine: configure by class instead.
+        broker_url = broker_url.removeprefix(EMBEDDED_PREFIX)
+        transport_options = {}
+    app = PolarCelery("polar_mq", broker=broker_url, backend=settings.result_backend)
+    app.polar_settings = settings
+    if embedded:
+        app.conf.broker_transport = "polar_mq.workers.embedded_broker:Transport"
     app.conf.update(
         task_acks_late=True,
         task_reject_on_worker_lost=True,

@@ -1,0 +1,107 @@
+"""CPU accounting of the processes under test, as deltas of psutil `cpu_times()` (user + system).
+
+A tracked process counts itself and its live descendants, except the rollouts' agent processes
+(recognised by the runtime tag polar_mq's local runtime puts in their environment). The children_*
+fields are never used: they would add the agents (and anything else reaped) to the worker's bill.
+A descendant seen at the end but not at the start is counted from zero (it was born inside the
+window); one that vanished before the end is reported as lost (its CPU cannot be read any more).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import psutil
+
+from polar_mq.runtimes.local import RUNTIME_TAG
+
+_AGENT_NEEDLE = f"\0{RUNTIME_TAG}=".encode()
+
+
+def _is_agent(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as handle:
+            return _AGENT_NEEDLE in b"\0" + handle.read()
+    except OSError:
+        return False
+
+
+def _cpu(proc: psutil.Process) -> float | None:
+    try:
+        times = proc.cpu_times()
+    except psutil.Error:
+        return None
+    return float(times.user + times.system)
+
+
+def tree_cpu(pid: int) -> dict[int, float]:
+    """CPU seconds of `pid` and of its non-agent descendants, by pid."""
+    result: dict[int, float] = {}
+    try:
+        root = psutil.Process(pid)
+        members = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return result
+    for proc in members:
+        if proc.pid != pid and _is_agent(proc.pid):
+            continue
+        value = _cpu(proc)
+        if value is not None:
+            result[proc.pid] = value
+    return result
+
+
+@dataclass
+class CpuSnapshot:
+    by_name: dict[str, dict[int, float]] = field(default_factory=dict)
+
+
+@dataclass
+class CpuDelta:
+    seconds: dict[str, float]
+    lost: dict[str, list[int]]
+
+    def total(self, names: list[str] | None = None) -> float:
+        return sum(v for k, v in self.seconds.items() if names is None or k in names)
+
+
+def snapshot(
+    pids: Mapping[str, int], extra: Mapping[str, Callable[[], dict[int, float]]] | None = None
+) -> CpuSnapshot:
+    """Trees of the named pids, plus groups found by the `extra` scanners (e.g. PostgreSQL)."""
+    by_name = {name: tree_cpu(pid) for name, pid in pids.items()}
+    for name, scan in (extra or {}).items():
+        by_name[name] = scan()
+    return CpuSnapshot(by_name)
+
+
+def delta(before: CpuSnapshot, after: CpuSnapshot) -> CpuDelta:
+    seconds: dict[str, float] = {}
+    lost: dict[str, list[int]] = {}
+    for name, end in after.by_name.items():
+        start = before.by_name.get(name, {})
+        seconds[name] = sum(value - start.get(pid, 0.0) for pid, value in end.items())
+        gone = sorted(set(start) - set(end))
+        if gone:
+            lost[name] = gone
+    return CpuDelta(seconds, lost)
+
+
+def find_processes(name: str, cmdline_contains: str | None = None) -> dict[int, float]:
+    """CPU seconds of every process called `name` (optionally whose cmdline has a substring)."""
+    result: dict[int, float] = {}
+    for proc in psutil.process_iter(["name", "cmdline"]):
+        try:
+            if proc.info["name"] != name:
+                continue
+            if cmdline_contains is not None:
+                cmdline = " ".join(proc.info["cmdline"] or [])
+                if cmdline_contains not in cmdline:
+                    continue
+            value = _cpu(proc)
+        except psutil.Error:
+            continue
+        if value is not None:
+            result[proc.pid] = value
+    return result

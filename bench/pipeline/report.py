@@ -1,0 +1,217 @@
+"""The printed table and the JSON record of a run."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from bench.pipeline.measure import AGENT_CALLS, Measurement
+from polar_mq.workers.routing import Stage
+
+if TYPE_CHECKING:
+    from bench.pipeline.run import Options
+
+TARGET_RATIO = 2 / 3
+TARGET_CPU_MS = 10.0
+POLAR_CPU_MS = (20.0, 25.0)  # seed project Polar, measured on this kind of machine (SPEC §9)
+POLAR_RATE = (20.0, 23.0)
+SPEC_CHAIN_RATE = (110.0, 140.0)
+STAGES = [s.value for s in Stage]
+POLAR_PROCESSES = [*(f"worker-{s}" for s in STAGES), "proxy", "api"]
+
+
+def _median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def _runs(values: Sequence[float], fmt: str = "{:.1f}") -> str:
+    return " / ".join(fmt.format(v) for v in values)
+
+
+def _verdict(ok: bool) -> str:
+    return "meets" if ok else "MISSES"
+
+
+def polar_cpu_ms(m: Measurement) -> float:
+    return m.cpu_ms_per_item(POLAR_PROCESSES)
+
+
+def render(
+    opts: Options, runs: dict[str, list[Measurement]], ctx: dict[str, Any]
+) -> tuple[str, dict[str, Any]]:
+    base, noop, agent = runs["baseline"], runs["noop"], runs["agent"]
+    base_rate = _median([m.rate for m in base])
+    noop_rate = _median([m.rate for m in noop])
+    agent_rate = _median([m.rate for m in agent])
+    ratios = [n.rate / b.rate for b, n in zip(base, noop, strict=True)]
+    ratio = noop_rate / base_rate
+    agent_cpu = [polar_cpu_ms(m) for m in agent]
+    agent_cpu_ms = _median(agent_cpu)
+    cores = ctx["cpu_count"] or 1
+    conc = opts.concurrency
+    conc_text = ", ".join(
+        f"{stage.value}/step{i}={conc[stage]}" for i, stage in enumerate(Stage, start=1)
+    )
+    load = "/".join(f"{x:.1f}" for x in ctx["load_before"])
+    busy_note = ""
+    if ctx["load_before"][0] > 0.5 * cores:
+        busy_note = "  (loaded by other jobs: absolute figures are pessimistic)"
+    lines = [
+        f"polar_mq pipeline benchmark — {opts.repeats} interleaved run(s) of (1)(2)(3); "
+        "medians, then each run",
+        f"machine: {cores} cores, load average before {load}{busy_note}",
+        f"broker: {ctx['redis_url']} (queue prefix {ctx['queue_prefix']}); database "
+        f"{ctx['database']} (fresh, migrated, dropped at exit)",
+        f"workers: one Celery worker process per queue (4 for (1), 4 for (2)/(3)), "
+        f"-P {opts.pool_impl}, acks_late, prefetch 1; threads per queue: {conc_text}",
+        "",
+        f"{'':4}{'measurement':<52}{'median':>18}   {'runs':<24} target / reference",
+    ]
+
+    def row(tag: str, label: str, value: str, each: str, note: str) -> None:
+        lines.append(f"{tag:<4}{label:<52}{value:>18}   {each:<24} {note}")
+
+    row(
+        "(1)", f"raw Celery chain, 4 no-op tasks ({opts.chains} chains)",
+        f"{base_rate:.1f} chains/s", _runs([m.rate for m in base]),
+        f"SPEC: ~{SPEC_CHAIN_RATE[0]:.0f}-{SPEC_CHAIN_RATE[1]:.0f} chains/s on 2 idle cores",
+    )  # fmt: skip
+    row(
+        "(2)", f"polar_mq 4 stages, no-op agent ({opts.rollouts} rollouts)",
+        f"{noop_rate:.1f} rollouts/s", _runs([m.rate for m in noop]), "",
+    )  # fmt: skip
+    row(
+        "", "ratio (2)/(1)", f"{ratio:.2f}", _runs(ratios, "{:.2f}"),
+        f"target ≥ {TARGET_RATIO:.2f} → {_verdict(ratio >= TARGET_RATIO)}",
+    )  # fmt: skip
+    row(
+        "(3)", f"polar_mq + trivial agent, {AGENT_CALLS} calls ({opts.agent_rollouts} rollouts)",
+        f"{agent_rate:.1f} rollouts/s", _runs([m.rate for m in agent]),
+        f"target ≥ 2x Polar = {2 * POLAR_RATE[0]:.0f}-{2 * POLAR_RATE[1]:.0f}/s → "
+        f"{_verdict(agent_rate >= 2 * POLAR_RATE[0])}; reference (seed Polar): "
+        f"≈{POLAR_RATE[0]:.0f}-{POLAR_RATE[1]:.0f} sessions/s",
+    )  # fmt: skip
+    row(
+        "", "polar_mq CPU per rollout (proxy + 4 stage workers)",
+        f"{agent_cpu_ms:.1f} ms/rollout", _runs(agent_cpu),
+        f"target ≤ {TARGET_CPU_MS:.0f} ms → {_verdict(agent_cpu_ms <= TARGET_CPU_MS)}; "
+        f"reference (seed Polar): {POLAR_CPU_MS[0]:.0f}-{POLAR_CPU_MS[1]:.0f} ms/session",
+    )  # fmt: skip
+
+    lines += ["", *_breakdown(base, noop, agent, cores)]
+    warnings = [w for ms in runs.values() for m in ms for w in m.warnings]
+    if ctx["dead_processes"]:
+        warnings.append(f"processes died during the run: {ctx['dead_processes']}")
+    lines.append("")
+    if warnings:
+        lines += [f"WARNING: {w}" for w in warnings]
+    else:
+        lines.append(
+            f"checks: all {sum(m.n for m in noop + agent)} rollouts of (2) and (3) ended "
+            f"completed; every (3) rollout stored {AGENT_CALLS} LLM calls"
+        )
+    data = {
+        "summary": {
+            "baseline_chains_per_s": round(base_rate, 2),
+            "noop_rollouts_per_s": round(noop_rate, 2),
+            "ratio": round(ratio, 3),
+            "ratio_target": round(TARGET_RATIO, 3),
+            "ratio_per_run": [round(r, 3) for r in ratios],
+            "agent_rollouts_per_s": round(agent_rate, 2),
+            "agent_polar_mq_cpu_ms_per_rollout": round(agent_cpu_ms, 2),
+            "noop_polar_mq_cpu_ms_per_rollout": round(_median([polar_cpu_ms(m) for m in noop]), 2),
+            "baseline_worker_cpu_ms_per_chain": round(
+                _median(
+                    [m.cpu_ms_per_item([f"baseline-step{i}" for i in range(1, 5)]) for m in base]
+                ),
+                2,
+            ),
+            "cpu_target_ms": TARGET_CPU_MS,
+            "reference_polar_cpu_ms_per_session": list(POLAR_CPU_MS),
+            "reference_polar_sessions_per_s": list(POLAR_RATE),
+            "warnings": warnings,
+        },
+        "options": {
+            "rollouts": opts.rollouts,
+            "chains": opts.chains,
+            "agent_rollouts": opts.agent_rollouts,
+            "repeats": opts.repeats,
+            "warmup": opts.warmup,
+        },
+        "runs": {kind: [m.as_json() for m in ms] for kind, ms in runs.items()},
+    }
+    return "\n".join(lines), data
+
+
+def _breakdown(
+    base: list[Measurement], noop: list[Measurement], agent: list[Measurement], cores: int
+) -> list[str]:
+    head = f"{'CPU by process, median ms per item':<58}{'(1)/chain':>12}{'(2)/rollout':>13}"
+    lines = [head + f"{'(3)/rollout':>13}"]
+
+    def cell(ms: list[Measurement], fn: Callable[[Measurement], float | None]) -> str:
+        values = [v for v in (fn(m) for m in ms) if v is not None]
+        return f"{_median(values):.2f}" if values else "-"
+
+    def per_item(name: str) -> Callable[[Measurement], float | None]:
+        return lambda m: m.cpu_ms_per_item([name]) if name in m.cpu_s else None
+
+    for i, stage in enumerate(STAGES, start=1):
+        lines.append(
+            f"  {f'stage {i}: worker-{stage} / baseline-step{i}':<56}"
+            f"{cell(base, per_item(f'baseline-step{i}')):>12}"
+            f"{cell(noop, per_item(f'worker-{stage}')):>13}"
+            f"{cell(agent, per_item(f'worker-{stage}')):>13}"
+        )
+    lines.append(f"  {'proxy':<56}{'-':>12}{cell(noop, per_item('proxy')):>13}"
+                 f"{cell(agent, per_item('proxy')):>13}")  # fmt: skip
+    baseline_names = [f"baseline-step{i}" for i in range(1, 5)]
+    lines.append(
+        f"  {'= counted (workers + proxy)':<56}"
+        f"{cell(base, lambda m: m.cpu_ms_per_item(baseline_names)):>12}"
+        f"{cell(noop, polar_cpu_ms):>13}{cell(agent, polar_cpu_ms):>13}"
+    )
+    submit = "submit in the bench process (apply_async / enqueue_job)"
+    lines.append(
+        f"  {submit:<56}{cell(base, lambda m: 1000 * m.submit_cpu_s / m.n):>12}"
+        f"{cell(noop, lambda m: 1000 * m.submit_cpu_s / m.n):>13}"
+        f"{cell(agent, lambda m: 1000 * m.submit_cpu_s / m.n):>13}"
+    )
+    info = sorted(
+        {k for m in base + noop + agent for k in m.cpu_s}
+        - set(POLAR_PROCESSES) - set(baseline_names)
+    )  # fmt: skip
+    for name in info:
+        lines.append(
+            f"  {'not counted: ' + name:<56}{cell(base, per_item(name)):>12}"
+            f"{cell(noop, per_item(name)):>13}{cell(agent, per_item(name)):>13}"
+        )
+
+    def busy(m: Measurement) -> float:
+        return 100.0 * m.machine_busy_s / (m.elapsed_s * cores)
+
+    lines.append(
+        f"  {'machine busy during the window (% of all cores)':<56}"
+        f"{cell(base, busy):>12}{cell(noop, busy):>13}{cell(agent, busy):>13}"
+    )
+    lines += ["", f"{'in-stage time (events duration_s), median ms':<70}{'(2)':>13}{'(3)':>13}"]
+    for stage in STAGES:
+        lines.append(
+            f"  {stage:<68}{cell(noop, lambda m, s=stage: m.stage_ms.get(s)):>13}"
+            f"{cell(agent, lambda m, s=stage: m.stage_ms.get(s)):>13}"
+        )
+    return lines
+
+
+def write_json(directory: Path, started_at: datetime, data: dict[str, Any]) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"pipeline-{started_at.strftime('%Y%m%dT%H%M%SZ')}.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
+    return path
