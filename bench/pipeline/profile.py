@@ -73,6 +73,7 @@ def recording(out_dir: Path, kind: str, pids: Mapping[str, int]) -> Iterator[dic
                 "-f",
                 "raw",
                 "--nolineno",
+                "--gil",
                 "-o",
                 str(outputs[name]),
             ],
