@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import uuid
 from collections import Counter
 from typing import Any
 
@@ -14,6 +15,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from polar_mq.client import Client
 from polar_mq.devstack import LocalStack, free_port
 from polar_mq.models import Event, EventKind, LlmCall, Rollout, TrajectorySample
+from polar_mq.runtimes import LocalRuntime
 from polar_mq.workers.routing import Stage
 
 pytestmark = pytest.mark.e2e
@@ -95,6 +97,9 @@ def test_three_tasks_four_samples_complete_with_tokens(
     assert len(trajectory["samples"]) >= 2
     # the runtimes are gone: no workspace left behind, no process of a rollout alive
     assert not any((fake_stack.settings.runtime_root).glob("*/workspace"))
+    runtime_ids = {f"{uuid.UUID(str(r)).hex}-1" for r in submitted.rollout_ids}
+    assert not [rid for rid in runtime_ids if LocalRuntime(rid, fake_stack.settings.runtime_root)
+                .alive_processes()]  # fmt: skip
 
 
 def test_flower_lists_workers_and_stage_tasks(fake_stack: LocalStack) -> None:
