@@ -20,7 +20,7 @@ from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
 from polar_mq.api.responses import OrjsonResponse
-from polar_mq.jobs.queries import InvalidCursor, NotFound
+from polar_mq.jobs.read_models import InvalidCursor, NotFound
 from polar_mq.submit import IdempotencyConflict, UnstorableValue
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""Response models of the API itself; the read models come from `polar_mq.jobs.queries`.
+"""Response models of the API itself; the read models come from `polar_mq.jobs.read_models`.
 
 The query dataclasses double as response models (FastAPI derives their schema), so the documented
 status, results and rollout shapes are exactly what the handlers serialize.

@@ -15,313 +15,49 @@ from moving past a group whose commit was still in flight.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any
 
-import orjson
 from sqlalchemy import Select, and_, case, func, or_, select, tuple_
 from sqlalchemy.orm import Session
 
+from polar_mq.jobs.cursors import decode_cursor, encode_cursor
+from polar_mq.jobs.read_models import (
+    GroupResult,
+    JobPage,
+    JobStatus,
+    JobSummary,
+    NotFound,
+    ResultsPage,
+    SampleResult,
+    StageCount,
+    TrajectoryTokens,
+    record,
+)
 from polar_mq.jobs.schemas import JobCreate
 from polar_mq.models import (
-    Evaluation,
-    Event,
-    EventKind,
     Job,
     JobTask,
-    LlmCall,
     Rollout,
     RolloutStatus,
     TerminationReason,
     TrajectorySample,
 )
 from polar_mq.models.base import utcnow
-from polar_mq.workers.transitions import STAGE_STATES
+from polar_mq.workers.transitions import STAGE_OF_STATUS, STAGE_STATES
 
 MAX_PAGE = 1000
 RESULTS_SETTLE_S = 1.0
 
-STAGE_OF_STATUS: dict[str, tuple[str, str]] = {}
-"""Non-terminal rollout status → (stage, "queued" | "running")."""
-for _stage, (_ready, _busy, _) in STAGE_STATES.items():
-    STAGE_OF_STATUS[_ready] = (_stage.value, "queued")
-    STAGE_OF_STATUS[_busy] = (_stage.value, "running")
 STAGES: tuple[str, ...] = tuple(stage.value for stage in STAGE_STATES)
 _TERMINAL = tuple(RolloutStatus.TERMINAL)
-_R = TypeVar("_R")
-
-
-class NotFound(LookupError):
-    """The job or rollout does not exist (the API answers 404)."""
-
-    def __init__(self, kind: str, ident: object) -> None:
-        super().__init__(f"{kind} {ident} not found")
-        self.kind = kind
-
-
-class InvalidCursor(ValueError):
-    """A cursor that this server did not hand out (the API answers 400)."""
-
-
-# --------------------------------------------------------------------------------------------
-# Result types
-
-
-@dataclass(frozen=True, slots=True)
-class StageCount:
-    queued: int = 0
-    running: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class JobStatus:
-    job_id: uuid.UUID
-    state: str
-    """running | completed | cancelled"""
-    created_at: datetime
-    cancelled_at: datetime | None
-    finished_at: datetime | None
-    """When the last rollout ended, once every rollout is terminal."""
-    n_tasks: int
-    samples_per_task: int
-    total: int
-    terminal: int
-    stages: dict[str, StageCount]
-    by_status: dict[str, int]
-    """Terminal rollouts by status (completed, failed, cancelled)."""
-    by_termination_reason: dict[str, int]
-    groups_complete: int
-    groups_total: int
-    n_scored: int
-    mean_reward: float | None
-    """Over scored rollouts only: infrastructure failures carry no reward and never count as 0."""
-    idempotency_key: str | None
-    spec: dict[str, Any]
-    metadata: dict[str, Any]
-
-
-@dataclass(frozen=True, slots=True)
-class JobSummary:
-    job_id: uuid.UUID
-    state: str
-    created_at: datetime
-    n_tasks: int
-    samples_per_task: int
-    total: int
-    terminal: int
-    idempotency_key: str | None
-    metadata: dict[str, Any]
-
-
-@dataclass(frozen=True, slots=True)
-class JobPage:
-    jobs: list[JobSummary]
-    next_cursor: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class TrajectoryTokens:
-    """The training arrays of one sample; loss_mask and logprobs align with response_ids."""
-
-    sample_index: int
-    prompt_ids: list[int]
-    response_ids: list[int]
-    loss_mask: list[int]
-    logprobs: list[float] | None
-
-
-@dataclass(frozen=True, slots=True)
-class SampleResult:
-    rollout_id: uuid.UUID
-    sample_index: int
-    status: str
-    termination_reason: str | None
-    reward: float | None
-    attempt: int
-    n_llm_calls: int | None
-    trajectories: list[TrajectoryTokens] | None
-    """Present only when asked for (include_trajectories)."""
-
-
-@dataclass(frozen=True, slots=True)
-class GroupResult:
-    task_index: int
-    task: dict[str, Any]
-    complete: bool
-    completed_at: datetime | None
-    cursor: str
-    """Resume position just after this group."""
-    n_scored: int
-    mean_reward: float | None
-    samples: list[SampleResult]
-
-
-@dataclass(frozen=True, slots=True)
-class ResultsPage:
-    job_id: uuid.UUID
-    job_state: str
-    job_finished: bool
-    """Every rollout is terminal: no further group will complete."""
-    groups: list[GroupResult]
-    next_cursor: str | None
-    """None when no further group is available now."""
-
-
-@dataclass(frozen=True, slots=True)
-class EventRecord:
-    id: int
-    stage: str
-    kind: str
-    attempt: int
-    worker: str | None
-    at: datetime
-    detail: dict[str, Any]
-
-
-@dataclass(frozen=True, slots=True)
-class StageTiming:
-    started_at: datetime | None
-    ended_at: datetime | None
-    duration_s: float | None
-    outcome: str
-    """running | finished | failed"""
-
-
-@dataclass(frozen=True, slots=True)
-class EvaluationRecord:
-    evaluator: str
-    attempt: int
-    reward: float | None
-    detail: dict[str, Any]
-    created_at: datetime
-
-
-@dataclass(frozen=True, slots=True)
-class RolloutDetail:
-    rollout_id: uuid.UUID
-    job_id: uuid.UUID
-    task_index: int
-    sample_index: int
-    status: str
-    stage: str | None
-    """The stage the rollout is queued for or running in; None once terminal."""
-    attempt: int
-    node: str | None
-    termination_reason: str | None
-    agent_exit_code: int | None
-    reward: float | None
-    error: str | None
-    n_llm_calls: int | None
-    created_at: datetime
-    started_at: datetime | None
-    finished_at: datetime | None
-    timings: dict[str, StageTiming]
-    """Per stage, for the current attempt."""
-    evaluation: EvaluationRecord | None
-    events: list[EventRecord]
-
-
-@dataclass(frozen=True, slots=True)
-class TrajectorySampleRecord:
-    sample_index: int
-    builder: str
-    prompt_ids: list[int]
-    response_ids: list[int]
-    loss_mask: list[int]
-    logprobs: list[float] | None
-    messages: list[Any] | None
-    meta: dict[str, Any]
-
-
-@dataclass(frozen=True, slots=True)
-class RolloutTrajectory:
-    rollout_id: uuid.UUID
-    attempt: int
-    status: str
-    reward: float | None
-    samples: list[TrajectorySampleRecord]
-
-
-@dataclass(frozen=True, slots=True)
-class LlmCallRecord:
-    id: uuid.UUID
-    seq: int
-    backend: str
-    model: str | None
-    api_type: str
-    stream: bool
-    policy_version: int
-    status_code: int
-    complete: bool
-    finish_reason: str | None
-    latency_ms: float
-    ttft_ms: float | None
-    created_at: datetime
-    prompt_ids: list[int] | None
-    completion_ids: list[int] | None
-    logprobs: list[float] | None
-    request: dict[str, Any]
-    response: dict[str, Any] | None
-
-
-@dataclass(frozen=True, slots=True)
-class RolloutCalls:
-    rollout_id: uuid.UUID
-    calls: list[LlmCallRecord]
-
-
-# --------------------------------------------------------------------------------------------
-# Cursors
-
-
-def encode_cursor(values: Sequence[Any]) -> str:
-    return base64.urlsafe_b64encode(orjson.dumps(list(values))).decode().rstrip("=")
-
-
-def decode_cursor(cursor: str, kinds: Sequence[type]) -> list[Any]:
-    """The values of a cursor made by `encode_cursor`, checked against the expected kinds."""
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        values = orjson.loads(raw)
-    except (binascii.Error, ValueError) as exc:
-        raise InvalidCursor("cursor is not one this server handed out") from exc
-    if not isinstance(values, list) or len(values) != len(kinds):
-        raise InvalidCursor("cursor is not one this server handed out")
-    out: list[Any] = []
-    for value, kind in zip(values, kinds, strict=True):
-        try:
-            if kind is datetime:
-                out.append(datetime.fromisoformat(value))
-            elif kind is uuid.UUID:
-                out.append(uuid.UUID(value))
-            elif kind is int and isinstance(value, int) and not isinstance(value, bool):
-                out.append(value)
-            else:
-                raise TypeError(value)
-        except (TypeError, ValueError) as exc:
-            raise InvalidCursor("cursor is not one this server handed out") from exc
-    return out
-
-
-def _record(cls: type[_R], source: Any, **values: Any) -> _R:
-    """A result dataclass filled from the same-named attributes of an ORM object or row."""
-    for f in fields(cls):  # type: ignore[arg-type]
-        if f.name not in values:
-            values[f.name] = getattr(source, f.name)
-    return cls(**values)
 
 
 def _clamp(limit: int) -> int:
     return max(1, min(limit, MAX_PAGE))
-
-
-# --------------------------------------------------------------------------------------------
-# Jobs
 
 
 def _get_job(session: Session, job_id: uuid.UUID) -> Job:
@@ -446,7 +182,7 @@ def list_jobs(session: Session, limit: int = 50, cursor: str | None = None) -> J
     for job in jobs:
         total, terminal = counts.get(job.id, (0, 0))
         summaries.append(
-            _record(
+            record(
                 JobSummary,
                 job,
                 job_id=job.id,
@@ -614,99 +350,16 @@ def _samples(
             .where(in_page)
             .order_by(TrajectorySample.rollout_id, TrajectorySample.sample_index)
         ):
-            tokens.setdefault(row.rollout_id, []).append(_record(TrajectoryTokens, row))
+            tokens.setdefault(row.rollout_id, []).append(record(TrajectoryTokens, row))
     out: dict[int, list[SampleResult]] = {}
     for r in session.scalars(
         select(Rollout).where(in_page).order_by(Rollout.task_index, Rollout.sample_index)
     ):
         trajectories = tokens.get(r.id, []) if include_trajectories else None
         out.setdefault(r.task_index, []).append(
-            _record(SampleResult, r, rollout_id=r.id, trajectories=trajectories)
+            record(SampleResult, r, rollout_id=r.id, trajectories=trajectories)
         )
     return out
 
 
 # --------------------------------------------------------------------------------------------
-# Rollouts
-
-
-def _get_rollout(session: Session, rollout_id: uuid.UUID) -> Rollout:
-    rollout = session.get(Rollout, rollout_id)
-    if rollout is None:
-        raise NotFound("rollout", rollout_id)
-    return rollout
-
-
-def stage_timings(events: Sequence[EventRecord], attempt: int) -> dict[str, StageTiming]:
-    """Start, end and duration of each stage of one attempt, from its started/finished events."""
-    timings: dict[str, StageTiming] = {}
-    for ev in events:
-        if ev.attempt != attempt:
-            continue
-        if ev.kind == EventKind.STARTED:
-            timings[ev.stage] = StageTiming(ev.at, None, None, "running")
-        elif ev.kind in (EventKind.FINISHED, EventKind.FAILED):
-            started = timings.get(ev.stage)
-            started_at = started.started_at if started else None
-            duration = ev.detail.get("duration_s") if ev.kind == EventKind.FINISHED else None
-            if not isinstance(duration, int | float) and started_at is not None:
-                duration = round((ev.at - started_at).total_seconds(), 4)
-            outcome = "finished" if ev.kind == EventKind.FINISHED else "failed"
-            timings[ev.stage] = StageTiming(started_at, ev.at, duration, outcome)
-    return timings
-
-
-def rollout_detail(session: Session, rollout_id: uuid.UUID) -> RolloutDetail:
-    """A rollout's fields, its event log, stage timings and the evaluator's verdict."""
-    r = _get_rollout(session, rollout_id)
-    events = [
-        _record(EventRecord, e, detail=e.detail or {})
-        for e in session.scalars(
-            select(Event).where(Event.rollout_id == rollout_id).order_by(Event.id)
-        )
-    ]
-    evaluation = session.scalar(
-        select(Evaluation).where(
-            Evaluation.rollout_id == rollout_id, Evaluation.attempt == r.attempt
-        )
-    )
-    return _record(
-        RolloutDetail,
-        r,
-        rollout_id=r.id,
-        stage=STAGE_OF_STATUS.get(r.status, (None, None))[0],
-        timings=stage_timings(events, r.attempt),
-        evaluation=None if evaluation is None else _record(EvaluationRecord, evaluation),
-        events=events,
-    )
-
-
-def rollout_trajectory(session: Session, rollout_id: uuid.UUID) -> RolloutTrajectory:
-    """The training samples of the rollout's current attempt (earlier attempts are superseded)."""
-    r = _get_rollout(session, rollout_id)
-    samples = session.scalars(
-        select(TrajectorySample)
-        .where(TrajectorySample.rollout_id == rollout_id, TrajectorySample.attempt == r.attempt)
-        .order_by(TrajectorySample.sample_index)
-    )
-    return RolloutTrajectory(
-        rollout_id=r.id,
-        attempt=r.attempt,
-        status=r.status,
-        reward=r.reward,
-        samples=[_record(TrajectorySampleRecord, s, meta=s.meta or {}) for s in samples],
-    )
-
-
-def rollout_calls(session: Session, rollout_id: uuid.UUID) -> RolloutCalls:
-    """Every LLM call the proxy captured for the rollout, in call order, token ids included."""
-    _get_rollout(session, rollout_id)
-    calls = session.scalars(
-        select(LlmCall)
-        .where(LlmCall.rollout_id == rollout_id)
-        .order_by(LlmCall.seq, LlmCall.created_at)
-    )
-    return RolloutCalls(
-        rollout_id=rollout_id,
-        calls=[_record(LlmCallRecord, c) for c in calls],
-    )

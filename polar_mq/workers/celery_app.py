@@ -15,7 +15,6 @@ from celery import Celery
 from polar_mq.config import Settings
 from polar_mq.workers.routing import StageMessage, queue_name
 
-
 EMBEDDED_PREFIX = "sqla+"
 
 

@@ -29,6 +29,12 @@ STAGE_STATES: dict[Stage, tuple[str, str, str]] = {
     Stage.EVALUATE: (S.BUILT, S.EVALUATING, S.COMPLETED),
 }
 
+STAGE_OF_STATUS: dict[str, tuple[str, str]] = {}
+"""Non-terminal rollout status → (stage, "queued" | "running")."""
+for _stage, (_ready, _busy, _) in STAGE_STATES.items():
+    STAGE_OF_STATUS[_ready] = (_stage.value, "queued")
+    STAGE_OF_STATUS[_busy] = (_stage.value, "running")
+
 
 class LeaseLost(RuntimeError):
     """The rollout is no longer held by this worker in this stage; its result is discarded."""

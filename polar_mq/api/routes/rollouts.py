@@ -10,7 +10,7 @@ from starlette.responses import Response
 from polar_mq.api.deps import SessionDep, get_principal
 from polar_mq.api.responses import OrjsonResponse
 from polar_mq.api.schemas import error_responses
-from polar_mq.jobs import queries
+from polar_mq.rollouts import queries
 
 router = APIRouter(
     prefix="/v1/rollouts",

@@ -1,0 +1,237 @@
+"""Read models: the plain frozen dataclasses the read services return and the API serializes.
+
+FastAPI derives the OpenAPI schema from these same classes, so the documented shape cannot drift
+from the served one.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, fields
+from datetime import datetime
+from typing import Any, TypeVar
+
+_R = TypeVar("_R")
+
+
+class NotFound(LookupError):
+    """The job or rollout does not exist (the API answers 404)."""
+
+    def __init__(self, kind: str, ident: object) -> None:
+        super().__init__(f"{kind} {ident} not found")
+        self.kind = kind
+
+
+class InvalidCursor(ValueError):
+    """A cursor that this server did not hand out (the API answers 400)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StageCount:
+    queued: int = 0
+    running: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class JobStatus:
+    job_id: uuid.UUID
+    state: str
+    """running | completed | cancelled"""
+    created_at: datetime
+    cancelled_at: datetime | None
+    finished_at: datetime | None
+    """When the last rollout ended, once every rollout is terminal."""
+    n_tasks: int
+    samples_per_task: int
+    total: int
+    terminal: int
+    stages: dict[str, StageCount]
+    by_status: dict[str, int]
+    """Terminal rollouts by status (completed, failed, cancelled)."""
+    by_termination_reason: dict[str, int]
+    groups_complete: int
+    groups_total: int
+    n_scored: int
+    mean_reward: float | None
+    """Over scored rollouts only: infrastructure failures carry no reward and never count as 0."""
+    idempotency_key: str | None
+    spec: dict[str, Any]
+    metadata: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class JobSummary:
+    job_id: uuid.UUID
+    state: str
+    created_at: datetime
+    n_tasks: int
+    samples_per_task: int
+    total: int
+    terminal: int
+    idempotency_key: str | None
+    metadata: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class JobPage:
+    jobs: list[JobSummary]
+    next_cursor: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class TrajectoryTokens:
+    """The training arrays of one sample; loss_mask and logprobs align with response_ids."""
+
+    sample_index: int
+    prompt_ids: list[int]
+    response_ids: list[int]
+    loss_mask: list[int]
+    logprobs: list[float] | None
+
+
+@dataclass(frozen=True, slots=True)
+class SampleResult:
+    rollout_id: uuid.UUID
+    sample_index: int
+    status: str
+    termination_reason: str | None
+    reward: float | None
+    attempt: int
+    n_llm_calls: int | None
+    trajectories: list[TrajectoryTokens] | None
+    """Present only when asked for (include_trajectories)."""
+
+
+@dataclass(frozen=True, slots=True)
+class GroupResult:
+    task_index: int
+    task: dict[str, Any]
+    complete: bool
+    completed_at: datetime | None
+    cursor: str
+    """Resume position just after this group."""
+    n_scored: int
+    mean_reward: float | None
+    samples: list[SampleResult]
+
+
+@dataclass(frozen=True, slots=True)
+class ResultsPage:
+    job_id: uuid.UUID
+    job_state: str
+    job_finished: bool
+    """Every rollout is terminal: no further group will complete."""
+    groups: list[GroupResult]
+    next_cursor: str | None
+    """None when no further group is available now."""
+
+
+@dataclass(frozen=True, slots=True)
+class EventRecord:
+    id: int
+    stage: str
+    kind: str
+    attempt: int
+    worker: str | None
+    at: datetime
+    detail: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class StageTiming:
+    started_at: datetime | None
+    ended_at: datetime | None
+    duration_s: float | None
+    outcome: str
+    """running | finished | failed"""
+
+
+@dataclass(frozen=True, slots=True)
+class EvaluationRecord:
+    evaluator: str
+    attempt: int
+    reward: float | None
+    detail: dict[str, Any]
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutDetail:
+    rollout_id: uuid.UUID
+    job_id: uuid.UUID
+    task_index: int
+    sample_index: int
+    status: str
+    stage: str | None
+    """The stage the rollout is queued for or running in; None once terminal."""
+    attempt: int
+    node: str | None
+    termination_reason: str | None
+    agent_exit_code: int | None
+    reward: float | None
+    error: str | None
+    n_llm_calls: int | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    timings: dict[str, StageTiming]
+    """Per stage, for the current attempt."""
+    evaluation: EvaluationRecord | None
+    events: list[EventRecord]
+
+
+@dataclass(frozen=True, slots=True)
+class TrajectorySampleRecord:
+    sample_index: int
+    builder: str
+    prompt_ids: list[int]
+    response_ids: list[int]
+    loss_mask: list[int]
+    logprobs: list[float] | None
+    messages: list[Any] | None
+    meta: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutTrajectory:
+    rollout_id: uuid.UUID
+    attempt: int
+    status: str
+    reward: float | None
+    samples: list[TrajectorySampleRecord]
+
+
+@dataclass(frozen=True, slots=True)
+class LlmCallRecord:
+    id: uuid.UUID
+    seq: int
+    backend: str
+    model: str | None
+    api_type: str
+    stream: bool
+    policy_version: int
+    status_code: int
+    complete: bool
+    finish_reason: str | None
+    latency_ms: float
+    ttft_ms: float | None
+    created_at: datetime
+    prompt_ids: list[int] | None
+    completion_ids: list[int] | None
+    logprobs: list[float] | None
+    request: dict[str, Any]
+    response: dict[str, Any] | None
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutCalls:
+    rollout_id: uuid.UUID
+    calls: list[LlmCallRecord]
+
+
+def record(cls: type[_R], source: Any, **values: Any) -> _R:
+    """A result dataclass filled from the same-named attributes of an ORM object or row."""
+    for f in fields(cls):  # type: ignore[arg-type]
+        if f.name not in values:
+            values[f.name] = getattr(source, f.name)
+    return cls(**values)

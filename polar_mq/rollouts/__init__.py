@@ -1,0 +1,1 @@
+"""Rollouts: read services for one rollout."""
