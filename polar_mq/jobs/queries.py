@@ -1,4 +1,4 @@
-"""Read services behind the status, results and rollout endpoints.
+"""Read services behind the job status, list and results endpoints.
 
 Every function takes a Session and returns plain frozen dataclasses: the API serializes them with
 orjson straight from here (token arrays stay Python lists, no per-element validation), and FastAPI
