@@ -105,3 +105,15 @@ def find_processes(name: str, cmdline_contains: str | None = None) -> dict[int, 
         if value is not None:
             result[proc.pid] = value
     return result
+
+
+def reaped_children_cpu(pids: list[int]) -> dict[int, float]:
+    """CPU seconds of the waited-for children of `pids` (the agents and their shells)."""
+    result: dict[int, float] = {}
+    for pid in pids:
+        try:
+            times = psutil.Process(pid).cpu_times()
+        except psutil.Error:
+            continue
+        result[pid] = float(times.children_user + times.children_system)
+    return result

@@ -222,7 +222,7 @@ def _check_job(
             )
         ):
             if isinstance(detail, dict) and "duration_s" in detail:
-                durations.setdefault(stage, []).append(1000.0 * float(detail["duration_s"]))
+                durations.setdefault(str(stage), []).append(1000.0 * float(detail["duration_s"]))
     stage_ms = {stage: statistics.median(values) for stage, values in durations.items()}
     return dict(statuses), stage_ms, warnings
 

@@ -22,6 +22,9 @@ RATE_HZ = 250
 
 # (label, substring of a frame "function (file)"); a sample counts under every label it matches.
 COST_CENTRES: tuple[tuple[str, str], ...] = (
+    ("Celery consumer loop (receive, ack, task events)", "asynloop (celery/worker/loops.py"),
+    ("Celery task execution (trace + task body)", "trace_task (celery/app/trace.py"),
+    ("polar_mq run_stage (claim, stage, finish)", "run_stage (polar_mq/workers/runner.py"),
     ("claim (transitions.claim)", "claim (polar_mq/workers/transitions.py"),
     ("finish (transitions.finish + commit)", "finish (polar_mq/workers/transitions.py"),
     ("publish next stage (after commit)", "publish_messages (polar_mq/workers/celery_app.py"),
@@ -132,12 +135,20 @@ def summarise(name: str, path: Path, top: int = 6) -> ProfileSummary:
     return ProfileSummary(name, total, shares, top_self)
 
 
-def render(kind: str, summaries: list[ProfileSummary]) -> list[str]:
-    lines = [f"py-spy, untimed extra run of {kind}: % of each process's busy samples"]
+def render(
+    kind: str, n: int, summaries: list[ProfileSummary], timed_ms: Mapping[str, float]
+) -> list[str]:
+    """Shares of samples, turned into ms per item with each process's CPU from the timed runs
+    (py-spy's own pauses inflate the profiled run, so its sample counts are not used as times)."""
+    lines = [
+        f"py-spy (GIL-holding samples), untimed extra run of {kind} ({n} items): share of each "
+        "process's samples x its CPU per item in the timed runs (median)"
+    ]
     for s in summaries:
-        lines.append(f"  {s.process} ({s.samples} samples at {RATE_HZ} Hz)")
+        timed = timed_ms.get(s.process, float("nan"))
+        lines.append(f"  {s.process}: {timed:.2f} ms/item in the timed runs; {s.samples} samples")
         for label, pct in s.shares:
-            lines.append(f"    {pct:5.1f}%  {label}")
-        hottest = ", ".join(f"{leaf} {pct:.0f}%" for leaf, pct in s.top_self[:4])
+            lines.append(f"    {pct:5.1f}%  ≈{pct * timed / 100:5.2f} ms  {label}")
+        hottest = ", ".join(f"{leaf} {pct:.0f}%" for leaf, pct in s.top_self[:3])
         lines.append(f"    hottest leaves: {hottest}")
     return lines

@@ -7,6 +7,7 @@ import contextlib
 import os
 import shutil
 import signal
+import statistics
 import sys
 import tempfile
 import time
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import redis
 
@@ -84,7 +86,7 @@ def parse_args(argv: list[str] | None = None) -> Options:
         type=Path,
         default=None,
         metavar="DIR",
-        help="after the timed runs, one untimed run of (2) and (3) under py-spy; stacks to DIR",
+        help="after the timed runs, one untimed run of each under py-spy; stacks to DIR",
     )
     ns = parser.parse_args(argv)
     for name in ("rollouts", "chains", "agent_rollouts", "repeats"):
@@ -148,6 +150,8 @@ def _stack_settings(tag: str, db_url: str, opts: Options, tmp: Path, upstream: i
 def main(argv: list[str] | None = None) -> int:
     opts = parse_args(argv)
     signal.signal(signal.SIGTERM, _raise_interrupt)
+    # also when started in the background by a shell, which would leave SIGINT ignored
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     tag = uuid.uuid4().hex[:8]
     tmp = Path(tempfile.mkdtemp(prefix=f"polar-bench-pipeline-{tag}-"))
     started_at = datetime.now(UTC)
@@ -183,12 +187,16 @@ def main(argv: list[str] | None = None) -> int:
             info = {
                 "redis-server (whole server)": lambda: cpu.find_processes("redis-server"),
             }
-            chain_timer = Timer({p.name: p.pid for p in base_procs}, info)
+            chain_pids = {p.name: p.pid for p in base_procs}
+            chain_timer = Timer(chain_pids, info)
             polar_pids = {p.name: p.pid for p in [proxy, *workers]}
             polar_timer = Timer(
                 polar_pids,
                 {
                     "fake-upstream": lambda: cpu.tree_cpu(upstream.pid),
+                    "agent processes (reaped by the workers)": lambda: cpu.reaped_children_cpu(
+                        [w.pid for w in workers]
+                    ),
                     "postgres backends (bench db, approx.)": lambda: cpu.find_processes(
                         "postgres", f" {db_name} "
                     ),
@@ -233,17 +241,23 @@ def main(argv: list[str] | None = None) -> int:
                         print(f"  WARNING: {w}", flush=True)
             profile_lines: list[str] = []
             if opts.profile_dir is not None:
-                print("profiling one untimed run of (2) and (3) with py-spy …", flush=True)
-                for kind, fn, n in (
-                    ("noop", noop, opts.rollouts),
-                    ("agent", agents, opts.agent_rollouts),
-                ):
-                    with profile.recording(opts.profile_dir, kind, polar_pids) as outputs:
+                print("profiling one untimed run of (1), (2), (3) with py-spy …", flush=True)
+                profiled = (
+                    ("baseline", chains, opts.chains, chain_pids),
+                    ("noop", noop, opts.rollouts, polar_pids),
+                    ("agent", agents, opts.agent_rollouts, polar_pids),
+                )
+                for kind, fn, n, pids in profiled:
+                    with profile.recording(opts.profile_dir, kind, pids) as outputs:
                         fn(n)
                     summaries = [profile.summarise(k, v) for k, v in outputs.items()]
-                    profile_lines += ["", *profile.render(kind, summaries)]
+                    timed = {
+                        name: statistics.median(m.cpu_ms_per_item([name]) for m in runs[kind])
+                        for name in pids
+                    }
+                    profile_lines += ["", *profile.render(kind, n, summaries, timed)]
             dead = [p.name for p in [*local.processes, *base_procs] if not p.alive()]
-            ctx = {
+            ctx: dict[str, Any] = {
                 "tag": tag,
                 "database": db_name,
                 "redis_url": opts.redis_url,
@@ -264,11 +278,14 @@ def main(argv: list[str] | None = None) -> int:
             if profile_lines:
                 print("\n".join(profile_lines))
                 print(f"raw py-spy stacks in {opts.profile_dir}")
-            path = report.write_json(opts.results_dir, started_at, {**data, "context": ctx})
+            path = report.write_json(
+                opts.results_dir, started_at, {**data, "context": ctx, "profile": profile_lines}
+            )
             print(f"\nresults: {path.relative_to(REPO_ROOT)}")
             ok = True
             print("stopping processes, dropping the database …", flush=True)
     except KeyboardInterrupt:
+        ok = True  # nothing to debug: drop the logs too
         print("\ninterrupted; everything stopped and removed", file=sys.stderr)
         return 130
     finally:
