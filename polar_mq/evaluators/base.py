@@ -41,10 +41,12 @@ class EvalResult:
 
 
 class Evaluator(ABC):
-    """Scores one rollout. `needs_runtime` tells the evaluate stage to keep the sandbox up."""
+    """Scores one rollout. `needs_runtime` tells the evaluate stage to keep the sandbox up;
+    `needs_final_text` whether to read the agent's answer (a file read or a query) first."""
 
     name: ClassVar[str]
     needs_runtime: bool = False
+    needs_final_text: bool = True
 
     @abstractmethod
     def evaluate(self, ctx: EvalContext) -> EvalResult:

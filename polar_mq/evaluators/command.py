@@ -17,6 +17,7 @@ class CommandEvaluator(Evaluator):
 
     name = "command"
     needs_runtime = True
+    needs_final_text = False
 
     def __init__(
         self,

@@ -9,6 +9,7 @@ class CompletedEvaluator(Evaluator):
     """1.0 when the agent exited 0 and the rollout ended as "completed", else 0.0."""
 
     name = "completed"
+    needs_final_text = False
 
     def evaluate(self, ctx: EvalContext) -> EvalResult:
         ok = ctx.agent_exit_code == 0 and ctx.termination_reason == "completed"

@@ -45,8 +45,9 @@ def create_celery(settings: Settings) -> PolarCelery:
         accept_content=["json"],
         broker_transport_options=transport_options,
         broker_connection_retry_on_startup=True,
-        worker_send_task_events=True,
-        task_send_sent_event=True,
+        # Task events cost a broker publish per transition; Flower switches them on while it runs.
+        worker_send_task_events=False,
+        task_send_sent_event=False,
         task_always_eager=settings.task_always_eager,
         worker_hijack_root_logger=False,
         task_default_queue=f"{settings.queue_prefix}.default",

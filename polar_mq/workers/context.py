@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from polar_mq.config import Settings
 from polar_mq.db import create_db_engine, make_session_factory
 from polar_mq.workers.outbox import Publisher, attach_publisher
+from polar_mq.workers.spec_cache import SpecCache
 
 
 @dataclass
@@ -32,6 +33,10 @@ class WorkerContext:
         factory = make_session_factory(engine)
         attach_publisher(factory, self.publisher)
         return factory
+
+    @cached_property
+    def spec_cache(self) -> SpecCache:
+        return SpecCache()
 
     @cached_property
     def http(self) -> httpx.Client:

@@ -14,6 +14,10 @@ import traceback
 import uuid
 from collections.abc import Callable
 
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import Session
+from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
+
 from polar_mq.db import unit_of_work
 from polar_mq.models import RolloutStatus, TerminationReason
 from polar_mq.workers.context import WorkerContext
@@ -41,7 +45,7 @@ def _lease_seconds(ctx: WorkerContext, claimed_stage: Stage) -> float:
 
 def _release_runtime(ctx: WorkerContext, claimed: Claimed) -> None:
     try:
-        open_runtime(ctx.settings, claimed.job.spec.get("runtime", {}), claimed.rollout).stop()
+        open_runtime(ctx.settings, claimed.spec.get("runtime", {}), claimed.rollout).stop()
     except Exception:
         log.exception("releasing the runtime of rollout %s failed", claimed.rollout.id)
 
@@ -53,15 +57,38 @@ def _next_message(
     if nxt is None:
         return None
     node = outcome.values.get("node") or claimed.rollout.node
-    pool = str(claimed.job.spec.get("pool", ctx.settings.pool))
+    pool = str(claimed.spec.get("pool", ctx.settings.pool))
     return StageMessage(nxt, claimed.rollout.id, pool, node)
+
+
+_retry_db = retry(
+    retry=retry_if_exception_type(OperationalError),
+    stop=stop_after_attempt(3),
+    wait=wait_exponential(multiplier=0.1, max=2),
+    reraise=True,
+)
+"""A dropped database connection is invalidated by the pool; the retry gets a fresh one."""
+
+
+@_retry_db
+def _claim(ctx: WorkerContext, stage: Stage, rollout_id: str, owner: str) -> Claimed | str:
+    with unit_of_work(ctx.session_factory) as session:
+        return claim(
+            session, stage, uuid.UUID(rollout_id), owner, _lease_seconds(ctx, stage),
+            ctx.spec_cache,
+        )  # fmt: skip
+
+
+@_retry_db
+def _commit(ctx: WorkerContext, write: Callable[[Session], None]) -> None:
+    with unit_of_work(ctx.session_factory) as session:
+        write(session)
 
 
 def run_stage(ctx: WorkerContext, stage: Stage, rollout_id: str, task_id: str | None) -> str:
     """Run one stage for one rollout; returns what happened (for logs and tests)."""
     owner = ctx.lease_owner(task_id)
-    with unit_of_work(ctx.session_factory) as session:
-        claimed = claim(session, stage, uuid.UUID(rollout_id), owner, _lease_seconds(ctx, stage))
+    claimed = _claim(ctx, stage, rollout_id, owner)
     if isinstance(claimed, str):
         log.info("%s of %s skipped: rollout is %s", stage, rollout_id, claimed)
         return f"skipped:{claimed}"
@@ -73,8 +100,7 @@ def run_stage(ctx: WorkerContext, stage: Stage, rollout_id: str, task_id: str | 
         message = str(exc) if isinstance(exc, StageFailure) else traceback.format_exc()
         log.warning("%s of %s failed (%s): %s", stage, rollout_id, reason, message[-500:])
         try:
-            with unit_of_work(ctx.session_factory) as session:
-                fail(session, claimed, reason, message)
+            _commit(ctx, lambda session: fail(session, claimed, reason, message))
         except LeaseLost:
             log.warning("%s of %s: lease lost before recording the failure", stage, rollout_id)
         if stage in RUNTIME_STAGES:
@@ -82,11 +108,13 @@ def run_stage(ctx: WorkerContext, stage: Stage, rollout_id: str, task_id: str | 
         return f"failed:{reason}"
     outcome.detail["duration_s"] = round(time.monotonic() - started, 4)
     try:
-        with unit_of_work(ctx.session_factory) as session:
-            finish(
-                session, claimed, outcome.values, outcome.rows, outcome.detail,
-                _next_message(ctx, claimed, outcome),
-            )  # fmt: skip
+        next_message = _next_message(ctx, claimed, outcome)
+        _commit(
+            ctx,
+            lambda session: finish(
+                session, claimed, outcome.values, outcome.rows, outcome.detail, next_message
+            ),
+        )
     except LeaseLost:
         log.warning("%s of %s: lease lost, result discarded", stage, rollout_id)
         return "lease_lost"

@@ -4,16 +4,20 @@
 own committed transaction; only one delivery can win it. `finish` and `fail` write the stage's
 result only while the same owner still holds the rollout in the busy state, so a redelivered copy,
 or a worker whose lease was taken over, cannot write a second effect.
+
+These run once per stage of every rollout, so they are single Core statements (UPDATE … RETURNING,
+multi-row INSERT) rather than ORM loads and flushes: a stage costs two short transactions.
 """
 
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
 from datetime import timedelta
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, func, select, update
+from sqlalchemy import CursorResult, Table, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from polar_mq.models import Event, EventKind, Job, JobTask, Rollout, RolloutStatus
@@ -35,20 +39,54 @@ for _stage, (_ready, _busy, _) in STAGE_STATES.items():
     STAGE_OF_STATUS[_ready] = (_stage.value, "queued")
     STAGE_OF_STATUS[_busy] = (_stage.value, "running")
 
+EVENTS = cast(Table, Event.__table__)
+
 
 class LeaseLost(RuntimeError):
     """The rollout is no longer held by this worker in this stage; its result is discarded."""
 
 
 @dataclass(frozen=True, slots=True)
-class Claimed:
-    """A rollout won by one stage execution, with what the stage needs to read."""
+class RolloutRef:
+    """The rollout columns a stage reads, as returned by its claim."""
 
-    rollout: Rollout
-    job: Job
-    task: JobTask
+    id: uuid.UUID
+    job_id: uuid.UUID
+    task_id: int
+    task_index: int
+    sample_index: int
+    attempt: int
+    node: str | None
+    runtime_id: str | None
+    agent_exit_code: int | None
+    termination_reason: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    """A rollout won by one stage execution, with the job spec and task instance it needs."""
+
+    rollout: RolloutRef
+    spec: dict[str, Any]
+    instance: dict[str, Any]
     owner: str
     stage: Stage
+
+
+SpecLoader = Callable[[Session, RolloutRef], tuple[dict[str, Any], dict[str, Any]]]
+_RETURNED = [getattr(Rollout, f.name) for f in fields(RolloutRef)]
+
+
+def load_spec_and_task(
+    session: Session, rollout: RolloutRef
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The job spec and the task instance of a rollout (both immutable once submitted)."""
+    row = session.execute(
+        select(Job.spec, JobTask.instance)
+        .join(JobTask, JobTask.job_id == Job.id)
+        .where(JobTask.id == rollout.task_id)
+    ).one()
+    return row.spec, row.instance
 
 
 def _rowcount(result: object) -> int:
@@ -56,24 +94,30 @@ def _rowcount(result: object) -> int:
 
 
 def _event(
-    session: Session, rollout: Rollout, stage: Stage, kind: str, owner: str, **detail: Any
+    session: Session, rollout: RolloutRef, stage: Stage, kind: str, owner: str, **detail: Any
 ) -> None:
-    session.add(
-        Event(
-            job_id=rollout.job_id,
-            rollout_id=rollout.id,
-            stage=stage.value,
-            kind=kind,
-            attempt=rollout.attempt,
-            worker=owner,
-            at=utcnow(),
-            detail=detail,
-        )
+    session.execute(
+        insert(EVENTS),
+        {
+            "job_id": rollout.job_id,
+            "rollout_id": rollout.id,
+            "stage": stage.value,
+            "kind": kind,
+            "attempt": rollout.attempt,
+            "worker": owner,
+            "at": utcnow(),
+            "detail": detail,
+        },
     )
 
 
 def claim(
-    session: Session, stage: Stage, rollout_id: uuid.UUID, owner: str, lease_s: float
+    session: Session,
+    stage: Stage,
+    rollout_id: uuid.UUID,
+    owner: str,
+    lease_s: float,
+    load: SpecLoader = load_spec_and_task,
 ) -> Claimed | str:
     """Win the rollout for `stage`, or return the status that made the claim fail."""
     ready, busy, _ = STAGE_STATES[stage]
@@ -85,27 +129,28 @@ def claim(
     }
     if stage is Stage.PREPARE:
         values["started_at"] = func.coalesce(Rollout.started_at, now)
-    won = _rowcount(
-        session.execute(
-            update(Rollout)
-            .where(Rollout.id == rollout_id, Rollout.status == ready)
-            .values(**values)
-            .execution_options(synchronize_session=False)
-        )
-    )
-    rollout = session.get(Rollout, rollout_id, populate_existing=True)
-    if rollout is None:
-        return "missing"
-    if not won:
-        _event(session, rollout, stage, EventKind.SKIPPED, owner, status=rollout.status)
-        return rollout.status
+    row = session.execute(
+        update(Rollout)
+        .where(Rollout.id == rollout_id, Rollout.status == ready)
+        .values(**values)
+        .returning(*_RETURNED)
+    ).one_or_none()
+    if row is None:
+        status_row = session.execute(
+            select(*_RETURNED, Rollout.status).where(Rollout.id == rollout_id)
+        ).one_or_none()
+        if status_row is None:
+            return "missing"
+        lost = RolloutRef(*status_row.tuple()[:-1])
+        _event(session, lost, stage, EventKind.SKIPPED, owner, status=status_row.status)
+        return str(status_row.status)
+    rollout = RolloutRef(*row.tuple())
     _event(session, rollout, stage, EventKind.STARTED, owner)
-    job = session.get_one(Job, rollout.job_id)
-    task = session.get_one(JobTask, rollout.task_id)
-    return Claimed(rollout, job, task, owner, stage)
+    spec, instance = load(session, rollout)
+    return Claimed(rollout, spec, instance, owner, stage)
 
 
-def _fenced_update(session: Session, claimed: Claimed, values: dict[str, Any]) -> None:
+def _fenced_update(session: Session, claimed: Claimed, values: Mapping[str, Any]) -> None:
     _, busy, _ = STAGE_STATES[claimed.stage]
     done = _rowcount(
         session.execute(
@@ -127,7 +172,7 @@ def finish(
     session: Session,
     claimed: Claimed,
     values: dict[str, Any],
-    rows: list[Any],
+    rows: Mapping[Table, list[dict[str, Any]]],
     detail: dict[str, Any],
     next_message: StageMessage | None,
 ) -> None:
@@ -136,7 +181,9 @@ def finish(
     if done in RolloutStatus.TERMINAL:
         values = {**values, "finished_at": utcnow()}
     _fenced_update(session, claimed, {"status": done, **values})
-    session.add_all(rows)
+    for table, table_rows in rows.items():
+        if table_rows:
+            session.execute(insert(table), table_rows)
     _event(session, claimed.rollout, claimed.stage, EventKind.FINISHED, claimed.owner, **detail)
     if next_message is not None:
         defer_publish(session, next_message)
@@ -159,7 +206,3 @@ def fail(session: Session, claimed: Claimed, reason: str, error: str) -> None:
         session, claimed.rollout, claimed.stage, EventKind.FAILED, claimed.owner,
         reason=reason, error=error[-1000:],
     )  # fmt: skip
-
-
-def current_status(session: Session, rollout_id: uuid.UUID) -> str | None:
-    return session.scalar(select(Rollout.status).where(Rollout.id == rollout_id))

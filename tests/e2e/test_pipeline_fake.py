@@ -105,11 +105,8 @@ def test_three_tasks_four_samples_complete_with_tokens(
 def test_flower_lists_workers_and_stage_tasks(fake_stack: LocalStack) -> None:
     port = free_port()
     fake_stack.flower(port)
+    flower_started = time.monotonic()
     flower = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30)
-    client = _client(fake_stack)
-    job = client.submit(TASKS[:1], samples_per_task=2, evaluator="completed")
-    client.wait(str(job.job_id), progress=False, timeout=120)
-
     workers: dict[str, Any] = {}
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -122,8 +119,21 @@ def test_flower_lists_workers_and_stage_tasks(fake_stack: LocalStack) -> None:
     registered = {task for info in workers.values() for task in info.get("registered", [])}
     assert {s.task_name for s in Stage} <= registered
 
-    tasks = flower.get("/api/tasks").json()
-    seen = {t["name"] for t in tasks.values() if t.get("name")}
+    # Flower switches task events on in the workers (they run with events off to save a broker
+    # publish per task) every 5 s from its start; a job submitted after that is in its task list.
+    time.sleep(max(0.0, flower_started + 6 - time.monotonic()))
+    client = _client(fake_stack)
+    job = client.submit(TASKS[:1], samples_per_task=2, evaluator="completed")
+    client.wait(str(job.job_id), progress=False, timeout=120)
+
+    tasks: dict[str, Any] = {}
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        tasks = flower.get("/api/tasks").json()
+        seen = {t["name"] for t in tasks.values() if t.get("name")}
+        if {s.task_name for s in Stage} <= seen:
+            break
+        time.sleep(1)
     assert {s.task_name for s in Stage} <= seen
     ours = [t for t in tasks.values() if t.get("args") and str(job.rollout_ids[0]) in t["args"]]
     assert {t["state"] for t in ours} == {"SUCCESS"}

@@ -40,14 +40,14 @@ def test_finish_is_fenced_by_owner(db_session_factory: sessionmaker[Session]) ->
     with unit_of_work(db_session_factory) as session:
         won = claim(session, Stage.PREPARE, rid, "w1", 60)
     assert isinstance(won, Claimed)
-    impostor = Claimed(won.rollout, won.job, won.task, "w2", Stage.PREPARE)
+    impostor = Claimed(won.rollout, won.spec, won.instance, "w2", Stage.PREPARE)
     with pytest.raises(LeaseLost), unit_of_work(db_session_factory) as session:
-        finish(session, impostor, {}, [], {}, None)
+        finish(session, impostor, {}, {}, {}, None)
     nxt = StageMessage(Stage.RUN_AGENT, rid, "p", "n1")
     with unit_of_work(db_session_factory) as session:
-        finish(session, won, {"node": "n1"}, [], {"ok": True}, nxt)
+        finish(session, won, {"node": "n1"}, {}, {"ok": True}, nxt)
     with pytest.raises(LeaseLost), unit_of_work(db_session_factory) as session:
-        finish(session, won, {}, [], {}, None)  # a second finish of the same claim
+        finish(session, won, {}, {}, {}, None)  # a second finish of the same claim
     with db_session_factory() as session:
         rollout = session.get_one(Rollout, rid)
         assert (rollout.status, rollout.node, rollout.lease_owner) == ("prepared", "n1", None)

@@ -6,15 +6,20 @@ produced them; nothing is re-tokenized.
 
 from __future__ import annotations
 
-from sqlalchemy import select
+from typing import cast
+
+from sqlalchemy import Table, select
 
 from polar_mq.db import unit_of_work
 from polar_mq.models import LlmCall, TrajectorySample
+from polar_mq.models.base import utcnow
 from polar_mq.trajectories.base import CapturedCall
 from polar_mq.trajectories.registry import get_builder
 from polar_mq.workers.context import WorkerContext
 from polar_mq.workers.stages.common import StageOutcome
 from polar_mq.workers.transitions import Claimed
+
+SAMPLES = cast(Table, TrajectorySample.__table__)
 
 
 def load_calls(ctx: WorkerContext, claimed: Claimed) -> list[CapturedCall]:
@@ -42,26 +47,27 @@ def load_calls(ctx: WorkerContext, claimed: Claimed) -> list[CapturedCall]:
 
 
 def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
-    builder_name = claimed.job.spec.get("builder", "per_call")
+    builder_name = claimed.spec.get("builder", "per_call")
     calls = load_calls(ctx, claimed)
     result = get_builder(builder_name).build(calls)
     rows = [
-        TrajectorySample(
-            rollout_id=claimed.rollout.id,
-            attempt=claimed.rollout.attempt,
-            sample_index=i,
-            builder=builder_name,
-            prompt_ids=sample.prompt_ids,
-            response_ids=sample.response_ids,
-            loss_mask=sample.loss_mask,
-            logprobs=sample.logprobs,
-            messages=sample.messages,
-            meta=sample.meta,
-        )
+        {
+            "rollout_id": claimed.rollout.id,
+            "attempt": claimed.rollout.attempt,
+            "sample_index": i,
+            "builder": builder_name,
+            "prompt_ids": sample.prompt_ids,
+            "response_ids": sample.response_ids,
+            "loss_mask": sample.loss_mask,
+            "logprobs": sample.logprobs,
+            "messages": sample.messages,
+            "meta": sample.meta,
+            "created_at": utcnow(),
+        }
         for i, sample in enumerate(result.samples)
     ]
     return StageOutcome(
         values={"n_llm_calls": len(calls)},
-        rows=rows,
+        rows={SAMPLES: rows},
         detail={"builder": builder_name, **result.stats},
     )

@@ -5,17 +5,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from sqlalchemy import Table
+
 from polar_mq.config import Settings
-from polar_mq.models import Rollout
 from polar_mq.runtimes import ResourceLimits, Runtime, get_runtime
+from polar_mq.workers.transitions import RolloutRef
 
 
 @dataclass
 class StageOutcome:
-    """Columns to set on the rollout, rows to insert, and the detail of the `finished` event."""
+    """Columns to set on the rollout, rows to insert per table, and the `finished` event detail."""
 
     values: dict[str, Any] = field(default_factory=dict)
-    rows: list[Any] = field(default_factory=list)
+    rows: dict[Table, list[dict[str, Any]]] = field(default_factory=dict)
     detail: dict[str, Any] = field(default_factory=dict)
 
 
@@ -27,12 +29,12 @@ class StageFailure(Exception):
         self.reason = reason
 
 
-def runtime_id_for(rollout: Rollout) -> str:
+def runtime_id_for(rollout: RolloutRef) -> str:
     """Deterministic per attempt, so any process on the node can re-attach or clean it up."""
     return f"{rollout.id.hex}-{rollout.attempt}"
 
 
-def open_runtime(settings: Settings, runtime_spec: dict[str, Any], rollout: Rollout) -> Runtime:
+def open_runtime(settings: Settings, runtime_spec: dict[str, Any], rollout: RolloutRef) -> Runtime:
     limits = ResourceLimits(
         memory_mb=runtime_spec.get("memory_mb"),
         cpu_seconds=runtime_spec.get("cpu_seconds"),

@@ -6,19 +6,21 @@ runtime is stopped by the runner once the result is committed (or the stage fail
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import select
+from sqlalchemy import Table, select
 
 from polar_mq.db import unit_of_work
 from polar_mq.evaluators import EvalContext, get_evaluator
 from polar_mq.models import Evaluation, LlmCall
+from polar_mq.models.base import utcnow
 from polar_mq.runtimes import Runtime
 from polar_mq.workers.context import WorkerContext
 from polar_mq.workers.stages.common import StageOutcome, open_runtime
 from polar_mq.workers.transitions import Claimed
 
 ANSWER_FILE = "answer.txt"
+EVALUATIONS = cast(Table, Evaluation.__table__)
 
 
 def _last_assistant_text(ctx: WorkerContext, claimed: Claimed) -> str | None:
@@ -48,31 +50,36 @@ def final_text(ctx: WorkerContext, claimed: Claimed, runtime: Runtime) -> str | 
 
 
 def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
-    spec = claimed.job.spec
+    spec = claimed.spec
     rollout = claimed.rollout
     evaluator_spec = spec.get("evaluator", "completed")
     runtime = open_runtime(ctx.settings, spec.get("runtime", {}), rollout)
+    evaluator = get_evaluator(evaluator_spec)
+    answer = final_text(ctx, claimed, runtime) if evaluator.needs_final_text else None
     context = EvalContext(
         rollout_id=str(rollout.id),
-        task=claimed.task.instance,
+        task=claimed.instance,
         runtime=runtime,
         workdir=runtime.workdir,
         agent_exit_code=rollout.agent_exit_code,
         termination_reason=rollout.termination_reason or "completed",
-        final_text=final_text(ctx, claimed, runtime),
+        final_text=answer,
     )
-    result = get_evaluator(evaluator_spec).evaluate(context)
+    result = evaluator.evaluate(context)
     name = evaluator_spec if isinstance(evaluator_spec, str) else evaluator_spec.get("name", "?")
     return StageOutcome(
         values={"reward": result.reward},
-        rows=[
-            Evaluation(
-                rollout_id=rollout.id,
-                attempt=rollout.attempt,
-                evaluator=str(name),
-                reward=result.reward,
-                detail=result.detail,
-            )
-        ],
+        rows={
+            EVALUATIONS: [
+                {
+                    "rollout_id": rollout.id,
+                    "attempt": rollout.attempt,
+                    "evaluator": str(name),
+                    "reward": result.reward,
+                    "detail": result.detail,
+                    "created_at": utcnow(),
+                }
+            ]
+        },
         detail={"reward": result.reward, "final_text": (context.final_text or "")[:200]},
     )

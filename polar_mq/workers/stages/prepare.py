@@ -17,12 +17,12 @@ TASK_FILE = "task.json"
 
 
 def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
-    spec = claimed.job.spec
+    spec = claimed.spec
     runtime_spec = spec.get("runtime", {})
     timeout = float(spec.get("timeouts", {}).get("prepare_s", 300.0))
     runtime = open_runtime(ctx.settings, runtime_spec, claimed.rollout)
     runtime.start()
-    runtime.upload(orjson.dumps(claimed.task.instance, option=orjson.OPT_INDENT_2), TASK_FILE)
+    runtime.upload(orjson.dumps(claimed.instance, option=orjson.OPT_INDENT_2), TASK_FILE)
     recipe = runtime_spec.get("prepare", {})
     for path, content in recipe.get("files", {}).items():
         runtime.upload(content.encode(), path)

@@ -38,14 +38,14 @@ def _sampling_env(sampling: dict[str, Any]) -> dict[str, str]:
 
 
 def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
-    spec = claimed.job.spec
+    spec = claimed.spec
     settings = ctx.settings
     timeouts = spec.get("timeouts", {})
     runtime = open_runtime(settings, spec.get("runtime", {}), claimed.rollout)
     harness = get_harness(spec.get("harness", {"type": "reference"}))
     agent = AgentContext(
         rollout_id=str(claimed.rollout.id),
-        instruction=claimed.task.instance["instruction"],
+        instruction=claimed.instance["instruction"],
         task_file=str(runtime.workdir / TASK_FILE),
         workdir=str(runtime.workdir),
         proxy_base_url=f"{settings.proxy_base_url}/v1",

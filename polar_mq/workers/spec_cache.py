@@ -1,0 +1,42 @@
+"""A per-process cache of job specs and task instances, which never change after submission.
+
+Every stage of every rollout needs its job's spec and its task; caching them saves a query per stage
+(a job's tasks are handled by the same few workers many times over: samples_per_task x 4 stages).
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from polar_mq.workers.transitions import RolloutRef, load_spec_and_task
+
+
+class SpecCache:
+    """Bounded: when a map is full its oldest half is dropped (insertion order)."""
+
+    def __init__(self, max_jobs: int = 1024, max_tasks: int = 65_536) -> None:
+        self.max_jobs = max_jobs
+        self.max_tasks = max_tasks
+        self.jobs: dict[uuid.UUID, dict[str, Any]] = {}
+        self.tasks: dict[int, dict[str, Any]] = {}
+
+    def __call__(
+        self, session: Session, rollout: RolloutRef
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        spec = self.jobs.get(rollout.job_id)
+        instance = self.tasks.get(rollout.task_id)
+        if spec is None or instance is None:
+            spec, instance = load_spec_and_task(session, rollout)
+            _put(self.jobs, rollout.job_id, spec, self.max_jobs)
+            _put(self.tasks, rollout.task_id, instance, self.max_tasks)
+        return spec, instance
+
+
+def _put(cache: dict[Any, Any], key: Any, value: Any, limit: int) -> None:
+    if len(cache) >= limit:
+        for old in list(cache)[: limit // 2]:
+            cache.pop(old, None)
+    cache[key] = value
