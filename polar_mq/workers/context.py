@@ -25,11 +25,13 @@ class WorkerContext:
 
     @cached_property
     def session_factory(self) -> sessionmaker[Session]:
-        engine = (
-            create_db_engine(self.settings.database_url, pool_size=4, max_overflow=8)
-            if (not self.settings.database_url.startswith("sqlite"))
-            else create_db_engine(self.settings.database_url)
-        )
+        url = self.settings.database_url
+        if url.startswith("sqlite"):
+            engine = create_db_engine(url)
+        else:
+            # No pre-ping: a stage is two short transactions, and the runner retries one whose
+            # connection dropped; a SELECT 1 before each would add a round trip to every one.
+            engine = create_db_engine(url, pool_size=4, max_overflow=8, pool_pre_ping=False)
         factory = make_session_factory(engine)
         attach_publisher(factory, self.publisher)
         return factory

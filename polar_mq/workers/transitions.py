@@ -40,6 +40,8 @@ for _stage, (_ready, _busy, _) in STAGE_STATES.items():
     STAGE_OF_STATUS[_busy] = (_stage.value, "running")
 
 EVENTS = cast(Table, Event.__table__)
+ROLLOUTS = cast(Table, Rollout.__table__)
+R = ROLLOUTS.c
 
 
 class LeaseLost(RuntimeError):
@@ -74,18 +76,22 @@ class Claimed:
 
 
 SpecLoader = Callable[[Session, RolloutRef], tuple[dict[str, Any], dict[str, Any]]]
-_RETURNED = [getattr(Rollout, f.name) for f in fields(RolloutRef)]
+_RETURNED = [R[f.name] for f in fields(RolloutRef)]
 
 
 def load_spec_and_task(
     session: Session, rollout: RolloutRef
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The job spec and the task instance of a rollout (both immutable once submitted)."""
-    row = session.execute(
-        select(Job.spec, JobTask.instance)
-        .join(JobTask, JobTask.job_id == Job.id)
-        .where(JobTask.id == rollout.task_id)
-    ).one()
+    row = (
+        session.connection()
+        .execute(
+            select(Job.spec, JobTask.instance)
+            .join(JobTask, JobTask.job_id == Job.id)
+            .where(JobTask.id == rollout.task_id)
+        )
+        .one()
+    )
     return row.spec, row.instance
 
 
@@ -96,7 +102,7 @@ def _rowcount(result: object) -> int:
 def _event(
     session: Session, rollout: RolloutRef, stage: Stage, kind: str, owner: str, **detail: Any
 ) -> None:
-    session.execute(
+    session.connection().execute(
         insert(EVENTS),
         {
             "job_id": rollout.job_id,
@@ -128,16 +134,17 @@ def claim(
         "lease_expires_at": now + timedelta(seconds=lease_s),
     }
     if stage is Stage.PREPARE:
-        values["started_at"] = func.coalesce(Rollout.started_at, now)
-    row = session.execute(
-        update(Rollout)
-        .where(Rollout.id == rollout_id, Rollout.status == ready)
+        values["started_at"] = func.coalesce(R.started_at, now)
+    conn = session.connection()
+    row = conn.execute(
+        update(ROLLOUTS)
+        .where(R.id == rollout_id, R.status == ready)
         .values(**values)
         .returning(*_RETURNED)
     ).one_or_none()
     if row is None:
-        status_row = session.execute(
-            select(*_RETURNED, Rollout.status).where(Rollout.id == rollout_id)
+        status_row = conn.execute(
+            select(*_RETURNED, R.status).where(R.id == rollout_id)
         ).one_or_none()
         if status_row is None:
             return "missing"
@@ -153,15 +160,10 @@ def claim(
 def _fenced_update(session: Session, claimed: Claimed, values: Mapping[str, Any]) -> None:
     _, busy, _ = STAGE_STATES[claimed.stage]
     done = _rowcount(
-        session.execute(
-            update(Rollout)
-            .where(
-                Rollout.id == claimed.rollout.id,
-                Rollout.status == busy,
-                Rollout.lease_owner == claimed.owner,
-            )
+        session.connection().execute(
+            update(ROLLOUTS)
+            .where(R.id == claimed.rollout.id, R.status == busy, R.lease_owner == claimed.owner)
             .values(lease_owner=None, lease_expires_at=None, **values)
-            .execution_options(synchronize_session=False)
         )
     )
     if done != 1:
@@ -183,7 +185,7 @@ def finish(
     _fenced_update(session, claimed, {"status": done, **values})
     for table, table_rows in rows.items():
         if table_rows:
-            session.execute(insert(table), table_rows)
+            session.connection().execute(insert(table), table_rows)
     _event(session, claimed.rollout, claimed.stage, EventKind.FINISHED, claimed.owner, **detail)
     if next_message is not None:
         defer_publish(session, next_message)
