@@ -7,7 +7,6 @@ Alembic migrations on it, and drops it at the end, so parallel or interrupted ru
 from __future__ import annotations
 
 import os
-import socket
 import uuid
 from collections.abc import Iterator
 
@@ -21,12 +20,6 @@ from polar_mq.models import Base
 
 PG_ADMIN_URL = os.environ.get("POLAR_MQ_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 REDIS_URL = os.environ.get("POLAR_MQ_TEST_REDIS", "redis://127.0.0.1:6379")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture(scope="session")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
 import time
 import uuid
@@ -19,18 +18,13 @@ from polar_mq.api import create_app
 from polar_mq.client import AsyncClient, Client, PolarMQError
 from polar_mq.config import Settings
 from polar_mq.db import unit_of_work
+from polar_mq.devstack import free_port
 from polar_mq.jobs import queries
 from polar_mq.models import LlmCall, Rollout, RolloutStatus, TrajectorySample
 from polar_mq.models.base import utcnow
 from polar_mq.workers.routing import StageMessage
 
 TASKS = [{"instruction": f"task {i}"} for i in range(5)]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture()

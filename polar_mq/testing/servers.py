@@ -6,7 +6,6 @@ a uvicorn server in a thread keeps the app's objects (stats, sinks) inspectable 
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -15,11 +14,7 @@ from contextlib import contextmanager
 import uvicorn
 from starlette.types import ASGIApp
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from polar_mq.devstack import free_port
 
 
 @contextmanager

@@ -7,7 +7,6 @@ process tree is left.
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,6 +14,7 @@ import httpx
 import psutil
 import pytest
 
+from polar_mq.devstack import free_port
 from polar_mq.inference.local_vllm import (
     SERVED_MODEL,
     LocalVllmServer,
@@ -36,16 +36,10 @@ IM_END = 2  # <|im_end|>: SmolLM2's end of turn, its eos token
 QUESTION = [{"role": "user", "content": "What is 17 + 25? Answer with the number only."}]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalVllmServer]:
     log_path = tmp_path_factory.mktemp("vllm") / "vllm.log"
-    with LocalVllmServer(port=_free_port(), log_path=log_path) as srv:
+    with LocalVllmServer(port=free_port(), log_path=log_path) as srv:
         yield srv
 
 
