@@ -121,8 +121,9 @@ def run_demo(use_fake: bool, n_tasks: int, samples: int) -> int:
                 samples_per_task=samples,
                 harness={"type": "reference"},
                 evaluator="exact_match",
-                sampling={"temperature": 0.7, "max_tokens": 96},
-                timeouts={"agent_s": 120},
+                sampling={"temperature": 0.7, "max_tokens": 64},
+                # generous: a CPU-only vLLM shared by 8 agents on 2 cores is slow
+                timeouts={"agent_s": 600},
             )
             job_id = str(job.job_id)
             console.print(f"submitted job {job_id}: {len(job.rollout_ids)} rollouts")
