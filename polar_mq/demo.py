@@ -13,6 +13,7 @@ import random
 import shutil
 import statistics
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -57,12 +58,14 @@ def _demo_settings(root: Path, upstream_url: str, model: str) -> Settings:
 
 def _print_results(client: Client, job_id: str, seconds: float) -> None:
     table = Table(title=f"job {job_id}  ({seconds:.1f} s)")
-    for col in ("task", "answer", "rewards", "calls", "prompt tok", "completion tok"):
+    for col in ("task", "answer", "rewards", "ended", "calls", "prompt tok", "completion tok"):
         table.add_column(col)
     timings: dict[str, list[float]] = {s.value: [] for s in Stage}
     for group in client.results(job_id, complete_only=False, include_trajectories=True):
         rewards, calls, prompt_tok, completion_tok = [], 0, 0, 0
+        ended: Counter[str] = Counter()
         for sample in group["samples"]:
+            ended[sample.get("termination_reason") or sample["status"]] += 1
             rewards.append("-" if sample["reward"] is None else f"{sample['reward']:.0f}")
             calls += sample.get("n_llm_calls") or 0
             for traj in sample.get("trajectories") or []:
@@ -74,7 +77,8 @@ def _print_results(client: Client, job_id: str, seconds: float) -> None:
                     timings[stage].append(timing["duration_s"])
         task = group["task"]
         table.add_row(
-            task["instruction"], task.get("answer", ""), " ".join(rewards), str(calls),
+            task["instruction"], task.get("answer", ""), " ".join(rewards),
+            ", ".join(f"{n} {reason}" for reason, n in ended.items()), str(calls),
             str(prompt_tok), str(completion_tok),
         )  # fmt: skip
     console.print(table)
