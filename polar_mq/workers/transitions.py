@@ -17,7 +17,7 @@ from dataclasses import dataclass, fields
 from datetime import timedelta
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, Table, func, insert, select, update
+from sqlalchemy import CursorResult, Table, Update, bindparam, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from polar_mq.models import Event, EventKind, Job, JobTask, Rollout, RolloutStatus
@@ -95,6 +95,36 @@ def load_spec_and_task(
     return row.spec, row.instance
 
 
+_INSERT_EVENT = insert(EVENTS)
+
+
+def _claim_statement(stage: Stage) -> Update:
+    """Built once per stage: rebuilding it per call costs more CPU than running it."""
+    ready, busy, _ = STAGE_STATES[stage]
+    values: dict[str, Any] = {
+        "status": busy,
+        "lease_owner": bindparam("b_owner"),
+        "lease_expires_at": bindparam("b_expires"),
+    }
+    if stage is Stage.PREPARE:
+        values["started_at"] = func.coalesce(R.started_at, bindparam("b_now"))
+    return (
+        update(ROLLOUTS)
+        .where(R.id == bindparam("b_id"), R.status == ready)
+        .values(**values)
+        .returning(*_RETURNED)
+    )
+
+
+_CLAIM = {stage: _claim_statement(stage) for stage in Stage}
+_FENCED = update(ROLLOUTS).where(
+    R.id == bindparam("b_id"),
+    R.status == bindparam("b_busy"),
+    R.lease_owner == bindparam("b_owner"),
+)
+"""SET columns come from the parameters of each call (update() without values())."""
+
+
 def _rowcount(result: object) -> int:
     return int(cast(CursorResult[Any], result).rowcount)
 
@@ -103,7 +133,7 @@ def _event(
     session: Session, rollout: RolloutRef, stage: Stage, kind: str, owner: str, **detail: Any
 ) -> None:
     session.connection().execute(
-        insert(EVENTS),
+        _INSERT_EVENT,
         {
             "job_id": rollout.job_id,
             "rollout_id": rollout.id,
@@ -126,22 +156,16 @@ def claim(
     load: SpecLoader = load_spec_and_task,
 ) -> Claimed | str:
     """Win the rollout for `stage`, or return the status that made the claim fail."""
-    ready, busy, _ = STAGE_STATES[stage]
     now = utcnow()
-    values: dict[str, Any] = {
-        "status": busy,
-        "lease_owner": owner,
-        "lease_expires_at": now + timedelta(seconds=lease_s),
+    params: dict[str, Any] = {
+        "b_id": rollout_id,
+        "b_owner": owner,
+        "b_expires": now + timedelta(seconds=lease_s),
     }
     if stage is Stage.PREPARE:
-        values["started_at"] = func.coalesce(R.started_at, now)
+        params["b_now"] = now
     conn = session.connection()
-    row = conn.execute(
-        update(ROLLOUTS)
-        .where(R.id == rollout_id, R.status == ready)
-        .values(**values)
-        .returning(*_RETURNED)
-    ).one_or_none()
+    row = conn.execute(_CLAIM[stage], params).one_or_none()
     if row is None:
         status_row = conn.execute(
             select(*_RETURNED, R.status).where(R.id == rollout_id)
@@ -159,13 +183,15 @@ def claim(
 
 def _fenced_update(session: Session, claimed: Claimed, values: Mapping[str, Any]) -> None:
     _, busy, _ = STAGE_STATES[claimed.stage]
-    done = _rowcount(
-        session.connection().execute(
-            update(ROLLOUTS)
-            .where(R.id == claimed.rollout.id, R.status == busy, R.lease_owner == claimed.owner)
-            .values(lease_owner=None, lease_expires_at=None, **values)
-        )
-    )
+    params = {
+        "b_id": claimed.rollout.id,
+        "b_busy": busy,
+        "b_owner": claimed.owner,
+        "lease_owner": None,
+        "lease_expires_at": None,
+        **values,
+    }
+    done = _rowcount(session.connection().execute(_FENCED, params))
     if done != 1:
         raise LeaseLost(f"rollout {claimed.rollout.id} left {claimed.stage} under another owner")
 
