@@ -25,6 +25,19 @@ def extract_answer(text: str) -> str:
     return values[-1] if values else text
 
 
+def last_number(text: str) -> str:
+    """The `ANSWER:` value if there is one, else the last number in the text (GSM8K-style
+    extraction for models that answer in prose), else the whole text."""
+    answer = extract_answer(text)
+    if answer is not text:
+        return answer
+    numbers = _NUMBER.findall(text.replace(",", ""))
+    return numbers[-1] if numbers else text
+
+
+EXTRACTORS = {"answer_line": extract_answer, "last_number": last_number}
+
+
 def normalize(text: str) -> str:
     """Strip, casefold, collapse whitespace, drop trailing periods."""
     return " ".join(text.strip().casefold().split()).rstrip(".").rstrip()
@@ -52,14 +65,21 @@ def answers_match(got: str, expected: str) -> bool:
 
 
 class ExactMatchEvaluator(Evaluator):
-    """1.0 when the answer equals `task[key]` (or any element, when that is a list)."""
+    """1.0 when the answer equals `task[key]` (or any element, when that is a list).
+
+    `extract` says how the answer is read from the final text: `answer_line` (the last
+    `ANSWER: x`, else the whole text) or `last_number` (else the last number in the text).
+    """
 
     name = "exact_match"
 
-    def __init__(self, key: str = "answer") -> None:
+    def __init__(self, key: str = "answer", extract: str = "answer_line") -> None:
         if not isinstance(key, str) or not key:
             raise ValueError("exact_match: 'key' must be a non-empty string")
+        if extract not in EXTRACTORS:
+            raise ValueError(f"exact_match: 'extract' must be one of {', '.join(EXTRACTORS)}")
         self.key = key
+        self.extract = EXTRACTORS[extract]
 
     def evaluate(self, ctx: EvalContext) -> EvalResult:
         if self.key not in ctx.task:
@@ -67,7 +87,7 @@ class ExactMatchEvaluator(Evaluator):
         expected = _expected_values(ctx.task[self.key])
         if ctx.final_text is None:
             return EvalResult(0.0, {"answer": None, "expected": expected})
-        answer = extract_answer(ctx.final_text)
+        answer = self.extract(ctx.final_text)
         hit = any(answers_match(answer, value) for value in expected)
         return EvalResult(1.0 if hit else 0.0, {"answer": answer, "expected": expected})
 

@@ -244,3 +244,26 @@ def test_validate_rejects_bad_user_targets(user_module: str, attr: str, message:
 def test_validate_accepts_good_specs() -> None:
     for spec in ("completed", {"name": "exact_match"}, {"name": "regex", "pattern": "4[0-9]"}):
         validate_evaluator_spec(spec)
+
+
+@pytest.mark.parametrize(
+    ("text", "reward"),
+    [
+        ("So, 22 - 4 = 18.", 1.0),
+        ("22 - 4 is 18, or 1,018 minus 1,000", 0.0),
+        ("I think 17. ANSWER: 18", 1.0),
+        ("no number at all", 0.0),
+    ],
+)
+def test_exact_match_last_number_extraction(text: str, reward: float) -> None:
+    evaluator = get_evaluator({"name": "exact_match", "extract": "last_number"})
+    ctx = EvalContext(
+        rollout_id="r", task={"answer": "18"}, runtime=None, workdir=None,
+        agent_exit_code=0, termination_reason="completed", final_text=text,
+    )  # fmt: skip
+    assert evaluator.evaluate(ctx).reward == reward
+
+
+def test_exact_match_rejects_unknown_extraction() -> None:
+    with pytest.raises(ValueError, match="extract"):
+        validate_evaluator_spec({"name": "exact_match", "extract": "vibes"})
