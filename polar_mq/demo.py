@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import random
 import shutil
+import signal
 import statistics
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -88,7 +90,14 @@ def _print_results(client: Client, job_id: str, seconds: float) -> None:
     console.print(f"median stage time — {stage_line}")
 
 
+def _exit_on_sigterm() -> None:
+    """SIGTERM unwinds like Ctrl-C, so the `with` blocks stop every process the demo started
+    (they run in their own process groups and would otherwise outlive it)."""
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: sys.exit(143))
+
+
 def run_demo(use_fake: bool, n_tasks: int, samples: int) -> int:
+    _exit_on_sigterm()
     shutil.rmtree(DEMO_DIR, ignore_errors=True)
     DEMO_DIR.mkdir(parents=True)
     vllm: local_vllm.LocalVllmServer | None = None
