@@ -7,28 +7,16 @@ configured only through `POLAR_MQ_*` environment variables, with its output in a
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
-import socket
-import subprocess
 import sys
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from polar_mq.config import Settings
+from polar_mq.processes import ManagedProcess
 from polar_mq.workers.launcher import DEFAULT_CONCURRENCY, plan_workers
 from polar_mq.workers.routing import Stage
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def settings_env(settings: Settings) -> dict[str, str]:
@@ -38,67 +26,6 @@ def settings_env(settings: Settings) -> dict[str, str]:
         if value is not None:
             env[f"POLAR_MQ_{name.upper()}"] = str(value)
     return env
-
-
-class ManagedProcess:
-    """A child process in its own process group, logging to a file, stopped with its whole tree."""
-
-    def __init__(
-        self, name: str, argv: Sequence[str], env: Mapping[str, str], log_dir: Path
-    ) -> None:
-        self.name = name
-        self.argv = list(argv)
-        self.env = dict(env)
-        self.log_path = log_dir / f"{name}.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> ManagedProcess:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(
-                self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True,
-            )  # fmt: skip
-        return self
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def log_tail(self, chars: int = 3000) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-chars:]
-        except FileNotFoundError:
-            return ""
-
-    def stop(self, sig: int = signal.SIGTERM, grace_s: float = 15.0) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        try:
-            os.killpg(self.proc.pid, sig)
-            self.proc.wait(timeout=grace_s)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
-
-    def wait_http(self, url: str, timeout_s: float = 60.0) -> None:
-        """Poll `url` until it answers 200, failing fast with the log tail if the process died."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if not self.alive():
-                raise RuntimeError(f"{self.name} exited early:\n{self.log_tail()}")
-            try:
-                if httpx.get(url, timeout=2.0).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise RuntimeError(f"{self.name} not ready at {url} after {timeout_s}s:\n{self.log_tail()}")
 
 
 class LocalStack:

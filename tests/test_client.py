@@ -18,10 +18,10 @@ from polar_mq.api import create_app
 from polar_mq.client import AsyncClient, Client, PolarMQError
 from polar_mq.config import Settings
 from polar_mq.db import unit_of_work
-from polar_mq.devstack import free_port
 from polar_mq.jobs import queries
 from polar_mq.models import LlmCall, Rollout, RolloutStatus, TrajectorySample
 from polar_mq.models.base import utcnow
+from polar_mq.processes import free_port
 from polar_mq.workers.routing import StageMessage
 
 TASKS = [{"instruction": f"task {i}"} for i in range(5)]

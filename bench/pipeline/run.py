@@ -33,7 +33,8 @@ from bench.pipeline.measure import (
 )
 from polar_mq.config import Settings
 from polar_mq.db import create_db_engine
-from polar_mq.devstack import LocalStack, ManagedProcess, free_port
+from polar_mq.devstack import LocalStack
+from polar_mq.processes import ManagedProcess, free_port
 from polar_mq.workers.launcher import DEFAULT_CONCURRENCY, parse_concurrency
 from polar_mq.workers.routing import Stage
 

@@ -29,7 +29,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import FrameType, TracebackType
 
-import httpx
+from polar_mq.processes import ManagedProcess
 
 SERVED_MODEL = "SmolLM2-135M-Instruct"
 SETUP_HINT = "run `bash scripts/setup_vllm.sh` from the polar_mq repository to install it"
@@ -82,30 +82,6 @@ def _port_is_free(host: str, port: int) -> bool:
     return True
 
 
-def _group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) processes in process group `pgid`."""
-    proc = Path("/proc")
-    if not proc.is_dir():  # not Linux: ask the kernel whether anyone is left in the group
-        try:
-            os.killpg(pgid, 0)
-        except (ProcessLookupError, PermissionError):
-            return []
-        return [pgid]
-    members: list[int] = []
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        # pid (comm) state ppid pgrp ...; comm may hold spaces and parentheses.
-        fields = stat[stat.rfind(")") + 2 :].split()
-        if len(fields) > 2 and fields[0] not in ("Z", "X") and int(fields[2]) == pgid:
-            members.append(int(entry.name))
-    return members
-
-
 class LocalVllmServer:
     """One vLLM OpenAI-compatible server process (and its children) in its own process group."""
 
@@ -129,10 +105,8 @@ class LocalVllmServer:
         self.served_model_name = served_model_name
         self.extra_args = list(extra_args)
         self.stop_grace_s = stop_grace_s
-        self.proc: subprocess.Popen[bytes] | None = None
+        self._process: ManagedProcess | None = None
         self.ready_after_s: float | None = None
-        self._started_at = 0.0
-        self._log_offset = 0
 
     # ---- what is run ----------------------------------------------------------------------------
 
@@ -172,28 +146,25 @@ class LocalVllmServer:
 
     # ---- lifecycle ------------------------------------------------------------------------------
 
+    @property
+    def proc(self) -> subprocess.Popen[bytes] | None:
+        return None if self._process is None else self._process.proc
+
     def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+        return self._process is not None and self._process.alive()
 
     def start(self) -> LocalVllmServer:
         """Launch the server (returns at once; see `wait_ready`)."""
-        if self.proc is not None:
+        if self._process is not None:
             raise RuntimeError(f"vLLM server on port {self.port} was already started")
         if not is_installed():
             raise RuntimeError(f"local vLLM is not installed under {cache_root()}: {SETUP_HINT}")
         if not _port_is_free(self.host, self.port):
             raise RuntimeError(f"cannot start vLLM: {self.host}:{self.port} is already in use")
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        argv = self.command()
-        with self.log_path.open("ab") as log:
-            self._log_offset = log.tell()
-            log.write(f"==== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(argv)}\n".encode())
-            log.flush()
-            self._started_at = time.monotonic()
-            self.proc = subprocess.Popen(
-                argv, env=self.environment(), stdin=subprocess.DEVNULL, stdout=log,
-                stderr=subprocess.STDOUT, start_new_session=True,
-            )  # fmt: skip
+        self._process = ManagedProcess(
+            "vLLM server", self.command(), self.environment(), self.log_path.parent,
+            log_path=self.log_path,
+        ).start()  # fmt: skip
         return self
 
     def wait_ready(self, timeout: float = 180.0) -> float:
@@ -202,67 +173,20 @@ class LocalVllmServer:
         Raises RuntimeError, with the end of the server's log, if the process exits first or
         `timeout` seconds pass.
         """
-        if self.proc is None:
+        if self._process is None:
             raise RuntimeError("wait_ready() called before start()")
-        deadline = time.monotonic() + timeout
-        with httpx.Client(timeout=2.0) as client:
-            while True:
-                code = self.proc.poll()
-                if code is not None:
-                    raise RuntimeError(
-                        f"vLLM server exited with code {code} before it was ready "
-                        f"(log {self.log_path}):\n{self.log_tail()}"
-                    )
-                with contextlib.suppress(httpx.HTTPError):
-                    if client.get(f"{self.base_url}/health").status_code == 200:
-                        self.ready_after_s = time.monotonic() - self._started_at
-                        return self.ready_after_s
-                if time.monotonic() >= deadline:
-                    raise RuntimeError(
-                        f"vLLM server on {self.base_url} not ready after {timeout:.0f}s "
-                        f"(log {self.log_path}):\n{self.log_tail()}"
-                    )
-                time.sleep(0.5)
+        self.ready_after_s = self._process.wait_http(f"{self.base_url}/health", timeout, 0.5)
+        return self.ready_after_s
 
     def stop(self) -> None:
-        """Stop the whole process group: SIGTERM, then SIGKILL after the grace period.
-
-        Safe to call more than once, and after the server died by itself.
-        """
-        proc = self.proc
-        if proc is None:
-            return
-        pgid = proc.pid  # start_new_session: the server leads its own group
-        if _group_members(pgid) or proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pgid, signal.SIGTERM)
-            if not self._wait_group_gone(proc, pgid, self.stop_grace_s):
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(pgid, signal.SIGKILL)
-                self._wait_group_gone(proc, pgid, 10.0)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=5.0)
-
-    @staticmethod
-    def _wait_group_gone(proc: subprocess.Popen[bytes], pgid: int, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while True:
-            proc.poll()  # reap the leader, so that it does not count as a member
-            if not _group_members(pgid):
-                return True
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.1)
+        """Stop the whole process group (engine core and workers included): SIGTERM, then
+        SIGKILL after the grace period. Safe to call more than once, and after the server died."""
+        if self._process is not None:
+            self._process.stop(grace_s=self.stop_grace_s)
 
     def log_tail(self, chars: int = 4000) -> str:
         """The end of what this run wrote to the log file."""
-        try:
-            with self.log_path.open("rb") as log:
-                log.seek(0, os.SEEK_END)
-                log.seek(max(self._log_offset, log.tell() - chars))
-                return log.read().decode(errors="replace")
-        except FileNotFoundError:
-            return ""
+        return "" if self._process is None else self._process.log_tail(chars)
 
     def __enter__(self) -> LocalVllmServer:
         self.start()

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 import uvicorn
 from starlette.types import ASGIApp
 
-from polar_mq.devstack import free_port
+from polar_mq.processes import free_port
 
 
 @contextmanager

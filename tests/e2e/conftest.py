@@ -11,7 +11,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from polar_mq.devstack import LocalStack, free_port
+from polar_mq.devstack import LocalStack
+from polar_mq.processes import free_port
 from tests.e2e.stack import e2e_settings
 
 

@@ -6,7 +6,7 @@ import uuid
 from pathlib import Path
 
 from polar_mq.config import Settings
-from polar_mq.devstack import free_port
+from polar_mq.processes import free_port
 
 REDIS_E2E_URL = "redis://127.0.0.1:6379/3"
 

@@ -13,8 +13,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from polar_mq.client import Client
-from polar_mq.devstack import LocalStack, free_port
+from polar_mq.devstack import LocalStack
 from polar_mq.models import Event, EventKind, LlmCall, Rollout, TrajectorySample
+from polar_mq.processes import free_port
 from polar_mq.runtimes import LocalRuntime
 from polar_mq.workers.routing import Stage
 

@@ -20,9 +20,10 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from polar_mq.client import Client
-from polar_mq.devstack import LocalStack, free_port
+from polar_mq.devstack import LocalStack
 from polar_mq.inference import local_vllm
 from polar_mq.models import LlmCall, Rollout, TrajectorySample
+from polar_mq.processes import free_port
 from tests.e2e.stack import e2e_settings
 
 pytestmark = [

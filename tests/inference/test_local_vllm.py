@@ -14,13 +14,13 @@ import httpx
 import psutil
 import pytest
 
-from polar_mq.devstack import free_port
 from polar_mq.inference.local_vllm import (
     SERVED_MODEL,
     LocalVllmServer,
     cache_root,
     is_installed,
 )
+from polar_mq.processes import free_port
 
 pytestmark = [
     pytest.mark.vllm,

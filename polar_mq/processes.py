@@ -1,0 +1,151 @@
+"""Child processes that polar_mq starts and must stop completely: the local stack's services
+(`devstack`) and the local vLLM server (`inference.local_vllm`).
+
+Each child leads its own process group and logs to a file. Stopping signals the whole group and
+waits until no member is left — a server's own children (vLLM's engine core, a prefork pool)
+would otherwise outlive their leader.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes in process group `pgid`."""
+    proc = Path("/proc")
+    if not proc.is_dir():  # not Linux: ask the kernel whether anyone is left in the group
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return []
+        return [pgid]
+    members: list[int] = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # pid (comm) state ppid pgrp ...; comm may hold spaces and parentheses.
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if len(fields) > 2 and fields[0] not in ("Z", "X") and int(fields[2]) == pgid:
+            members.append(int(entry.name))
+    return members
+
+
+class ManagedProcess:
+    """A child process in its own process group, logging to a file, stopped with its whole tree."""
+
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        log_dir: Path,
+        *,
+        log_path: Path | None = None,
+    ) -> None:
+        self.name = name
+        self.argv = list(argv)
+        self.env = dict(env)
+        self.log_path = log_path or log_dir / f"{name}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.started_at = 0.0
+        self._log_offset = 0
+
+    def start(self) -> ManagedProcess:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            self._log_offset = log.tell()
+            log.write(f"==== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(self.argv)}\n".encode())
+            log.flush()
+            self.started_at = time.monotonic()
+            self.proc = subprocess.Popen(
+                self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True,
+            )  # fmt: skip
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log_tail(self, chars: int = 3000) -> str:
+        """The end of what this run wrote to the log file."""
+        try:
+            with self.log_path.open("rb") as log:
+                log.seek(0, os.SEEK_END)
+                log.seek(max(self._log_offset, log.tell() - chars))
+                return log.read().decode(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def stop(self, sig: int = signal.SIGTERM, grace_s: float = 15.0) -> None:
+        """Signal the whole group, then SIGKILL what is left after `grace_s`; safe to repeat."""
+        proc = self.proc
+        if proc is None:
+            return
+        pgid = proc.pid  # start_new_session: the child leads its own group
+        if group_members(pgid) or proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, sig)
+            if not self._wait_group_gone(grace_s):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pgid, signal.SIGKILL)
+                self._wait_group_gone(10.0)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5.0)
+
+    def _wait_group_gone(self, timeout: float) -> bool:
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout
+        while True:
+            self.proc.poll()  # reap the leader, so that it does not count as a member
+            if not group_members(self.proc.pid):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.1)
+
+    def wait_http(self, url: str, timeout_s: float = 60.0, poll_s: float = 0.1) -> float:
+        """Poll `url` until it answers 200 and return the seconds since `start()`; fail fast,
+        with the log tail, if the process exits first or `timeout_s` passes."""
+        deadline = time.monotonic() + timeout_s
+        with httpx.Client(timeout=2.0) as client:
+            while True:
+                if not self.alive():
+                    code = self.proc.returncode if self.proc is not None else None
+                    raise RuntimeError(
+                        f"{self.name} exited with code {code} before it was ready "
+                        f"(log {self.log_path}):\n{self.log_tail()}"
+                    )
+                with contextlib.suppress(httpx.HTTPError):
+                    if client.get(url).status_code == 200:
+                        return time.monotonic() - self.started_at
+                if time.monotonic() >= deadline:
+                    raise RuntimeError(
+                        f"{self.name} not ready at {url} after {timeout_s:.0f}s "
+                        f"(log {self.log_path}):\n{self.log_tail()}"
+                    )
+                time.sleep(poll_s)
