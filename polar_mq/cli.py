@@ -110,13 +110,15 @@ def worker(
     pool: Annotated[str | None, typer.Option(help="worker pool (POLAR_MQ_POOL)")] = None,
     node: Annotated[str | None, typer.Option(help="node name (POLAR_MQ_NODE_NAME)")] = None,
     pool_impl: Annotated[str, typer.Option(help="Celery pool: threads | prefork")] = "threads",
+    janitor: Annotated[
+        bool, typer.Option(help="remove this node's orphan runtimes (one per node is enough)")
+    ] = True,
 ) -> None:
-    """Start one Celery worker process per stage on this node and supervise them."""
+    """Start one Celery worker process per stage on this node; restart any that dies."""
     from polar_mq.workers.launcher import (
         parse_concurrency,
         parse_stages,
         plan_workers,
-        spawn,
         supervise,
     )
 
@@ -134,7 +136,68 @@ def worker(
         raise _fail(str(exc), 2) from exc
     for w in plan:
         console.print(f"{w.hostname}: queue {w.queue}, concurrency {w.concurrency}")
-    raise typer.Exit(supervise(spawn(plan)))
+    if janitor:
+        from polar_mq.workers.janitor import start_node_janitor
+
+        start_node_janitor(settings)
+    raise typer.Exit(supervise(plan))
+
+
+@app.command()
+def janitor(
+    interval: Annotated[float, typer.Option(help="seconds between sweeps")] = 5.0,
+) -> None:
+    """Remove this node's orphan runtimes (`polar-mq worker` already runs one)."""
+    import signal
+
+    from polar_mq.workers.janitor import start_node_janitor
+
+    stop = start_node_janitor(_settings(), interval)
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    while not stop.wait(1.0):
+        pass
+
+
+@app.command()
+def sweeper(
+    interval: Annotated[float | None, typer.Option(help="seconds between sweeps")] = None,
+    once: Annotated[bool, typer.Option("--once", help="sweep once, print, exit")] = False,
+) -> None:
+    """Restart rollouts whose worker died and re-send messages a broker lost (run one or more)."""
+    import signal
+    import threading
+
+    from polar_mq.workers.sweeper import build_sweeper
+
+    settings = _settings()
+    if interval is not None:
+        settings = settings.model_copy(update={"sweep_interval_s": interval})
+    swept = build_sweeper(settings)
+    if once:
+        report = swept.sweep_once()
+        console.print_json(data={k: v for k, v in vars(report).items() if k != "details"})
+        return
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    console.print(f"sweeper: every {settings.sweep_interval_s:g} s")
+    swept.run_forever(stop)
+
+
+@app.command()
+def cancel(
+    job_id: Annotated[str, typer.Argument(help="job id")],
+    url: Annotated[str | None, typer.Option(help="API base URL")] = None,
+    api_key: Annotated[str | None, typer.Option(envvar="POLAR_MQ_API_KEY")] = None,
+) -> None:
+    """Cancel every unfinished rollout of a job (running agents are killed)."""
+    client = _client(url, api_key)
+    result = client.cancel(job_id)
+    console.print(
+        f"cancelled {len(result['cancelled'])} rollouts "
+        f"({result['already_terminal']} had already ended)"
+    )
 
 
 @app.command()
@@ -151,22 +214,23 @@ def flower(port: int = 5555, address: str = "127.0.0.1") -> None:
 
 
 def _load_job_file(path: Path) -> dict[str, Any]:
-    """A job is a JSON object (the POST /v1/jobs body), or JSONL: one task per line."""
+    """The job spec a file holds (see `polar_mq.jobs.tasks_file` for the formats)."""
+    from polar_mq.jobs.tasks_file import TasksFileError, load_job_file
+
     try:
-        text = path.read_text()
-    except OSError as exc:
-        raise _fail(f"cannot read {path}: {exc}", 2) from exc
+        return load_job_file(path).spec()
+    except TasksFileError as exc:
+        raise _fail(str(exc), 2) from exc
+
+
+def _json_option(value: str, name: str) -> Any:
+    """A CLI value that is either a bare name or a JSON object (`--evaluator '{"name": ...}'`)."""
+    if not value.lstrip().startswith("{"):
+        return value
     try:
-        if path.suffix == ".jsonl":
-            return {"tasks": [json.loads(line) for line in text.splitlines() if line.strip()]}
-        data = json.loads(text)
+        return json.loads(value)
     except json.JSONDecodeError as exc:
-        raise _fail(f"{path} is not valid JSON: {exc}", 2) from exc
-    if isinstance(data, list):
-        return {"tasks": data}
-    if not isinstance(data, dict):
-        raise _fail(f"{path} must hold a job object or a list of tasks", 2)
-    return data
+        raise _fail(f"--{name} is not valid JSON: {exc}", 2) from exc
 
 
 def _client(url: str | None, api_key: str | None) -> Any:
@@ -176,20 +240,64 @@ def _client(url: str | None, api_key: str | None) -> Any:
     return Client(url or f"http://{settings.api_host}:{settings.api_port}", api_key)
 
 
+DEFAULT_SAMPLES = 4
+
+
 @app.command()
 def submit(
-    file: Path,
-    samples: Annotated[int | None, typer.Option(help="samples per task")] = None,
+    file: Annotated[Path, typer.Argument(help="job .json, or tasks .jsonl / .yaml / .json")],
+    samples: Annotated[
+        int | None, typer.Option(help=f"samples per task (file, else {DEFAULT_SAMPLES})")
+    ] = None,
+    harness: Annotated[
+        str | None, typer.Option(help="reference | command, or a JSON harness object")
+    ] = None,
+    command: Annotated[
+        str | None, typer.Option(help="shell command of the command harness ({instruction}…)")
+    ] = None,
+    evaluator: Annotated[
+        str | None,
+        typer.Option(help="name or JSON; default: exact_match if every task has an answer"),
+    ] = None,
+    builder: Annotated[str | None, typer.Option(help="per_call | prefix_merge")] = None,
+    model: Annotated[str | None, typer.Option(help="model name the agent is told")] = None,
+    temperature: Annotated[float | None, typer.Option(help="sampling temperature")] = None,
+    max_tokens: Annotated[int | None, typer.Option(help="max tokens per LLM call")] = None,
+    agent_timeout: Annotated[float | None, typer.Option(help="agent wall clock, s")] = None,
+    pool: Annotated[str | None, typer.Option(help="worker pool")] = None,
     wait: Annotated[bool, typer.Option("--wait", help="wait and print results")] = False,
     url: Annotated[str | None, typer.Option(help="API base URL")] = None,
     api_key: Annotated[str | None, typer.Option(envvar="POLAR_MQ_API_KEY")] = None,
 ) -> None:
-    """Submit a job file (JSON job object, JSON list of tasks, or JSONL of tasks)."""
+    """Submit a job file, or a tasks file plus options for the rest of the job.
+
+    Options override the file; fields neither sets get the API's defaults, except samples per
+    task (4: a GRPO group) and the evaluator (exact_match when every task has an answer).
+    """
     from polar_mq.client import PolarMQError
 
     spec = _load_job_file(file)
-    if samples is not None:
-        spec["samples_per_task"] = samples
+    if command is not None:
+        spec["harness"] = {"type": "command", "command": command}
+    elif harness is not None:
+        chosen = _json_option(harness, "harness")
+        spec["harness"] = chosen if isinstance(chosen, dict) else {"type": chosen}
+    if evaluator is not None:
+        spec["evaluator"] = _json_option(evaluator, "evaluator")
+    elif "evaluator" not in spec and all("answer" in t for t in spec["tasks"]):
+        spec["evaluator"] = "exact_match"
+    sampling = dict(spec.get("sampling") or {})
+    if temperature is not None:
+        sampling["temperature"] = temperature
+    if max_tokens is not None:
+        sampling["max_tokens"] = max_tokens
+    if sampling:
+        spec["sampling"] = sampling
+    if agent_timeout is not None:
+        spec["timeouts"] = {**(spec.get("timeouts") or {}), "agent_s": agent_timeout}
+    options = {"samples_per_task": samples, "builder": builder, "model": model, "pool": pool}
+    spec.update({key: value for key, value in options.items() if value is not None})
+    spec.setdefault("samples_per_task", DEFAULT_SAMPLES)
     client = _client(url, api_key)
     try:
         submitted = client.submit_spec(spec)
@@ -199,6 +307,45 @@ def submit(
             console.print_json(data=status)
     except PolarMQError as exc:
         raise _fail(str(exc)) from exc
+
+
+@app.command()
+def export(
+    job_id: Annotated[str, typer.Argument(help="a job id")],
+    format: Annotated[
+        str | None, typer.Option("--format", help="jsonl | parquet (default: by --out suffix)")
+    ] = None,
+    out: Annotated[Path | None, typer.Option(help="output file (default JOB.FORMAT)")] = None,
+    complete_only: Annotated[
+        bool, typer.Option("--complete-only/--all-groups", help="only complete groups")
+    ] = True,
+    advantages: Annotated[
+        str | None, typer.Option(help="grpo: add group-relative advantages")
+    ] = None,
+    url: Annotated[str | None, typer.Option(help="API base URL")] = None,
+    api_key: Annotated[str | None, typer.Option(envvar="POLAR_MQ_API_KEY")] = None,
+) -> None:
+    """Write a job's training samples (one row each) as JSONL or Parquet."""
+    from polar_mq.client import PolarMQError
+    from polar_mq.export import resolve_format
+
+    try:
+        chosen = resolve_format(out or Path(f"{job_id}.jsonl"), format)
+    except ValueError as exc:
+        raise _fail(str(exc), 2) from exc
+    path = out or Path(f"{job_id}.{chosen.value}")
+    if advantages is not None and advantages != "grpo":
+        raise _fail(f"unknown --advantages {advantages!r}; known: grpo", 2)
+    client = _client(url, api_key)
+    try:
+        summary = client.export(job_id, path, chosen.value, complete_only, advantages)
+    except PolarMQError as exc:
+        raise _fail(str(exc)) from exc
+    except OSError as exc:
+        raise _fail(f"cannot write {path}: {exc}") from exc
+    console.print(f"{summary.rows} samples of {summary.groups} groups → {summary.path}")
+    if not summary.job_finished:
+        console.print("[yellow]the job is still running: later groups are not in this file[/]")
 
 
 @app.command()

@@ -10,134 +10,38 @@ after a dropped connection returns the job the first attempt created instead of 
 
 from __future__ import annotations
 
-import asyncio
+import os
 import time
-import uuid
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
-import orjson
 
-DEFAULT_TIMEOUT_S = 30.0
-TRANSIENT_STATUSES = frozenset({502, 503, 504})
-SUBMIT_ATTEMPTS = 3
-MAX_POLL_FAILURES = 10
+from polar_mq.client_async import AsyncClient
+from polar_mq.client_common import (
+    DEFAULT_TIMEOUT_S,
+    EXPORT_PAGE_SIZE,
+    MAX_POLL_FAILURES,
+    SUBMIT_ATTEMPTS,
+    PolarMQError,
+    Submission,
+    _Deadline,
+    _export_writer,
+    _GroupFollower,
+    _headers,
+    _info,
+    _is_done,
+    _parse,
+    _results_params,
+    _submission,
+    _submit_body,
+)
 
+if TYPE_CHECKING:
+    from polar_mq.export import ExportSummary
 
-class PolarMQError(Exception):
-    """An error answer of the API (status 0: the server could not be reached)."""
-
-    def __init__(self, status: int, type: str, message: str) -> None:
-        super().__init__(f"{status} {type}: {message}")
-        self.status = status
-        self.type = type
-        self.message = message
-
-    @property
-    def transient(self) -> bool:
-        """Worth retrying: the server was unreachable or briefly unavailable."""
-        return self.status == 0 or self.status in TRANSIENT_STATUSES
-
-
-@dataclass(frozen=True, slots=True)
-class Submission:
-    job_id: str
-    rollout_ids: list[str]
-    created: bool
-    """False when the idempotency key named a job that already existed."""
-
-
-# --------------------------------------------------------------------------------------------
-# Shared by both clients: request shapes, response parsing, the group-following state
-
-
-def _headers(api_key: str | None) -> dict[str, str]:
-    headers = {"Accept": "application/json", "User-Agent": "polar-mq-client"}
-    if api_key:
-        headers["Authorization"] = f"Bearer {api_key}"
-    return headers
-
-
-def _submit_body(spec: Mapping[str, Any]) -> bytes:
-    body = dict(spec)
-    if not body.get("idempotency_key"):
-        body["idempotency_key"] = f"client-{uuid.uuid4().hex}"
-    return orjson.dumps(body)
-
-
-def _parse(response: httpx.Response) -> Any:
-    """The JSON body of a 2xx response, or the API's error raised as PolarMQError."""
-    if response.is_success:
-        return orjson.loads(response.content)
-    try:
-        error = orjson.loads(response.content)["error"]
-        raise PolarMQError(response.status_code, str(error["type"]), str(error["message"]))
-    except (orjson.JSONDecodeError, KeyError, TypeError):
-        raise PolarMQError(response.status_code, "http_error", response.text[:500]) from None
-
-
-def _submission(data: Mapping[str, Any]) -> Submission:
-    return Submission(str(data["job_id"]), [str(r) for r in data["rollout_ids"]], data["created"])
-
-
-def _results_params(
-    complete_only: bool, include_trajectories: bool, limit: int, cursor: str | None
-) -> dict[str, Any]:
-    params: dict[str, Any] = {
-        "complete_only": str(complete_only).lower(),
-        "include_trajectories": str(include_trajectories).lower(),
-        "limit": limit,
-    }
-    if cursor is not None:
-        params["cursor"] = cursor
-    return params
-
-
-def _is_done(status: Mapping[str, Any]) -> bool:
-    return status.get("state") != "running"
-
-
-class _GroupFollower:
-    """Which complete groups have been handed out, and where to poll next.
-
-    The server lists a running job's groups in completion order and only once they are settled,
-    so following the cursor sees each group once; the seen-set is a second guard. Polling stops
-    after a drained page that says the job is finished (or cancelled).
-    """
-
-    def __init__(self) -> None:
-        self.cursor: str | None = None
-        self.seen: set[int] = set()
-        self.done = False
-
-    def accept(self, page: Mapping[str, Any]) -> tuple[list[dict[str, Any]], bool]:
-        """(new groups, whether to fetch the next page at once instead of waiting)."""
-        fresh = [g for g in page["groups"] if g["task_index"] not in self.seen]
-        self.seen.update(g["task_index"] for g in fresh)
-        if page["groups"]:
-            self.cursor = page["groups"][-1]["cursor"]
-        if page["next_cursor"] is not None:
-            return fresh, True
-        if page.get("job_finished") or page.get("job_state") == "cancelled":
-            self.done = True
-        return fresh, False
-
-
-class _Deadline:
-    def __init__(self, timeout: float | None) -> None:
-        self.at = None if timeout is None else time.monotonic() + timeout
-        self.timeout = timeout
-
-    def check(self, what: str) -> None:
-        if self.at is not None and time.monotonic() >= self.at:
-            raise TimeoutError(f"{what} not finished after {self.timeout} s")
-
-
-# --------------------------------------------------------------------------------------------
-# Sync client
+__all__ = ["AsyncClient", "Client", "PolarMQError", "Submission"]
 
 
 class Client:
@@ -190,6 +94,13 @@ class Client:
 
     def status(self, job_id: str) -> dict[str, Any]:
         return dict(self._request("GET", f"/v1/jobs/{job_id}"))
+
+    def cancel(self, job_id: str) -> dict[str, Any]:
+        """Cancel every unfinished rollout of a job: {"cancelled": [...], "already_terminal": n}."""
+        return dict(self._request("POST", f"/v1/jobs/{job_id}/cancel"))
+
+    def cancel_rollout(self, rollout_id: str) -> dict[str, Any]:
+        return dict(self._request("POST", f"/v1/rollouts/{rollout_id}/cancel"))
 
     def jobs(self, limit: int = 50, cursor: str | None = None) -> dict[str, Any]:
         """One page of jobs, newest first: {"jobs": [...], "next_cursor": ...}."""
@@ -257,22 +168,42 @@ class Client:
             deadline.check(f"job {job_id}")
             time.sleep(poll_s)
 
+    def iter_pages(
+        self,
+        job_id: str,
+        complete_only: bool = True,
+        include_trajectories: bool = False,
+        page_size: int = 100,
+        advantages: str | None = None,
+    ) -> Iterator[dict[str, Any]]:
+        """Every results page available now (follows next_cursor until it is null)."""
+        cursor: str | None = None
+        while True:
+            params = _results_params(
+                complete_only, include_trajectories, page_size, cursor, advantages
+            )
+            page = self._request("GET", f"/v1/jobs/{job_id}/results", params=params)
+            yield page
+            cursor = page["next_cursor"]
+            if cursor is None:
+                return
+
     def iter_results(
         self,
         job_id: str,
         complete_only: bool = True,
         include_trajectories: bool = False,
         page_size: int = 100,
+        advantages: str | None = None,
     ) -> Iterator[dict[str, Any]]:
-        """Every group available now, page by page."""
-        cursor: str | None = None
-        while True:
-            params = _results_params(complete_only, include_trajectories, page_size, cursor)
-            page = self._request("GET", f"/v1/jobs/{job_id}/results", params=params)
+        """Every group available now, page by page.
+
+        `advantages="grpo"` adds each usable sample's group-relative advantage.
+        """
+        for page in self.iter_pages(
+            job_id, complete_only, include_trajectories, page_size, advantages
+        ):
             yield from page["groups"]
-            cursor = page["next_cursor"]
-            if cursor is None:
-                return
 
     def results(
         self,
@@ -280,9 +211,12 @@ class Client:
         complete_only: bool = True,
         include_trajectories: bool = False,
         page_size: int = 100,
+        advantages: str | None = None,
     ) -> list[dict[str, Any]]:
         """All groups available now (all pages): complete groups by default."""
-        return list(self.iter_results(job_id, complete_only, include_trajectories, page_size))
+        return list(
+            self.iter_results(job_id, complete_only, include_trajectories, page_size, advantages)
+        )
 
     def iter_groups(
         self,
@@ -291,18 +225,41 @@ class Client:
         poll_s: float = 1.0,
         timeout: float | None = None,
         page_size: int = 100,
+        advantages: str | None = None,
     ) -> Iterator[dict[str, Any]]:
         """Yield each complete group once, as it completes, until the job is finished."""
         follower = _GroupFollower()
         deadline = _Deadline(timeout)
         while not follower.done:
-            params = _results_params(True, include_trajectories, page_size, follower.cursor)
+            params = _results_params(
+                True, include_trajectories, page_size, follower.cursor, advantages
+            )
             page = self._request("GET", f"/v1/jobs/{job_id}/results", params=params)
             fresh, more = follower.accept(page)
             yield from fresh
             if not more and not follower.done:
                 deadline.check(f"job {job_id}")
                 time.sleep(poll_s)
+
+    def export(
+        self,
+        job_id: str,
+        path: str | os.PathLike[str],
+        format: str | None = None,
+        complete_only: bool = True,
+        advantages: str | None = None,
+        page_size: int = EXPORT_PAGE_SIZE,
+    ) -> ExportSummary:
+        """Write the job's training samples to `path` as jsonl or parquet (default: by suffix).
+
+        One row per training sample (see `polar_mq.export`); streamed page by page. Exports the
+        groups available now: `summary.job_finished` is False when the job was still running.
+        """
+        writer = _export_writer(job_id, path, format, advantages)
+        with writer:
+            for page in self.iter_pages(job_id, complete_only, True, page_size, advantages):
+                writer.add_page(page)
+            return writer.finish()
 
     # -- rollouts
 
@@ -330,153 +287,3 @@ class Client:
         self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
-
-
-def _info(status: Mapping[str, Any]) -> str:
-    failed = status["by_status"].get("failed", 0)
-    reward = status.get("mean_reward")
-    parts = [f"groups {status['groups_complete']}/{status['groups_total']}"]
-    if failed:
-        parts.append(f"[red]failed {failed}[/]")
-    if reward is not None:
-        parts.append(f"reward {reward:.3f}")
-    return "  ".join(parts)
-
-
-# --------------------------------------------------------------------------------------------
-# Async client
-
-
-class AsyncClient:
-    """The same API for asyncio trainers: `async with AsyncClient(url) as client: ...`."""
-
-    def __init__(
-        self,
-        base_url: str,
-        api_key: str | None = None,
-        timeout: float = DEFAULT_TIMEOUT_S,
-        *,
-        transport: httpx.AsyncBaseTransport | None = None,
-    ) -> None:
-        self._http = httpx.AsyncClient(
-            base_url=base_url.rstrip("/"),
-            headers=_headers(api_key),
-            timeout=timeout,
-            transport=transport,
-        )
-
-    async def _request(self, method: str, path: str, **kwargs: Any) -> Any:
-        try:
-            response = await self._http.request(method, path, **kwargs)
-        except httpx.TransportError as exc:
-            raise PolarMQError(0, "connection_error", f"{type(exc).__name__}: {exc}") from exc
-        return _parse(response)
-
-    async def submit(
-        self, tasks: Sequence[Mapping[str, Any]], samples_per_task: int = 1, **spec: Any
-    ) -> Submission:
-        spec = {"tasks": list(tasks), "samples_per_task": samples_per_task, **spec}
-        return await self.submit_spec(spec)
-
-    async def submit_spec(self, spec: Mapping[str, Any]) -> Submission:
-        body = _submit_body(spec)
-        headers = {"Content-Type": "application/json"}
-        for attempt in range(1, SUBMIT_ATTEMPTS + 1):
-            try:
-                data = await self._request("POST", "/v1/jobs", content=body, headers=headers)
-                return _submission(data)
-            except PolarMQError as exc:
-                if not exc.transient or attempt == SUBMIT_ATTEMPTS:
-                    raise
-                await asyncio.sleep(0.5 * attempt)
-        raise AssertionError("unreachable")
-
-    async def status(self, job_id: str) -> dict[str, Any]:
-        return dict(await self._request("GET", f"/v1/jobs/{job_id}"))
-
-    async def wait(
-        self, job_id: str, poll_s: float = 1.0, timeout: float | None = None
-    ) -> dict[str, Any]:
-        """Poll until every rollout is terminal (or the job is cancelled); the final status."""
-        deadline = _Deadline(timeout)
-        failures = 0
-        while True:
-            try:
-                status = await self.status(job_id)
-                failures = 0
-                if _is_done(status):
-                    return status
-            except PolarMQError as exc:
-                failures += 1
-                if not exc.transient or failures >= MAX_POLL_FAILURES:
-                    raise
-            deadline.check(f"job {job_id}")
-            await asyncio.sleep(poll_s)
-
-    async def iter_results(
-        self,
-        job_id: str,
-        complete_only: bool = True,
-        include_trajectories: bool = False,
-        page_size: int = 100,
-    ) -> AsyncIterator[dict[str, Any]]:
-        cursor: str | None = None
-        while True:
-            params = _results_params(complete_only, include_trajectories, page_size, cursor)
-            page = await self._request("GET", f"/v1/jobs/{job_id}/results", params=params)
-            for group in page["groups"]:
-                yield group
-            cursor = page["next_cursor"]
-            if cursor is None:
-                return
-
-    async def results(
-        self,
-        job_id: str,
-        complete_only: bool = True,
-        include_trajectories: bool = False,
-        page_size: int = 100,
-    ) -> list[dict[str, Any]]:
-        pages = self.iter_results(job_id, complete_only, include_trajectories, page_size)
-        return [group async for group in pages]
-
-    async def iter_groups(
-        self,
-        job_id: str,
-        include_trajectories: bool = False,
-        poll_s: float = 1.0,
-        timeout: float | None = None,
-        page_size: int = 100,
-    ) -> AsyncIterator[dict[str, Any]]:
-        follower = _GroupFollower()
-        deadline = _Deadline(timeout)
-        while not follower.done:
-            params = _results_params(True, include_trajectories, page_size, follower.cursor)
-            page = await self._request("GET", f"/v1/jobs/{job_id}/results", params=params)
-            fresh, more = follower.accept(page)
-            for group in fresh:
-                yield group
-            if not more and not follower.done:
-                deadline.check(f"job {job_id}")
-                await asyncio.sleep(poll_s)
-
-    async def rollout(self, rollout_id: str) -> dict[str, Any]:
-        return dict(await self._request("GET", f"/v1/rollouts/{rollout_id}"))
-
-    async def trajectory(self, rollout_id: str) -> dict[str, Any]:
-        return dict(await self._request("GET", f"/v1/rollouts/{rollout_id}/trajectory"))
-
-    async def calls(self, rollout_id: str) -> list[dict[str, Any]]:
-        data = await self._request("GET", f"/v1/rollouts/{rollout_id}/calls")
-        return list(data["calls"])
-
-    async def aclose(self) -> None:
-        await self._http.aclose()
-
-    async def __aenter__(self) -> AsyncClient:
-        return self
-
-    async def __aexit__(
-        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.aclose()

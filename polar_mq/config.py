@@ -10,9 +10,11 @@ from __future__ import annotations
 import socket
 from functools import lru_cache
 from pathlib import Path
+from typing import Annotated, Any
 
-from pydantic import Field, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+import orjson
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 DEFAULT_SECRET = "polar-mq-dev-secret-change-me"
 
@@ -46,16 +48,54 @@ class Settings(BaseSettings):
         None, description="base URL agents use to reach the proxy (default http://host:port)"
     )
     upstream_url: str = Field("http://127.0.0.1:8011", description="vLLM-compatible backend")
-    upstream_engine: str = Field("vllm", description="vllm | generic")
+    upstream_urls: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="several backends (JSON list or comma-separated); when set, replaces "
+        "upstream_url",
+    )
+    upstream_max_attempts: int = Field(
+        3, ge=1, description="backends a call may be tried on before its first byte"
+    )
+    breaker_failures: int = Field(5, ge=1, description="consecutive failures that open a breaker")
+    breaker_cooldown_s: float = Field(10.0, ge=0, description="open breaker: wait before a probe")
+    health_interval_s: float = Field(5.0, gt=0, description="backend health-check period")
+    health_timeout_s: float = Field(2.0, gt=0)
+    sticky_rollouts_max: int = Field(100_000, ge=1, description="rollout->backend bindings kept")
+    sticky_ttl_s: float = Field(3600.0, gt=0, description="a binding idle this long is dropped")
+    pause_max_wait_s: float = Field(
+        30.0, ge=0, description="a call held by a pause waits this long, then gets a 503"
+    )
+    upstream_engine: str = Field("vllm", description="vllm | sglang | generic")
     served_model: str | None = Field(None, description="model name sent upstream")
     proxy_admin_token: str | None = Field(None, description="bearer token for proxy admin calls")
     log_batch_size: int = Field(256, ge=1)
     log_flush_interval_s: float = Field(0.05, gt=0)
     log_queue_max: int = Field(100_000, ge=1)
+    proxy_spill_dir: Path | None = Field(
+        None,
+        description="durable buffer for call rows while the database is down "
+        "(default ~/.cache/polar_mq/proxy-spill/<proxy_port>; one proxy per directory)",
+    )
+    proxy_spill_max_bytes: int = Field(
+        1 << 30, ge=0, description="spill bound; a batch that does not fit is dropped; 0: off"
+    )
+    proxy_flush_timeout_s: float = Field(
+        20.0,
+        gt=0,
+        description="/admin/flush waits this long for spilled rows to be replayed, then 503 "
+        "(below the run-agent stage's 30 s HTTP timeout, so it sees the clear error)",
+    )
 
     runtime_root: Path = Field(Path("/tmp/polar_mq/runtimes"))
     visibility_timeout_s: int = Field(3 * 3600, ge=10)
-    lease_s: int = Field(600, ge=1)
+    lease_s: float = Field(
+        60.0, gt=0, description="stage lease; renewed every lease_s/3 while the stage runs"
+    )
+    retry_backoff_s: float = Field(2.0, gt=0, description="first in-place stage retry delay")
+    sweep_interval_s: float = Field(10.0, gt=0, description="how often the sweeper looks")
+    republish_after_s: float = Field(
+        300.0, gt=0, description="re-send a ready rollout's message after this long untouched"
+    )
     default_agent_timeout_s: float = Field(600.0, gt=0)
     max_agent_timeout_s: float = Field(3600.0, gt=0)
     default_inactivity_timeout_s: float | None = Field(None, gt=0)
@@ -72,6 +112,26 @@ class Settings(BaseSettings):
         if self.proxy_public_url:
             return self.proxy_public_url.rstrip("/")
         return f"http://{self.proxy_host}:{self.proxy_port}"
+
+    @property
+    def proxy_spill_path(self) -> Path | None:
+        """The proxy's spill directory, or None when spilling is off (max bytes 0)."""
+        if self.proxy_spill_max_bytes == 0:
+            return None
+        if self.proxy_spill_dir is not None:
+            return self.proxy_spill_dir
+        return Path.home() / ".cache" / "polar_mq" / "proxy-spill" / str(self.proxy_port)
+
+    @field_validator("upstream_urls", mode="before")
+    @classmethod
+    def _split_urls(cls, value: Any) -> Any:
+        """`POLAR_MQ_UPSTREAM_URLS` as a JSON list or as comma-separated URLs."""
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("["):
+                return orjson.loads(text)
+            return [url.strip() for url in text.split(",") if url.strip()]
+        return value
 
     @model_validator(mode="after")
     def _refuse_unsafe(self) -> Settings:

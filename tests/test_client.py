@@ -6,23 +6,21 @@ import asyncio
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
-import uvicorn
 from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
 
-from polar_mq.api import create_app
 from polar_mq.client import AsyncClient, Client, PolarMQError
-from polar_mq.config import Settings
 from polar_mq.db import unit_of_work
-from polar_mq.jobs import queries
+from polar_mq.jobs import results
 from polar_mq.models import LlmCall, Rollout, RolloutStatus, TrajectorySample
 from polar_mq.models.base import utcnow
 from polar_mq.processes import free_port
 from polar_mq.workers.routing import StageMessage
+from tests.live_api import serve_api
 
 TASKS = [{"instruction": f"task {i}"} for i in range(5)]
 
@@ -36,25 +34,8 @@ def published() -> list[StageMessage]:
 def base_url(
     pg_url: str, db_session_factory: sessionmaker[Session], published: list[StageMessage]
 ) -> Iterator[str]:
-    settings = Settings.model_validate(
-        {"database_url": pg_url, "broker_url": "redis://127.0.0.1:6379/0", "max_body_bytes": 65536}
-    )
-
-    def publish(messages: Sequence[StageMessage]) -> None:
-        published.extend(messages)
-
-    app = create_app(settings, session_factory=db_session_factory, publisher=publish)
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.02)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(10)
+    with serve_api(pg_url, db_session_factory, published) as url:
+        yield url
 
 
 @pytest.fixture()
@@ -145,7 +126,7 @@ def test_results_pages_through_every_group(
 def test_iter_groups_yields_each_group_once_as_it_completes(
     client: Client, db_session_factory: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(queries, "RESULTS_SETTLE_S", 0.05)
+    monkeypatch.setattr(results, "RESULTS_SETTLE_S", 0.05)
     job = client.submit(TASKS, samples_per_task=2)
     worker = _finish_later(db_session_factory, job.job_id, len(TASKS))
     seen = [

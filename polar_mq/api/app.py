@@ -18,8 +18,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from polar_mq.api.auth import Authenticator
 from polar_mq.api.body_limit import BodyLimitMiddleware
+from polar_mq.api.broker_gate import BrokerGate
 from polar_mq.api.errors import install_error_handlers
-from polar_mq.api.routes import health, jobs, rollouts
+from polar_mq.api.routes import cancel, health, jobs, rollouts
 from polar_mq.config import Settings
 from polar_mq.db import create_db_engine, make_session_factory
 from polar_mq.workers.celery_app import PolarCelery, create_celery, publish_messages
@@ -67,6 +68,7 @@ def create_app(
             publish = partial(publish_messages, celery)
         app.state.session_factory = factory
         app.state.publisher = publish
+        app.state.broker_gate = BrokerGate(settings.broker_url) if publisher is None else None
         try:
             yield
         finally:
@@ -90,4 +92,5 @@ def create_app(
     app.include_router(health.router)
     app.include_router(jobs.router)
     app.include_router(rollouts.router)
+    app.include_router(cancel.router)
     return app

@@ -1,8 +1,16 @@
 """Evaluators: turn a finished rollout into a reward, pluggable by name or import path."""
 
-from polar_mq.evaluators.base import EvalContext, EvalResult, Evaluator
+from polar_mq.evaluators.base import (
+    EvalContext,
+    EvalResult,
+    Evaluator,
+    LlmEndpoint,
+    evaluate_safely,
+)
 from polar_mq.evaluators.command import CommandEvaluator
 from polar_mq.evaluators.completed import CompletedEvaluator
+from polar_mq.evaluators.composition import GateEvaluator, WeightedEvaluator
+from polar_mq.evaluators.llm_judge import LlmJudgeEvaluator
 from polar_mq.evaluators.match import ExactMatchEvaluator, RegexEvaluator
 from polar_mq.evaluators.registry import (
     EVALUATORS,
@@ -20,7 +28,12 @@ __all__ = [
     "EvalResult",
     "Evaluator",
     "ExactMatchEvaluator",
+    "GateEvaluator",
+    "LlmEndpoint",
+    "LlmJudgeEvaluator",
     "RegexEvaluator",
+    "WeightedEvaluator",
+    "evaluate_safely",
     "get_evaluator",
     "validate_evaluator_spec",
 ]

@@ -1,7 +1,9 @@
-"""Evaluator lookup: built-in names, `python` callables and `package.module:attr` import paths.
+"""Evaluator lookup: built-in names, composites (`weighted`, `gate`), `python` callables and
+`package.module:attr` import paths.
 
 The API validates a job's evaluator spec by building it once, so every error a worker could hit
-while constructing the evaluator becomes a ValueError (a 4xx) at submission time instead.
+while constructing the evaluator becomes a ValueError (a 4xx) at submission time instead. Composite
+specs nest; the depth is bounded so a pathological spec is a 4xx, not a RecursionError.
 """
 
 from __future__ import annotations
@@ -16,12 +18,26 @@ from typing import Any
 from polar_mq.evaluators.base import EvalContext, EvalResult, Evaluator
 from polar_mq.evaluators.command import CommandEvaluator
 from polar_mq.evaluators.completed import CompletedEvaluator
+from polar_mq.evaluators.composition import Build, GateEvaluator, WeightedEvaluator
+from polar_mq.evaluators.llm_judge import LlmJudgeEvaluator
 from polar_mq.evaluators.match import ExactMatchEvaluator, RegexEvaluator
 
 EVALUATORS: dict[str, type[Evaluator]] = {
     cls.name: cls
-    for cls in (CompletedEvaluator, ExactMatchEvaluator, RegexEvaluator, CommandEvaluator)
+    for cls in (
+        CompletedEvaluator,
+        ExactMatchEvaluator,
+        RegexEvaluator,
+        CommandEvaluator,
+        LlmJudgeEvaluator,
+    )
 }
+COMPOSITES: dict[str, Callable[[Mapping[str, Any], Build], Evaluator]] = {
+    WeightedEvaluator.name: WeightedEvaluator.from_spec,
+    GateEvaluator.name: GateEvaluator.from_spec,
+}
+MAX_DEPTH = 8
+"""How deeply composite specs may nest."""
 _IMPORT_PATH = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
 
 
@@ -59,11 +75,15 @@ def as_result(value: Any) -> EvalResult:
     raise TypeError(f"evaluator returned {type(value).__name__}; expected EvalResult or a number")
 
 
-def get_evaluator(spec: Mapping[str, Any] | str) -> Evaluator:
+def get_evaluator(spec: Mapping[str, Any] | str, depth: int = 0) -> Evaluator:
     """Build an evaluator from a bare name, `{"name": ..., **params}` or an import path."""
     name, params = _split(spec)
     if name in EVALUATORS:
         return _construct(EVALUATORS[name], params, name)
+    if name in COMPOSITES:
+        if depth >= MAX_DEPTH:
+            raise ValueError(f"evaluator specs may nest at most {MAX_DEPTH} composites deep")
+        return COMPOSITES[name](params, lambda part: get_evaluator(part, depth + 1))
     if name == CallableEvaluator.name:
         target = params.pop("callable", None)
         if not isinstance(target, str):
@@ -71,7 +91,7 @@ def get_evaluator(spec: Mapping[str, Any] | str) -> Evaluator:
         return _from_import_path(target, params)
     if ":" in name:
         return _from_import_path(name, params)
-    known = ", ".join(sorted([*EVALUATORS, CallableEvaluator.name]))
+    known = ", ".join(sorted([*EVALUATORS, *COMPOSITES, CallableEvaluator.name]))
     raise ValueError(
         f"unknown evaluator {name!r}; known evaluators: {known}, "
         "or an import path 'package.module:attr'"

@@ -1,87 +1,65 @@
-"""Read services behind the job status, list and results endpoints.
+"""Read services behind the job status and list endpoints, and the helpers results.py shares.
 
 Every function takes a Session and returns plain frozen dataclasses: the API serializes them with
-orjson straight from here (token arrays stay Python lists, no per-element validation), and FastAPI
-derives the OpenAPI schema from the same classes, so the documented shape cannot drift from the
-served one. Counts are aggregated in SQL; a page touches only the rows of its own groups.
-
-Pages use keyset cursors, opaque base64 strings. Complete groups are ordered by when they completed
-(the `finished_at` of their last rollout), so a trainer polling with a cursor sees each group once,
-as it completes; every group carries its own cursor so a poller can resume from any of them.
-Timestamps are taken before commit, so commits can land out of timestamp order: while a job still
-runs, a group is only listed once its completion is `RESULTS_SETTLE_S` old, which keeps a cursor
-from moving past a group whose commit was still in flight.
+orjson straight from here, and FastAPI derives the OpenAPI schema from the same classes, so the
+documented shape cannot drift from the served one. Counts are aggregated in SQL. Pages use keyset
+cursors, opaque base64 strings. Results by group live in `jobs/results.py`.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
-from dataclasses import fields
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Select, and_, case, func, or_, select, tuple_
+from sqlalchemy import case, func, select, tuple_
 from sqlalchemy.orm import Session
 
 from polar_mq.jobs.cursors import decode_cursor, encode_cursor
 from polar_mq.jobs.read_models import (
-    GroupResult,
     JobPage,
     JobStatus,
     JobSummary,
     NotFound,
-    ResultsPage,
-    SampleResult,
     StageCount,
-    TrajectoryTokens,
     record,
 )
 from polar_mq.jobs.schemas import JobCreate
-from polar_mq.models import (
-    Job,
-    JobTask,
-    Rollout,
-    RolloutStatus,
-    TerminationReason,
-    TrajectorySample,
-)
-from polar_mq.models.base import utcnow
+from polar_mq.models import Job, JobTask, Rollout, RolloutStatus, TerminationReason
 from polar_mq.workers.transitions import STAGE_OF_STATUS, STAGE_STATES
 
 MAX_PAGE = 1000
-RESULTS_SETTLE_S = 1.0
 
 STAGES: tuple[str, ...] = tuple(stage.value for stage in STAGE_STATES)
 _TERMINAL = tuple(RolloutStatus.TERMINAL)
 
 
-def _clamp(limit: int) -> int:
+def clamp_limit(limit: int) -> int:
     return max(1, min(limit, MAX_PAGE))
 
 
-def _get_job(session: Session, job_id: uuid.UUID) -> Job:
+def get_job(session: Session, job_id: uuid.UUID) -> Job:
     job = session.get(Job, job_id)
     if job is None:
         raise NotFound("job", job_id)
     return job
 
 
-def _state(job: Job, total: int, terminal: int) -> str:
+def job_state(job: Job, total: int, terminal: int) -> str:
     if job.cancelled_at is not None or job.status == "cancelled":
         return "cancelled"
     return "completed" if total and terminal == total else "running"
 
 
-def _is_terminal() -> Any:
+def terminal_flag() -> Any:
     return case((Rollout.status.in_(_TERMINAL), 1), else_=0)
 
 
-def _totals(session: Session, job_id: uuid.UUID) -> tuple[int, int]:
+def rollout_totals(session: Session, job_id: uuid.UUID) -> tuple[int, int]:
     """(rollouts, terminal rollouts) of a job."""
     total, terminal = (
         session.execute(
-            select(func.count(), func.sum(_is_terminal())).where(Rollout.job_id == job_id)
+            select(func.count(), func.sum(terminal_flag())).where(Rollout.job_id == job_id)
         )
         .tuples()
         .one()
@@ -89,13 +67,13 @@ def _totals(session: Session, job_id: uuid.UUID) -> tuple[int, int]:
     return int(total), int(terminal or 0)
 
 
-def _scored(reason: str | None) -> bool:
+def is_scored(reason: str | None) -> bool:
     return reason not in TerminationReason.INFRASTRUCTURE
 
 
 def job_status(session: Session, job_id: uuid.UUID) -> JobStatus:
     """Totals, per-stage counts, terminal outcomes, group completion and mean reward of a job."""
-    job = _get_job(session, job_id)
+    job = get_job(session, job_id)
     rows = session.execute(
         select(
             Rollout.status,
@@ -126,20 +104,20 @@ def job_status(session: Session, job_id: uuid.UUID) -> JobStatus:
         elif status in STAGE_OF_STATUS:
             stage, slot = STAGE_OF_STATUS[status]
             stages[stage][slot] += count
-        if n_rewarded and _scored(reason):
+        if n_rewarded and is_scored(reason):
             n_scored += n_rewarded
             reward_sum += float(rewards or 0.0)
     per_group = (
         select(Rollout.task_index)
         .where(Rollout.job_id == job_id)
         .group_by(Rollout.task_index)
-        .having(func.sum(_is_terminal()) == func.count())
+        .having(func.sum(terminal_flag()) == func.count())
         .subquery()
     )
     groups_complete = session.scalar(select(func.count()).select_from(per_group)) or 0
     return JobStatus(
         job_id=job.id,
-        state=_state(job, total, terminal),
+        state=job_state(job, total, terminal),
         created_at=job.created_at,
         cancelled_at=job.cancelled_at,
         finished_at=last_finish if total and terminal == total else None,
@@ -162,7 +140,7 @@ def job_status(session: Session, job_id: uuid.UUID) -> JobStatus:
 
 def list_jobs(session: Session, limit: int = 50, cursor: str | None = None) -> JobPage:
     """Jobs newest first, keyset-paged on (created_at, id)."""
-    limit = _clamp(limit)
+    limit = clamp_limit(limit)
     query = select(Job).order_by(Job.created_at.desc(), Job.id.desc()).limit(limit + 1)
     if cursor is not None:
         created_at, job_id = decode_cursor(cursor, (datetime, uuid.UUID))
@@ -173,7 +151,7 @@ def list_jobs(session: Session, limit: int = 50, cursor: str | None = None) -> J
     counts: dict[uuid.UUID, tuple[int, int]] = {}
     if jobs:
         rows = session.execute(
-            select(Rollout.job_id, func.count(), func.sum(_is_terminal()))
+            select(Rollout.job_id, func.count(), func.sum(terminal_flag()))
             .where(Rollout.job_id.in_([j.id for j in jobs]))
             .group_by(Rollout.job_id)
         ).tuples()
@@ -186,7 +164,7 @@ def list_jobs(session: Session, limit: int = 50, cursor: str | None = None) -> J
                 JobSummary,
                 job,
                 job_id=job.id,
-                state=_state(job, total, terminal),
+                state=job_state(job, total, terminal),
                 total=total,
                 terminal=terminal,
                 metadata=job.meta,
@@ -201,7 +179,7 @@ def list_jobs(session: Session, limit: int = 50, cursor: str | None = None) -> J
 
 def same_submission(session: Session, job_id: uuid.UUID, spec: JobCreate, pool: str) -> bool:
     """Whether `spec` asks for exactly the job already stored (an idempotent resubmission)."""
-    job = _get_job(session, job_id)
+    job = get_job(session, job_id)
     if (
         job.samples_per_task != spec.samples_per_task
         or job.n_tasks != len(spec.tasks)
@@ -215,151 +193,3 @@ def same_submission(session: Session, job_id: uuid.UUID, spec: JobCreate, pool: 
         )
     )
     return stored == spec.tasks
-
-
-# --------------------------------------------------------------------------------------------
-# Results
-
-
-def _group_query(job_id: uuid.UUID, complete_only: bool) -> Select[Any]:
-    groups = (
-        select(
-            Rollout.task_index.label("task_index"),
-            func.count().label("n"),
-            func.sum(_is_terminal()).label("n_terminal"),
-            func.max(func.coalesce(Rollout.finished_at, Rollout.created_at)).label("completed_at"),
-        )
-        .where(Rollout.job_id == job_id)
-        .group_by(Rollout.task_index)
-    )
-    if complete_only:
-        groups = groups.having(func.sum(_is_terminal()) == func.count())
-    sub = groups.subquery()
-    return select(sub.c.task_index, sub.c.n, sub.c.n_terminal, sub.c.completed_at)
-
-
-def _group_cursor(complete_only: bool, task_index: int, completed_at: datetime) -> str:
-    if complete_only:
-        return encode_cursor([completed_at.isoformat(), task_index])
-    return encode_cursor([task_index])
-
-
-def job_results(
-    session: Session,
-    job_id: uuid.UUID,
-    cursor: str | None = None,
-    limit: int = 100,
-    complete_only: bool = True,
-    include_trajectories: bool = False,
-    settle_s: float | None = None,
-) -> ResultsPage:
-    """One page of a job's groups with their samples, in completion order (or task order).
-
-    `settle_s` (default RESULTS_SETTLE_S) holds back just-completed groups of a running job.
-    """
-    job = _get_job(session, job_id)
-    limit = _clamp(limit)
-    total, terminal = _totals(session, job_id)
-    finished = total > 0 and terminal == total
-    query = _group_query(job_id, complete_only)
-    sub = query.selected_columns
-    if complete_only:
-        query = query.order_by(sub.completed_at, sub.task_index)
-        if not finished:
-            settle = timedelta(seconds=RESULTS_SETTLE_S if settle_s is None else settle_s)
-            query = query.where(sub.completed_at <= utcnow() - settle)
-        if cursor is not None:
-            after_at, after_index = decode_cursor(cursor, (datetime, int))
-            query = query.where(
-                or_(
-                    sub.completed_at > after_at,
-                    and_(sub.completed_at == after_at, sub.task_index > after_index),
-                )
-            )
-    else:
-        query = query.order_by(sub.task_index)
-        if cursor is not None:
-            (after_index,) = decode_cursor(cursor, (int,))
-            query = query.where(sub.task_index > after_index)
-    page = session.execute(query.limit(limit + 1)).all()
-    more = len(page) > limit
-    groups = _groups(session, job_id, page[:limit], complete_only, include_trajectories)
-    return ResultsPage(
-        job_id=job.id,
-        job_state=_state(job, total, terminal),
-        job_finished=finished,
-        groups=groups,
-        next_cursor=groups[-1].cursor if more and groups else None,
-    )
-
-
-def _groups(
-    session: Session,
-    job_id: uuid.UUID,
-    page: Sequence[Any],
-    complete_only: bool,
-    include_trajectories: bool,
-) -> list[GroupResult]:
-    indexes = [row.task_index for row in page]
-    samples = _samples(session, job_id, indexes, include_trajectories)
-    rows = session.execute(
-        select(JobTask.task_index, JobTask.instance).where(
-            JobTask.job_id == job_id, JobTask.task_index.in_(indexes)
-        )
-    ).tuples()
-    tasks: dict[int, dict[str, Any]] = {index: instance for index, instance in rows}
-    groups = []
-    for row in page:
-        complete = int(row.n_terminal or 0) == int(row.n)
-        group_samples = samples.get(row.task_index, [])
-        scored = [
-            s.reward
-            for s in group_samples
-            if s.reward is not None and _scored(s.termination_reason)
-        ]
-        groups.append(
-            GroupResult(
-                task_index=row.task_index,
-                task=tasks.get(row.task_index, {}),
-                complete=complete,
-                completed_at=row.completed_at if complete else None,
-                cursor=_group_cursor(complete_only, row.task_index, row.completed_at),
-                n_scored=len(scored),
-                mean_reward=sum(scored) / len(scored) if scored else None,
-                samples=group_samples,
-            )
-        )
-    return groups
-
-
-def _samples(
-    session: Session, job_id: uuid.UUID, indexes: list[int], include_trajectories: bool
-) -> dict[int, list[SampleResult]]:
-    if not indexes:
-        return {}
-    in_page = and_(Rollout.job_id == job_id, Rollout.task_index.in_(indexes))
-    tokens: dict[uuid.UUID, list[TrajectoryTokens]] = {}
-    if include_trajectories:
-        columns = [getattr(TrajectorySample, f.name) for f in fields(TrajectoryTokens)]
-        current_attempt = and_(
-            Rollout.id == TrajectorySample.rollout_id, Rollout.attempt == TrajectorySample.attempt
-        )
-        for row in session.execute(
-            select(TrajectorySample.rollout_id, *columns)
-            .join(Rollout, current_attempt)
-            .where(in_page)
-            .order_by(TrajectorySample.rollout_id, TrajectorySample.sample_index)
-        ):
-            tokens.setdefault(row.rollout_id, []).append(record(TrajectoryTokens, row))
-    out: dict[int, list[SampleResult]] = {}
-    for r in session.scalars(
-        select(Rollout).where(in_page).order_by(Rollout.task_index, Rollout.sample_index)
-    ):
-        trajectories = tokens.get(r.id, []) if include_trajectories else None
-        out.setdefault(r.task_index, []).append(
-            record(SampleResult, r, rollout_id=r.id, trajectories=trajectories)
-        )
-    return out
-
-
-# --------------------------------------------------------------------------------------------

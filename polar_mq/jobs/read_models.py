@@ -87,31 +87,63 @@ class TrajectoryTokens:
     response_ids: list[int]
     loss_mask: list[int]
     logprobs: list[float] | None
+    meta: dict[str, Any]
+    """What the builder recorded: call ids, policy_versions, finish reason, merge statistics."""
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyVersions:
+    """The policy versions that produced a rollout's tokens (several when weights changed)."""
+
+    min: int
+    max: int
+    versions: list[int]
+    """Distinct, ascending."""
 
 
 @dataclass(frozen=True, slots=True)
 class SampleResult:
+    """One member of a group: one rollout (which may hold several training samples)."""
+
+    group_id: str
     rollout_id: uuid.UUID
     sample_index: int
     status: str
     termination_reason: str | None
+    usable: bool
+    """Ended with an agent outcome and has a reward: counts in the group statistics."""
     reward: float | None
+    """Null for infrastructure failures (never a silent 0) and for rollouts not yet scored."""
+    advantage: float | None
+    """GRPO advantage when asked for (advantages=grpo), usable samples of complete groups only."""
     attempt: int
     n_llm_calls: int | None
+    policy_versions: PolicyVersions | None
+    """From the training samples of the current attempt; null before build."""
     trajectories: list[TrajectoryTokens] | None
     """Present only when asked for (include_trajectories)."""
 
 
 @dataclass(frozen=True, slots=True)
 class GroupResult:
+    group_id: str
+    """Stable id of the group: `<job id>:<task index>`."""
     task_index: int
     task: dict[str, Any]
     complete: bool
+    """Every rollout is terminal: the group will not change any more."""
+    incomplete: bool
+    """Complete, but with fewer usable samples than rollouts (infrastructure failures, or
+    rollouts the evaluator could not score): the trainer decides whether to train on the rest."""
     completed_at: datetime | None
     cursor: str
     """Resume position just after this group."""
-    n_scored: int
+    n_samples: int
+    n_usable: int
     mean_reward: float | None
+    """Over usable samples only."""
+    std_reward: float | None
+    """Population standard deviation over usable samples."""
     samples: list[SampleResult]
 
 
@@ -221,6 +253,10 @@ class LlmCallRecord:
     logprobs: list[float] | None
     request: dict[str, Any]
     response: dict[str, Any] | None
+    purpose: str
+    """`agent` (training data) or `judge` (an llm_judge scoring the rollout; never trained on)."""
+    attempt: int
+    """The rollout attempt that made the call; a restarted rollout trains on its last attempt's."""
 
 
 @dataclass(frozen=True, slots=True)

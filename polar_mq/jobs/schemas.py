@@ -7,12 +7,13 @@ failing rollouts.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from polar_mq.evaluators.registry import validate_evaluator_spec
 from polar_mq.harnesses import get_harness
+from polar_mq.runtimes.options import check_runtime_options
 from polar_mq.trajectories.registry import validate_builder_name
 
 MAX_TASKS = 100_000
@@ -40,18 +41,24 @@ class PrepareRecipe(StrictModel):
 
 
 class RuntimeSpec(StrictModel):
-    kind: str = Field("local", description="local (bwrap and docker follow)")
+    kind: Literal["local", "bwrap", "docker"] = Field("local", description="local | bwrap | docker")
+    image: str | None = Field(
+        None, min_length=1, max_length=500, description="docker: an image present on the nodes"
+    )
+    network: Literal["host", "none"] = Field(
+        "host", description="bwrap/docker: host (reaches the proxy) or none (no network at all)"
+    )
     memory_mb: int | None = Field(None, ge=16)
     cpu_seconds: int | None = Field(None, ge=1)
     max_open_files: int | None = Field(None, ge=16)
+    cpus: float | None = Field(None, gt=0, le=1024, description="docker: CPU quota in cores")
+    pids: int | None = Field(None, ge=8, le=1_000_000, description="bwrap/docker: max processes")
     prepare: PrepareRecipe = Field(default_factory=PrepareRecipe)
 
-    @field_validator("kind")
-    @classmethod
-    def _known_kind(cls, value: str) -> str:
-        if value != "local":
-            raise ValueError(f"unknown runtime kind {value!r}; known: local")
-        return value
+    @model_validator(mode="after")
+    def _options_fit_kind(self) -> RuntimeSpec:
+        check_runtime_options(self.model_dump(exclude={"prepare"}))
+        return self
 
 
 class TimeoutSpec(StrictModel):
@@ -59,6 +66,20 @@ class TimeoutSpec(StrictModel):
     inactivity_s: float | None = Field(None, gt=0, description="kill after N s without output")
     prepare_s: float = Field(300.0, gt=0)
     evaluate_s: float = Field(300.0, gt=0)
+    rollout_s: float | None = Field(
+        None, gt=0, description="wall clock for the whole rollout, counted from prepare"
+    )
+
+
+class RetrySpec(StrictModel):
+    """How often polar_mq retries infrastructure failures before giving a rollout up."""
+
+    max_attempts: int = Field(
+        3, ge=1, le=20, description="runs of a rollout from prepare (a lost worker costs one)"
+    )
+    stage_retries: int = Field(
+        3, ge=0, le=20, description="in-place retries of a stage that raised unexpectedly"
+    )
 
 
 class JobCreate(StrictModel):
@@ -67,9 +88,12 @@ class JobCreate(StrictModel):
     harness: HarnessSpec = Field(default_factory=lambda: HarnessSpec())
     runtime: RuntimeSpec = Field(default_factory=RuntimeSpec)
     evaluator: str | dict[str, Any] = Field("completed", description="name, {name, …}, or path")
-    builder: str = Field("per_call", description="per_call (prefix_merge follows)")
+    builder: str = Field(
+        "per_call", description="per_call, prefix_merge, or an import path 'package.module:attr'"
+    )
     sampling: dict[str, Any] = Field(default_factory=dict, description="temperature, max_tokens")
     timeouts: TimeoutSpec = Field(default_factory=TimeoutSpec)
+    retries: RetrySpec = Field(default_factory=RetrySpec)
     model: str | None = Field(None, description="model name the agent is told to use")
     pool: str | None = Field(
         None, pattern=r"^[A-Za-z0-9_-]{1,64}$", description="worker pool; default: the API's pool"

@@ -95,5 +95,5 @@ def create_job(session: Session, spec: JobCreate, default_pool: str) -> Submitte
         ],
     )
     for rollout_id in rollout_ids:
-        defer_publish(session, StageMessage(Stage.PREPARE, rollout_id, pool))
+        defer_publish(session, StageMessage(Stage.PREPARE, rollout_id, pool, attempt=1))
     return SubmittedJob(job.id, rollout_ids, created=True)

@@ -20,6 +20,12 @@ class EventKind:
     SKIPPED = "skipped"
     """A duplicate or stale message that found the stage already claimed or done."""
     CANCELLED = "cancelled"
+    RETRIED = "retried"
+    """A stage raised unexpectedly and was handed back to its queue with a backoff."""
+    REQUEUED = "requeued"
+    """The rollout starts over from prepare with attempt+1 (lost worker, failed agent stage)."""
+    REPUBLISHED = "republished"
+    """The sweeper re-sent the message of a rollout that waited too long with an empty queue."""
 
 
 class Event(Base):

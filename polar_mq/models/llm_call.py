@@ -3,6 +3,9 @@
 This is the fastest-growing table (one row per proxied request), so it is insert-only: no foreign
 key to check per row, no UPDATE ever, keyed by a call id the proxy generates so a replayed batch is
 idempotent. Retention or partitioning by `created_at` can be added without touching readers.
+
+`purpose` says who made the call: the agent (its calls become training samples) or a judge scoring
+the rollout (`llm_judge`; stored for audit, never trained on). It comes from the signed token.
 """
 
 from __future__ import annotations
@@ -41,3 +44,7 @@ class LlmCall(Base):
     latency_ms: Mapped[float] = mapped_column(Float)
     ttft_ms: Mapped[float | None] = mapped_column(Float)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    purpose: Mapped[str] = mapped_column(String(16), default="agent", server_default="agent")
+    attempt: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    """The rollout attempt that made the call: a restarted rollout builds from its own calls."""
+    """agent | judge (see polar_mq.tokens.PURPOSES)"""

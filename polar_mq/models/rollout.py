@@ -59,6 +59,7 @@ class Rollout(Base):
     __table_args__ = (
         Index("ix_rollouts_job_status", "job_id", "status"),
         Index("ix_rollouts_job_task", "job_id", "task_index", "sample_index"),
+        Index("ix_rollouts_status_lease", "status", "lease_expires_at"),
     )
 
     id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)

@@ -1,7 +1,8 @@
 """The token-capturing, OpenAI-compatible proxy in front of the inference engines.
 
-Hot path: `app` (routes) -> `auth` -> `body` -> `engines.vllm` (rewrite, extract, strip) ->
-`capture` (forward, stream relay) -> `writer` (enqueue only; a thread writes to the database).
+Hot path: `app` (routes) -> `auth` -> `body` -> `engines.<engine>` (rewrite, extract, strip) ->
+`backends` (pick a backend, retry before the first byte) -> `capture` (forward, stream relay) ->
+`writer` (enqueue only; a thread writes batches to the database, spilling to disk when it is down).
 """
 
 from polar_mq.proxy.app import create_proxy_app

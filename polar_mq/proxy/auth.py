@@ -4,6 +4,8 @@ The capability token reaches us as the agent's API key (`Authorization: Bearer`,
 for Anthropic-style clients) or inside its base URL (`/r/{token}/v1/...`, for harnesses whose API
 key we cannot set). Verification is an HMAC, no database round trip; verified tokens are cached
 (their expiry is still checked on every call) so the hot path does not re-hash on each request.
+The claim also carries the token's signed purpose (`agent` or `judge`), which the proxy stamps on
+the call it logs so judge calls never reach the training samples.
 """
 
 from __future__ import annotations

@@ -41,10 +41,14 @@ PG_ARRAY_TYPES = {
     "latency_ms": "float8",
     "ttft_ms": "float8",
     "created_at": "timestamptz",
+    "purpose": "text",
+    "attempt": "int4",
 }
 """Every `llm_calls` column and the array type it travels in (a test keeps it in sync)."""
 
 _JSON_COLUMNS = ("request", "response")
+_MISSING = {"purpose": "agent", "attempt": 1}
+"""Values of columns a row may lack (rows spilled by an older proxy, before the column existed)."""
 _PACKERS = {"prompt_ids": pack_int32, "completion_ids": pack_int32, "logprobs": pack_float32}
 _YIELD_EVERY = 32
 """Rows packed between GIL releases, so the event loop never waits a whole switch interval."""
@@ -72,7 +76,7 @@ def pg_columns(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
     columns: dict[str, list[Any]] = {name: [] for name in PG_ARRAY_TYPES}
     for i, row in enumerate(rows):
         for name, values in columns.items():
-            value = row.get(name)
+            value = row.get(name, _MISSING.get(name))
             if name in _JSON_COLUMNS:
                 value = _json_or_none(value)
             elif name in _PACKERS and value is not None:

@@ -19,7 +19,7 @@ import orjson
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from polar_mq.proxy.engines.vllm import StreamCapture, extract_response, strip, visible
+from polar_mq.proxy.backends import BackendUnavailable, send_call
 from polar_mq.proxy.errors import bad_gateway
 from polar_mq.proxy.record import CallContext, call_row
 from polar_mq.proxy.sse import SseRelay
@@ -27,7 +27,6 @@ from polar_mq.proxy.state import ProxyState
 
 logger = logging.getLogger(__name__)
 
-UPSTREAM_HEADERS = {"content-type": "application/json", "accept-encoding": "identity"}
 STATUS_CLIENT_GONE = 499
 RAW_ERROR_MAX = 4096
 
@@ -43,17 +42,18 @@ def _error_document(raw: bytes) -> dict[str, Any]:
 
 def upstream_failed(state: ProxyState, call: CallContext, exc: Exception) -> Response:
     """502 for an upstream we could not reach or that broke off; the call is still logged."""
-    logger.warning("upstream %s failed: %r", state.backend, exc)
+    logger.warning("upstream %s failed: %r", call.backend, exc)
     message = f"upstream inference server unavailable ({type(exc).__name__})"
     row = call_row(
         call,
-        state.backend,
+        call.backend,
         status_code=502,
         complete=False,
         response={"error": message},
         capture=None,
     )
     state.sink.submit(row)
+    state.metrics.observe(row, None)
     return bad_gateway(message)
 
 
@@ -63,39 +63,28 @@ def _passthrough(
     """Upstream said no (4xx/5xx): the agent gets exactly that; we log it as an incomplete call."""
     row = call_row(
         call,
-        state.backend,
+        call.backend,
         status_code=status,
         complete=False,
         response=_error_document(raw),
         capture=None,
     )
     state.sink.submit(row)
+    state.metrics.observe(row, None)
     return Response(raw, status, headers={"content-type": ctype})
 
 
-async def send_upstream(state: ProxyState, url: httpx.URL, body: dict[str, Any]) -> httpx.Response:
-    """POST `body` through the shared client's connection pool, minus the client's per-request work.
-
-    `client.build_request` re-parses the URL on every call and `client.send` adds cookie, hook and
-    redirect handling: together more CPU than the rest of the hot path. A prepared URL and the
-    client's own transport do the same HTTP exchange (timeouts travel in the request extensions).
-    """
-    request = httpx.Request(
-        "POST", url, content=orjson.dumps(body), headers=UPSTREAM_HEADERS, extensions=state.timeouts
-    )
-    response = await state.transport.handle_async_request(request)
-    response.request = request
-    return response
-
-
 async def forward_json(
-    state: ProxyState, call: CallContext, url: httpx.URL, upstream_body: dict[str, Any]
+    state: ProxyState, call: CallContext, path: str, upstream_body: dict[str, Any]
 ) -> Response:
+    sent = time.perf_counter()
     try:
-        upstream = await send_upstream(state, url, upstream_body)
-        await upstream.aread()
+        upstream = await send_call(state.backends, call, path, upstream_body, read=True)
     except httpx.HTTPError as exc:
         return upstream_failed(state, call, exc)
+    except BackendUnavailable as exc:  # paused past the bound, or no backend up: retryable 503
+        return state.metrics.refused(call.api_type, exc.response())
+    upstream_s = time.perf_counter() - sent
     raw = upstream.content
     ctype = upstream.headers.get("content-type", "application/json")
     if not 200 <= upstream.status_code < 300:
@@ -106,27 +95,32 @@ async def forward_json(
         data = None
     if not isinstance(data, dict):
         return _passthrough(state, call, upstream.status_code, raw, ctype)
-    capture = extract_response(call.api_type, data)
+    capture = state.engine.extract_response(call.api_type, data)
     row = call_row(
         call,
-        state.backend,
+        call.backend,
         status_code=upstream.status_code,
         complete=True,
         response=data,
         capture=capture,
     )
     state.sink.submit(row)
-    body = orjson.dumps(visible(data, call.view))
-    return Response(body, upstream.status_code, media_type="application/json")
+    body = orjson.dumps(state.engine.visible(data, call.view))
+    response = Response(body, upstream.status_code, media_type="application/json")
+    state.metrics.observe(row, time.perf_counter() - call.started - upstream_s, upstream_s)
+    return response
 
 
 async def forward_stream(
-    state: ProxyState, call: CallContext, url: httpx.URL, upstream_body: dict[str, Any]
+    state: ProxyState, call: CallContext, path: str, upstream_body: dict[str, Any]
 ) -> Response:
+    sent = time.perf_counter()
     try:
-        upstream = await send_upstream(state, url, upstream_body)
+        upstream = await send_call(state.backends, call, path, upstream_body, read=False)
     except httpx.HTTPError as exc:
         return upstream_failed(state, call, exc)
+    except BackendUnavailable as exc:
+        return state.metrics.refused(call.api_type, exc.response())
     if not 200 <= upstream.status_code < 300:
         try:
             raw = await upstream.aread()
@@ -136,7 +130,8 @@ async def forward_stream(
             await upstream.aclose()
         ctype = upstream.headers.get("content-type", "application/json")
         return _passthrough(state, call, upstream.status_code, raw, ctype)
-    return CapturedStream(state, call, upstream)
+    added_s = sent - call.started  # what the proxy adds before the first byte
+    return CapturedStream(state, call, upstream, added_s)
 
 
 async def _wait_for_disconnect(receive: Receive) -> None:
@@ -147,7 +142,13 @@ async def _wait_for_disconnect(receive: Receive) -> None:
 class CapturedStream(Response):
     """An ASGI response that relays an upstream SSE stream and logs the capture exactly once."""
 
-    def __init__(self, state: ProxyState, call: CallContext, upstream: httpx.Response) -> None:
+    def __init__(
+        self,
+        state: ProxyState,
+        call: CallContext,
+        upstream: httpx.Response,
+        added_s: float | None = None,
+    ) -> None:
         self.status_code = upstream.status_code
         self.background = None
         ctype = upstream.headers.get("content-type", "text/event-stream")
@@ -158,7 +159,9 @@ class CapturedStream(Response):
         self._state = state
         self._call = call
         self._upstream = upstream
-        self._capture = StreamCapture(call.api_type)
+        self._capture = state.engine.stream_capture(call.api_type)
+        self._strip = state.engine.strip
+        self._added_s = added_s
         self._relay = SseRelay(self._on_event)
         self._first_token_at: float | None = None
         self._started = False
@@ -169,7 +172,7 @@ class CapturedStream(Response):
     def _on_event(self, chunk: dict[str, Any]) -> None:
         if self._capture.feed(chunk):
             self._first_token_at = time.perf_counter()
-        strip(chunk, self._call.view, copy_choices=False)
+        self._strip(chunk, self._call.view, False)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         pump = asyncio.ensure_future(self._pump(send))
@@ -204,7 +207,7 @@ class CapturedStream(Response):
                     await send({"type": "http.response.body", "body": out, "more_body": True})
             tail = self._relay.flush()
         except httpx.HTTPError as exc:
-            logger.warning("upstream %s broke off a stream: %r", self._state.backend, exc)
+            logger.warning("upstream %s broke off a stream: %r", self._call.backend, exc)
             self._status = 502
             error = {
                 "message": "upstream inference server broke off the stream",
@@ -235,7 +238,7 @@ class CapturedStream(Response):
         )
         row = call_row(
             self._call,
-            self._state.backend,
+            self._call.backend,
             status_code=self._status,
             complete=complete,
             response=capture.summary(),
@@ -243,3 +246,4 @@ class CapturedStream(Response):
             first_token_at=self._first_token_at,
         )
         self._state.sink.submit(row)
+        self._state.metrics.observe(row, self._added_s)

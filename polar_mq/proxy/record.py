@@ -14,10 +14,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from polar_mq.proxy.engines.vllm import Capture, View
+from polar_mq.tokens import AGENT
 
 SEQ_ROLLOUTS_MAX = 100_000
-POLICY_VERSION = 0
-"""Stamped on every call until weight-update support (pause/resume, per-backend version) lands."""
 
 
 class SeqCounter:
@@ -53,6 +52,14 @@ class CallContext:
     view: View
     started: float
     created_at: datetime
+    purpose: str = AGENT
+    """From the token: `judge` calls are logged but never become training samples."""
+    backend: str = ""
+    """Name of the backend that served the call (set when the pool routes it)."""
+    policy_version: int = 0
+    """That backend's policy version when the call was dispatched."""
+    attempt: int = 1
+    """The rollout attempt the token was issued for (1 for tokens without one)."""
 
 
 def new_call(
@@ -62,6 +69,8 @@ def new_call(
     request: dict[str, Any],
     upstream_body: dict[str, Any],
     view: View,
+    purpose: str = AGENT,
+    attempt: int | None = None,
 ) -> CallContext:
     model = upstream_body.get("model")
     return CallContext(
@@ -74,6 +83,8 @@ def new_call(
         view=view,
         started=time.perf_counter(),
         created_at=datetime.now(UTC),
+        purpose=purpose,
+        attempt=attempt or 1,
     )
 
 
@@ -98,7 +109,7 @@ def call_row(
         "model": call.model,
         "api_type": call.api_type,
         "stream": call.stream,
-        "policy_version": POLICY_VERSION,
+        "policy_version": call.policy_version,
         "status_code": status_code,
         "complete": complete,
         "request": call.request,
@@ -110,4 +121,6 @@ def call_row(
         "latency_ms": (time.perf_counter() - call.started) * 1000.0,
         "ttft_ms": None if first_token_at is None else (first_token_at - call.started) * 1000.0,
         "created_at": call.created_at,
+        "purpose": call.purpose,
+        "attempt": call.attempt,
     }

@@ -6,13 +6,15 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
+from polar_mq.proxy.abort import unless_client_leaves
 from polar_mq.proxy.auth import admin_allowed
 from polar_mq.proxy.body import read_json_object
 from polar_mq.proxy.capture import forward_json, forward_stream
-from polar_mq.proxy.engines.vllm import CHAT, COMPLETIONS, rewrite_request
+from polar_mq.proxy.engines.base import CHAT, COMPLETIONS
 from polar_mq.proxy.errors import bad_gateway, unauthorized
 from polar_mq.proxy.record import new_call
 from polar_mq.proxy.state import ProxyState
+from polar_mq.proxy.writer import CallsNotStored
 
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
@@ -28,17 +30,19 @@ async def _generate(request: Request, api_type: str, path: str) -> Response:
     state: ProxyState = request.app.state.proxy
     claim = state.auth.authenticate(request)
     if isinstance(claim, str):
-        return unauthorized(claim)
+        return state.metrics.refused(api_type, unauthorized(claim))
     body = await read_json_object(request, state.max_body_bytes)
     if isinstance(body, Response):
-        return body
-    upstream_body, view = rewrite_request(api_type, body, state.served_model)
+        return state.metrics.refused(api_type, body)
+    upstream_body, view = state.engine.rewrite_request(api_type, body, state.served_model)
     seq = state.seqs.next(claim.rollout_id)
-    call = new_call(claim.rollout_id, seq, api_type, body, upstream_body, view)
-    url = state.urls[path]
+    call = new_call(
+        claim.rollout_id, seq, api_type, body, upstream_body, view, claim.purpose, claim.attempt
+    )
     if call.stream:
-        return await forward_stream(state, call, url, upstream_body)
-    return await forward_json(state, call, url, upstream_body)
+        return await forward_stream(state, call, path, upstream_body)
+    forward = forward_json(state, call, path, upstream_body)
+    return await unless_client_leaves(state, call, request.receive, forward)
 
 
 async def chat_completions(request: Request) -> Response:
@@ -59,7 +63,7 @@ async def models(request: Request) -> Response:
         card = {"id": state.served_model, "object": "model", "created": 0, "owned_by": "polar_mq"}
         return _json({"object": "list", "data": [card]})
     try:
-        upstream = await state.client.get("/v1/models")
+        upstream = await state.backends.primary.client.get("/v1/models")
     except Exception as exc:  # httpx errors: the agent only needs to know it failed
         return bad_gateway(f"upstream inference server unavailable ({type(exc).__name__})")
     ctype = upstream.headers.get("content-type", "application/json")
@@ -75,5 +79,9 @@ async def admin_flush(request: Request) -> Response:
     state: ProxyState = request.app.state.proxy
     if not admin_allowed(request, state.admin_token):
         return unauthorized("admin token required")
-    written = await state.sink.flush()
+    try:
+        written = await state.sink.flush()
+    except CallsNotStored as exc:  # spilled rows not replayed yet: never report them stored
+        error = {"message": str(exc), "type": "service_unavailable", "code": "calls_not_stored"}
+        return _json({"error": error, **state.sink.stats()}, 503)
     return _json({**state.sink.stats(), "written": written})

@@ -2,30 +2,27 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
-import httpx
+from dataclasses import dataclass, field
 
 from polar_mq.proxy.auth import RolloutAuth
+from polar_mq.proxy.backends import BackendPool
+from polar_mq.proxy.engines import vllm
+from polar_mq.proxy.engines.base import Engine
+from polar_mq.proxy.metrics import ProxyMetrics
 from polar_mq.proxy.record import SeqCounter
 from polar_mq.proxy.writer import CallSink
 
 
 @dataclass(slots=True)
 class ProxyState:
-    client: httpx.AsyncClient
-    """One pooled client for every upstream call (never one per request)."""
-    transport: httpx.AsyncBaseTransport
-    """The client's transport (its connection pool), which the hot path calls directly."""
-    timeouts: dict[str, Any]
-    """Request extensions carrying the upstream timeouts."""
-    urls: dict[str, httpx.URL]
-    """Upstream URL per API path, parsed once (URL parsing is costly in httpx)."""
+    backends: BackendPool
+    """The upstreams, each with its pooled client; calls go through `backends.send_call`."""
     sink: CallSink
     auth: RolloutAuth
     seqs: SeqCounter
-    backend: str
     served_model: str | None
     max_body_bytes: int
     admin_token: str | None
+    engine: Engine = vllm
+    """Token capture of the upstream engine (`engines.get_engine(settings.upstream_engine)`)."""
+    metrics: ProxyMetrics = field(default_factory=ProxyMetrics)

@@ -1,12 +1,16 @@
 """Call logging off the request path: the request only enqueues a dict; a thread writes batches.
 
-`DbCallWriter` keeps a bounded queue (a full queue drops and counts, it never blocks a request), and
-one background thread with its own engine turns up to `batch_size` rows, or whatever arrived within
-`flush_interval_s`, into one multi-row `INSERT ... ON CONFLICT (id) DO NOTHING` (`call_insert`; the
-conflict clause makes a replayed batch idempotent). A database outage is
-retried with exponential backoff until it ends (or the writer is closing); a row the database
-refuses is isolated and counted as failed, so one bad row never blocks the others.
-Later: spill to a local durable buffer while the database is down (SPEC §4).
+`DbCallWriter` keeps a bounded queue (a full queue drops and counts, it never blocks a request),
+and one background thread with its own engine turns up to `batch_size` rows, or whatever arrived
+within `flush_interval_s`, into one multi-row `INSERT ... ON CONFLICT (id) DO NOTHING`
+(`call_insert`). Where a batch goes when the database is down is `call_store`'s business: with a
+spill directory it lands in a local durable buffer (`spill`) and is replayed exactly once when the
+database is back, also after a restart; without one it is retried in place.
+
+`flush()` returns only when every row submitted before it is committed to the database: rows
+that sit in the spill buffer are not stored yet, so flush keeps waiting for the replay and, after
+`flush_timeout_s`, raises `CallsNotStored` (the proxy answers 503, so the run-agent stage never
+builds a trajectory from a partial set of calls).
 """
 
 from __future__ import annotations
@@ -17,62 +21,32 @@ import logging
 import queue
 import threading
 import time
-from typing import Any, Protocol, cast
+from pathlib import Path
+from typing import Any, cast
 
 import orjson
 from sqlalchemy import Engine
-from sqlalchemy.exc import InterfaceError, OperationalError
-from tenacity import RetryCallState, Retrying, retry_if_exception_type, wait_exponential_jitter
 
 from polar_mq.config import Settings
 from polar_mq.db import create_db_engine
-from polar_mq.proxy.call_insert import CallInserter
+from polar_mq.proxy.call_store import CallStore
+from polar_mq.proxy.sink import CallSink, MemoryCallSink
+from polar_mq.proxy.spill import SpillBuffer
 
 logger = logging.getLogger(__name__)
 
-TRANSIENT = (OperationalError, InterfaceError)
+__all__ = ["CallSink", "CallsNotStored", "DbCallWriter", "MemoryCallSink"]
+
 _WAKE = object()
 _STOP = object()
 _Waiter = tuple[int, asyncio.AbstractEventLoop, "asyncio.Future[None]"]
-"""A flush() waiting for the writer to have processed that many rows."""
+"""A flush() waiting for the writer to have stored that many rows."""
+PG_CONNECT_ARGS = {"connect_timeout": 5, "keepalives_idle": 5, "keepalives_interval": 2}
+"""An unreachable database must fail a write in seconds (then rows spill), never hang it."""
 
 
-class CallSink(Protocol):
-    """Where the proxy puts call rows. `submit` runs on the event loop and must never block."""
-
-    async def start(self) -> None: ...
-
-    def submit(self, row: dict[str, Any]) -> None: ...
-
-    async def flush(self) -> int:
-        """Wait until every row submitted before this call is stored; return rows written."""
-        ...
-
-    async def close(self) -> None: ...
-
-    def stats(self) -> dict[str, int]: ...
-
-
-class MemoryCallSink:
-    """Keeps rows in a list: for tests and for benchmarks that leave the database out."""
-
-    def __init__(self) -> None:
-        self.rows: list[dict[str, Any]] = []
-
-    async def start(self) -> None:
-        return None
-
-    def submit(self, row: dict[str, Any]) -> None:
-        self.rows.append(row)
-
-    async def flush(self) -> int:
-        return len(self.rows)
-
-    async def close(self) -> None:
-        return None
-
-    def stats(self) -> dict[str, int]:
-        return {"written": len(self.rows), "dropped": 0, "failed": 0, "pending": 0}
+class CallsNotStored(RuntimeError):
+    """flush() timed out (or the writer stopped) with rows not yet in the database."""
 
 
 class DbCallWriter:
@@ -88,6 +62,10 @@ class DbCallWriter:
         queue_max: int = 100_000,
         retry_max_wait_s: float = 5.0,
         close_timeout_s: float = 10.0,
+        spill_dir: Path | None = None,
+        spill_max_bytes: int = 1 << 30,
+        spill_after_s: float = 1.0,
+        flush_timeout_s: float = 20.0,
     ) -> None:
         if (database_url is None) == (engine is None):
             raise ValueError("give exactly one of database_url or engine")
@@ -96,18 +74,20 @@ class DbCallWriter:
         self._batch_size = batch_size
         self._interval = flush_interval_s
         self._retry_max_wait = retry_max_wait_s
+        self._spill_after = spill_after_s
         self._close_timeout = close_timeout_s
+        self._flush_timeout = flush_timeout_s
+        self._spill = SpillBuffer(spill_dir, spill_max_bytes) if spill_dir is not None else None
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=queue_max)
         self._lock = threading.Lock()
         self._waiters: list[_Waiter] = []
         self._thread: threading.Thread | None = None
+        self._store: CallStore | None = None
         self._closing = False
         self._give_up_at: float | None = None
         self._submitted = 0
         self._done = 0
-        self._written = 0
         self._dropped = 0
-        self._failed = 0
 
     @classmethod
     def from_settings(cls, settings: Settings) -> DbCallWriter:
@@ -116,10 +96,16 @@ class DbCallWriter:
             batch_size=settings.log_batch_size,
             flush_interval_s=settings.log_flush_interval_s,
             queue_max=settings.log_queue_max,
+            spill_dir=settings.proxy_spill_path,
+            spill_max_bytes=settings.proxy_spill_max_bytes,
+            flush_timeout_s=settings.proxy_flush_timeout_s,
         )
 
     async def start(self) -> None:
+        """Open the spill directory (a locked one fails here, loudly) and start the thread."""
         if self._thread is None:
+            if self._spill is not None:
+                self._spill.open()
             self._thread = threading.Thread(target=self._run, name="call-writer", daemon=True)
             self._thread.start()
 
@@ -137,21 +123,32 @@ class DbCallWriter:
         self._submitted += 1
 
     async def flush(self) -> int:
+        """Wait until the rows submitted so far are committed; `CallsNotStored` on timeout."""
         target = self._submitted
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
+        waiter = (target, loop, future)
         with self._lock:
-            if self._done >= target:
-                return self._written
-            self._waiters.append((target, loop, future))
+            if self._ready(target):
+                return self.written
+            self._waiters.append(waiter)
         if self._thread is None or not self._thread.is_alive():
-            raise RuntimeError("the call writer is not running")
+            with self._lock:
+                self._waiters.remove(waiter)
+            raise CallsNotStored("the call writer is not running")
         self._poke()
-        await future
-        return self._written
+        try:
+            await asyncio.wait_for(future, self._flush_timeout)
+        except TimeoutError:
+            with self._lock:
+                if waiter in self._waiters:
+                    self._waiters.remove(waiter)
+            raise CallsNotStored(self._not_stored_message()) from None
+        return self.written
 
     async def close(self) -> None:
-        """Write what is queued (giving up on an unreachable database after `close_timeout_s`)."""
+        """Store what is queued (spilled if the database is down; lost after `close_timeout_s`
+        only when there is no spill directory), then stop the thread."""
         if self._closing:
             return
         self._closing = True
@@ -168,13 +165,37 @@ class DbCallWriter:
     def pending(self) -> int:
         return self._submitted - self._done
 
+    @property
+    def written(self) -> int:
+        return self._store.written if self._store else 0
+
     def stats(self) -> dict[str, int]:
+        """Counters since start; `spilled_rows`/`spill_bytes` are what waits on disk now."""
+        store = self._store
+        spill = self._spill
         return {
-            "written": self._written,
+            "queued": self.pending,
+            "written": self.written,
+            "spilled_rows": spill.rows if spill else 0,
+            "spill_bytes": spill.bytes if spill else 0,
+            "spilled_total": spill.spilled_total if spill else 0,
+            "replayed": store.replayed if store else 0,
             "dropped": self._dropped,
-            "failed": self._failed,
-            "pending": self.pending,
+            "dropped_overflow": spill.dropped_rows if spill else 0,
+            "failed": store.failed if store else 0,
         }
+
+    def _ready(self, target: int) -> bool:
+        backlog = self._store.backlog if self._store else (self._spill.rows if self._spill else 0)
+        return self._done >= target and backlog == 0
+
+    def _not_stored_message(self) -> str:
+        s = self.stats()
+        return (
+            f"call rows not yet in the database after {self._flush_timeout:g}s: "
+            f"{s['spilled_rows']} spilled to disk awaiting replay, {s['queued']} queued "
+            "(database unreachable?)"
+        )
 
     def _poke(self) -> None:
         """Cut the current batch's wait short so a flush does not wait for the interval."""
@@ -186,31 +207,56 @@ class DbCallWriter:
     def _run(self) -> None:
         engine: Engine | None = None
         try:
-            engine = self._engine or create_db_engine(
-                cast(str, self._url),
-                pool_size=1,
-                max_overflow=0,
-                json_serializer=lambda obj: orjson.dumps(obj).decode(),
+            engine = self._engine or self._create_engine(cast(str, self._url))
+            store = CallStore(
+                engine,
+                self._spill,
+                batch_size=self._batch_size,
+                retry_max_wait_s=self._retry_max_wait,
+                spill_after_s=self._spill_after,
+                closing=self._should_give_up,
             )
-            inserter = CallInserter(engine)
+            self._store = store
             stop = False
             while not stop:
-                batch, stop = self._collect()
+                batch, stop = self._collect(store.wait_hint())
                 if batch:
-                    self._write(engine, inserter, batch)
+                    store.store(batch)
                 self._mark_done(len(batch))
+                if not stop and store.replay():
+                    self._mark_done(0)
         except BaseException:  # pragma: no cover - a bug here must not hang flush() forever
             logger.exception("call writer thread crashed")
             raise
         finally:
+            if self._spill is not None:
+                self._spill.close()
             if engine is not None and self._engine is None:
                 engine.dispose()
             self._mark_done(0, release_all=True)
 
-    def _collect(self) -> tuple[list[dict[str, Any]], bool]:
-        """The next batch, and whether the writer was asked to stop after it."""
+    def _create_engine(self, url: str) -> Engine:
+        postgres = url.startswith("postgresql")
+        return create_db_engine(
+            url,
+            pool_size=1,
+            max_overflow=0,
+            json_serializer=lambda obj: orjson.dumps(obj).decode(),
+            **({"connect_args": PG_CONNECT_ARGS} if postgres else {}),
+        )
+
+    def _collect(self, first_wait: float | None) -> tuple[list[dict[str, Any]], bool]:
+        """The next batch, and whether the writer was asked to stop after it.
+
+        Blocks up to `first_wait` for a first row (None: until one comes); while spilled rows
+        wait for replay it never lingers for more rows, so the replay is not held up.
+        """
         batch: list[dict[str, Any]] = []
-        item = self._queue.get()
+        try:
+            item = self._queue.get() if first_wait is None else self._queue.get(timeout=first_wait)
+        except queue.Empty:
+            return batch, False
+        linger = self._interval if first_wait is None else 0.0
         deadline: float | None = None
         while True:
             if item is _STOP:
@@ -226,7 +272,7 @@ class DbCallWriter:
             except queue.Empty:
                 pass
             if deadline is None:
-                deadline = time.monotonic() + self._interval
+                deadline = time.monotonic() + linger
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return batch, False
@@ -235,57 +281,30 @@ class DbCallWriter:
             except queue.Empty:
                 return batch, False
 
-    def _write(self, engine: Engine, inserter: CallInserter, rows: list[dict[str, Any]]) -> None:
-        retrying = Retrying(
-            retry=retry_if_exception_type(TRANSIENT),
-            wait=wait_exponential_jitter(initial=0.05, max=self._retry_max_wait),
-            stop=self._should_give_up,
-            before_sleep=_log_retry,
-            reraise=True,
-        )
-        try:
-            retrying(_insert, engine, inserter, rows)
-        except TRANSIENT:
-            self._failed += len(rows)
-            logger.error("database unreachable while closing: %d call rows lost", len(rows))
-            return
-        except Exception:
-            if len(rows) > 1:  # isolate the row(s) the database refuses
-                for row in rows:
-                    self._write(engine, inserter, [row])
-                return
-            self._failed += 1
-            logger.exception("call row %s refused by the database; dropped", rows[0].get("id"))
-            return
-        self._written += len(rows)
-
-    def _should_give_up(self, state: RetryCallState) -> bool:
+    def _should_give_up(self) -> bool:
         return self._give_up_at is not None and time.monotonic() >= self._give_up_at
 
     def _mark_done(self, n: int, release_all: bool = False) -> None:
         with self._lock:
             self._done += n
-            done = self._done
-            ready: list[_Waiter] = []
+            ready: list[tuple[_Waiter, BaseException | None]] = []
             waiting: list[_Waiter] = []
             for waiter in self._waiters:
-                (ready if release_all or waiter[0] <= done else waiting).append(waiter)
+                if self._ready(waiter[0]):
+                    ready.append((waiter, None))
+                elif release_all:
+                    ready.append((waiter, CallsNotStored(self._not_stored_message())))
+                else:
+                    waiting.append(waiter)
             self._waiters = waiting
-        for _, loop, future in ready:
+        for (_, loop, future), error in ready:
             with contextlib.suppress(RuntimeError):  # that loop is closed: nobody waits
-                loop.call_soon_threadsafe(_resolve, future)
+                loop.call_soon_threadsafe(_resolve, future, error)
 
 
-def _insert(engine: Engine, inserter: CallInserter, rows: list[dict[str, Any]]) -> None:
-    with engine.begin() as conn:
-        inserter.insert(conn, rows)
-
-
-def _resolve(future: asyncio.Future[None]) -> None:
+def _resolve(future: asyncio.Future[None], error: BaseException | None) -> None:
     if not future.done():
-        future.set_result(None)
-
-
-def _log_retry(state: RetryCallState) -> None:
-    exc = state.outcome.exception() if state.outcome else None
-    logger.warning("call log write failed (attempt %d), retrying: %s", state.attempt_number, exc)
+        if error is None:
+            future.set_result(None)
+        else:
+            future.set_exception(error)

@@ -49,7 +49,14 @@ class StreamingASGITransport(httpx.AsyncBaseTransport):
                 await queue.put(_END)
 
         task = asyncio.create_task(run())
-        start = await queue.get()
+        try:
+            start = await queue.get()
+        except asyncio.CancelledError:
+            # The caller gave up before the response started: hang up, and cancel the app the way
+            # vLLM's API server cancels a request handler whose client disconnected.
+            disconnected.set()
+            task.cancel()
+            raise
         if start["type"] != "http.response.start":
             await task  # raises the app's exception, if any
             raise RuntimeError("the ASGI app ended without a response")

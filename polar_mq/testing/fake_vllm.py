@@ -52,6 +52,8 @@ class FakeStats:
     last_request: dict[str, Any] | None = None
     streams_finished: int = 0
     streams_aborted: int = 0
+    generations_cancelled: int = 0
+    """Non-streaming generations abandoned by the caller before they finished."""
 
 
 class FakeVllm:
@@ -146,7 +148,11 @@ class FakeVllm:
     async def _wait(self, n_tokens: int) -> None:
         delay = self.ttft_s + self.token_delay_s * max(n_tokens - 1, 0)
         if delay > 0:
-            await asyncio.sleep(delay)
+            try:
+                await asyncio.sleep(delay)
+            except asyncio.CancelledError:
+                self.stats.generations_cancelled += 1
+                raise
 
     def _stream(self, chunks: Iterator[dict[str, Any]]) -> Response:
         return StreamingResponse(self._sse(chunks), media_type="text/event-stream")

@@ -7,8 +7,9 @@ from typing import cast
 
 from polar_mq.trajectories.base import Builder
 from polar_mq.trajectories.per_call import PerCallBuilder
+from polar_mq.trajectories.prefix_merge import PrefixMergeBuilder
 
-BUILTIN: dict[str, type] = {"per_call": PerCallBuilder}
+BUILTIN: dict[str, type] = {"per_call": PerCallBuilder, "prefix_merge": PrefixMergeBuilder}
 
 
 def get_builder(name: str) -> Builder:

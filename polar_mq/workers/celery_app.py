@@ -7,14 +7,17 @@ long ones. Effects are made exactly-once by the compare-and-set transitions of t
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
 from celery import Celery
+from kombu.exceptions import ChannelError
 
 from polar_mq.config import Settings
 from polar_mq.workers.routing import StageMessage, queue_name
 
+log = logging.getLogger(__name__)
 EMBEDDED_PREFIX = "sqla+"
 
 
@@ -61,9 +64,31 @@ def publish_messages(app: PolarCelery, messages: Sequence[StageMessage]) -> None
     prefix = app.polar_settings.queue_prefix
     with app.producer_or_acquire() as producer:
         for msg in messages:
+            kwargs: dict[str, Any] = {}
+            if msg.attempt is not None:
+                kwargs["attempt"] = msg.attempt
+            if msg.retries:
+                kwargs["retries"] = msg.retries
             app.send_task(
                 msg.stage.task_name,
                 args=[str(msg.rollout_id)],
+                kwargs=kwargs,
                 queue=queue_name(prefix, msg.stage, msg.pool, msg.node),
                 producer=producer,
+                countdown=msg.countdown,
             )
+
+
+def queue_depth(app: PolarCelery, queue: str) -> int | None:
+    """Messages waiting in `queue` (0 if it does not exist); None if the broker is unreachable."""
+    try:
+        with app.connection_for_read() as conn:
+            conn.ensure_connection(max_retries=1)
+            channel = conn.default_channel
+            try:
+                return int(channel.queue_declare(queue=queue, passive=True).message_count)
+            except ChannelError:
+                return 0
+    except Exception:
+        log.warning("cannot read the depth of queue %s", queue, exc_info=True)
+        return None

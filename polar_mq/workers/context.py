@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from polar_mq.config import Settings
 from polar_mq.db import create_db_engine, make_session_factory
+from polar_mq.workers.leases import LeaseKeeper
 from polar_mq.workers.outbox import Publisher, attach_publisher
 from polar_mq.workers.spec_cache import SpecCache
 
@@ -35,6 +36,10 @@ class WorkerContext:
         factory = make_session_factory(engine)
         attach_publisher(factory, self.publisher)
         return factory
+
+    @cached_property
+    def leases(self) -> LeaseKeeper:
+        return LeaseKeeper(self.session_factory, self.settings.lease_s)
 
     @cached_property
     def spec_cache(self) -> SpecCache:

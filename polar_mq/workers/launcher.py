@@ -7,6 +7,7 @@ is starting the same command on more nodes.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -17,6 +18,8 @@ from dataclasses import dataclass
 
 from polar_mq.config import Settings
 from polar_mq.workers.routing import Stage, queue_name
+
+log = logging.getLogger(__name__)
 
 DEFAULT_CONCURRENCY = {
     Stage.PREPARE: 2,
@@ -86,14 +89,27 @@ def plan_workers(
     ]
 
 
-def spawn(
-    workers: Sequence[StageWorker], env: Mapping[str, str] | None = None
-) -> list[subprocess.Popen[bytes]]:
-    return [subprocess.Popen(w.argv(), env=dict(env or os.environ)) for w in workers]
+def spawn_one(worker: StageWorker, env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(worker.argv(), env=dict(env or os.environ))
 
 
-def supervise(procs: Sequence[subprocess.Popen[bytes]]) -> int:
-    """Run until a signal or a child exits; then stop all children warmly (SIGTERM) and wait."""
+RESTART_BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
+HEALTHY_AFTER_S = 60.0
+"""A worker that stayed up this long has its restart backoff reset."""
+
+
+def supervise(
+    workers: Sequence[StageWorker],
+    env: Mapping[str, str] | None = None,
+    poll_s: float = 0.2,
+) -> int:
+    """Run the stage workers until SIGTERM/SIGINT, restarting any that exits on its own.
+
+    A Celery worker can die on its own (an unrecoverable broker error, an OOM kill, kill -9);
+    its unacked messages are redelivered or recovered by the sweeper, and a fresh process takes
+    its place after a backoff, so a node keeps serving every stage. On a signal, every worker gets
+    SIGTERM (Celery's warm shutdown: running stages finish) and is waited for.
+    """
     stopping = False
 
     def _stop(signum: int, _frame: object) -> None:
@@ -102,13 +118,29 @@ def supervise(procs: Sequence[subprocess.Popen[bytes]]) -> int:
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    code = 0
+    procs = [spawn_one(w, env) for w in workers]
+    started = [time.monotonic()] * len(procs)
+    failures = [0] * len(procs)
+    due: list[float | None] = [None] * len(procs)
     while not stopping:
-        for proc in procs:
-            if proc.poll() is not None:
-                code = proc.returncode or 1
-                stopping = True
-        time.sleep(0.2)
+        now = time.monotonic()
+        for i, proc in enumerate(procs):
+            if due[i] is None and proc.poll() is not None:
+                if now - started[i] > HEALTHY_AFTER_S:
+                    failures[i] = 0
+                delay = RESTART_BACKOFF_S[min(failures[i], len(RESTART_BACKOFF_S) - 1)]
+                failures[i] += 1
+                due[i] = now + delay
+                log.warning(
+                    "%s exited with code %s; restarting in %.0f s",
+                    workers[i].hostname, proc.returncode, delay,
+                )  # fmt: skip
+            restart_at = due[i]
+            if restart_at is not None and now >= restart_at:
+                procs[i] = spawn_one(workers[i], env)
+                started[i] = now
+                due[i] = None
+        time.sleep(poll_s)
     for proc in procs:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
@@ -117,4 +149,4 @@ def supervise(procs: Sequence[subprocess.Popen[bytes]]) -> int:
             proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             proc.kill()
-    return code
+    return 0

@@ -43,6 +43,12 @@ class StageMessage:
     rollout_id: uuid.UUID
     pool: str
     node: str | None = None
+    attempt: int | None = None
+    """The rollout attempt the message is for: a stale message of an earlier attempt is a no-op."""
+    retries: int = 0
+    """In-place retries of this stage so far (bounded by the job's `retries.stage_retries`)."""
+    countdown: float | None = None
+    """Seconds to wait before the stage runs (retry backoff)."""
 
 
 def queue_name(prefix: str, stage: Stage, pool: str, node: str | None) -> str:

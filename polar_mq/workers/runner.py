@@ -13,6 +13,7 @@ import time
 import traceback
 import uuid
 from collections.abc import Callable
+from typing import TypeVar
 
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
@@ -21,12 +22,14 @@ from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_ex
 from polar_mq.db import unit_of_work
 from polar_mq.models import RolloutStatus, TerminationReason
 from polar_mq.workers.context import WorkerContext
+from polar_mq.workers.recovery import backoff_s, restart_claimed, retry_in_place, retry_policy
 from polar_mq.workers.routing import NEXT_STAGE, Stage, StageMessage
 from polar_mq.workers.stages import build, evaluate, prepare, run_agent
 from polar_mq.workers.stages.common import StageFailure, StageOutcome, open_runtime
 from polar_mq.workers.transitions import STAGE_STATES, Claimed, LeaseLost, claim, fail, finish
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 STAGE_FUNCTIONS: dict[Stage, Callable[[WorkerContext, Claimed], StageOutcome]] = {
     Stage.PREPARE: prepare.run,
@@ -35,12 +38,6 @@ STAGE_FUNCTIONS: dict[Stage, Callable[[WorkerContext, Claimed], StageOutcome]] =
     Stage.EVALUATE: evaluate.run,
 }
 RUNTIME_STAGES = frozenset({Stage.PREPARE, Stage.RUN_AGENT, Stage.EVALUATE})
-
-
-def _lease_seconds(ctx: WorkerContext, claimed_stage: Stage) -> float:
-    if claimed_stage is Stage.RUN_AGENT:
-        return ctx.settings.max_agent_timeout_s + ctx.settings.lease_s
-    return float(ctx.settings.lease_s)
 
 
 def _release_runtime(ctx: WorkerContext, claimed: Claimed) -> None:
@@ -58,7 +55,7 @@ def _next_message(
         return None
     node = outcome.values.get("node") or claimed.rollout.node
     pool = str(claimed.spec.get("pool", ctx.settings.pool))
-    return StageMessage(nxt, claimed.rollout.id, pool, node)
+    return StageMessage(nxt, claimed.rollout.id, pool, node, attempt=claimed.rollout.attempt)
 
 
 _retry_db = retry(
@@ -71,53 +68,110 @@ _retry_db = retry(
 
 
 @_retry_db
-def _claim(ctx: WorkerContext, stage: Stage, rollout_id: str, owner: str) -> Claimed | str:
+def _claim(
+    ctx: WorkerContext, stage: Stage, rollout_id: str, owner: str, attempt: int | None
+) -> Claimed | str:
     with unit_of_work(ctx.session_factory) as session:
         return claim(
-            session, stage, uuid.UUID(rollout_id), owner, _lease_seconds(ctx, stage),
-            ctx.spec_cache,
+            session, stage, uuid.UUID(rollout_id), owner, ctx.settings.lease_s,
+            ctx.spec_cache, attempt,
         )  # fmt: skip
 
 
 @_retry_db
-def _commit(ctx: WorkerContext, write: Callable[[Session], None]) -> None:
+def _commit(ctx: WorkerContext, write: Callable[[Session], T]) -> T:
     with unit_of_work(ctx.session_factory) as session:
-        write(session)
+        return write(session)
 
 
-def run_stage(ctx: WorkerContext, stage: Stage, rollout_id: str, task_id: str | None) -> str:
+def run_stage(
+    ctx: WorkerContext,
+    stage: Stage,
+    rollout_id: str,
+    task_id: str | None,
+    attempt: int | None = None,
+    retries: int = 0,
+) -> str:
     """Run one stage for one rollout; returns what happened (for logs and tests)."""
     owner = ctx.lease_owner(task_id)
-    claimed = _claim(ctx, stage, rollout_id, owner)
+    claimed = _claim(ctx, stage, rollout_id, owner, attempt)
     if isinstance(claimed, str):
         log.info("%s of %s skipped: rollout is %s", stage, rollout_id, claimed)
         return f"skipped:{claimed}"
+    on_lost = (lambda: _release_runtime(ctx, claimed)) if stage in RUNTIME_STAGES else None
     started = time.monotonic()
-    try:
-        outcome = STAGE_FUNCTIONS[stage](ctx, claimed)
-    except Exception as exc:
-        reason = exc.reason if isinstance(exc, StageFailure) else TerminationReason.RUNTIME_ERROR
-        message = str(exc) if isinstance(exc, StageFailure) else traceback.format_exc()
-        log.warning("%s of %s failed (%s): %s", stage, rollout_id, reason, message[-500:])
+    with ctx.leases.hold(claimed, on_lost) as held:
         try:
-            _commit(ctx, lambda session: fail(session, claimed, reason, message))
+            outcome = STAGE_FUNCTIONS[stage](ctx, claimed)
+        except StageFailure as exc:
+            return _failed(ctx, claimed, exc.reason, str(exc))
+        except Exception:
+            if held.lost.is_set():
+                return "lease_lost"
+            return _unexpected(ctx, claimed, retries, traceback.format_exc())
+        outcome.detail["duration_s"] = round(time.monotonic() - started, 4)
+        try:
+            next_message = _next_message(ctx, claimed, outcome)
+            _commit(
+                ctx,
+                lambda session: finish(
+                    session, claimed, outcome.values, outcome.rows, outcome.detail, next_message
+                ),
+            )
         except LeaseLost:
-            log.warning("%s of %s: lease lost before recording the failure", stage, rollout_id)
-        if stage in RUNTIME_STAGES:
-            _release_runtime(ctx, claimed)
-        return f"failed:{reason}"
-    outcome.detail["duration_s"] = round(time.monotonic() - started, 4)
-    try:
-        next_message = _next_message(ctx, claimed, outcome)
-        _commit(
-            ctx,
-            lambda session: finish(
-                session, claimed, outcome.values, outcome.rows, outcome.detail, next_message
-            ),
-        )
-    except LeaseLost:
-        log.warning("%s of %s: lease lost, result discarded", stage, rollout_id)
-        return "lease_lost"
+            log.warning("%s of %s: lease lost, result discarded", stage, rollout_id)
+            if stage in RUNTIME_STAGES:
+                _release_runtime(ctx, claimed)
+            return "lease_lost"
     if STAGE_STATES[stage][2] in RolloutStatus.TERMINAL:
         _release_runtime(ctx, claimed)
     return "done"
+
+
+def _failed(ctx: WorkerContext, claimed: Claimed, reason: str, message: str) -> str:
+    """End the rollout as failed with its reason (an infrastructure failure, never scored)."""
+    log.warning(
+        "%s of %s failed (%s): %s", claimed.stage, claimed.rollout.id, reason, message[-500:]
+    )
+    try:
+        _commit(ctx, lambda session: fail(session, claimed, reason, message))
+    except LeaseLost:
+        log.warning("%s of %s: lease lost before recording the failure", *_ids(claimed))
+    if claimed.stage in RUNTIME_STAGES:
+        _release_runtime(ctx, claimed)
+    return f"failed:{reason}"
+
+
+def _unexpected(ctx: WorkerContext, claimed: Claimed, retries: int, error: str) -> str:
+    """A stage raised: retry it in place with backoff, or start the rollout over, within bounds.
+
+    The agent stage is never retried in place (its calls and files would mix two runs): a new
+    attempt starts from prepare. Other stages are idempotent and retried where they are.
+    """
+    _, stage_retries = retry_policy(claimed.spec)
+    pool = str(claimed.spec.get("pool", ctx.settings.pool))
+    reason = TerminationReason.RUNTIME_ERROR
+    log.warning("%s of %s raised: %s", claimed.stage, claimed.rollout.id, error[-500:])
+    try:
+        if claimed.stage is Stage.RUN_AGENT:
+            _release_runtime(ctx, claimed)
+            result = _commit(
+                ctx, lambda session: restart_claimed(session, claimed, pool, reason, error)
+            )
+            return f"restart:{result}"
+        if retries >= stage_retries:
+            return _failed(ctx, claimed, reason, f"failed after {retries} retries: {error}")
+        delay = backoff_s(retries, ctx.settings.retry_backoff_s)
+        message = StageMessage(
+            claimed.stage, claimed.rollout.id, pool, claimed.rollout.node,
+            attempt=claimed.rollout.attempt, retries=retries + 1, countdown=delay,
+        )  # fmt: skip
+        _commit(ctx, lambda session: retry_in_place(session, claimed, message, error, delay))
+        return f"retry:{retries + 1}"
+    except LeaseLost:
+        log.warning("%s of %s: lease lost while recovering", *_ids(claimed))
+        return "lease_lost"
+
+
+def _ids(claimed: Claimed) -> tuple[str, str]:
+    return str(claimed.stage), str(claimed.rollout.id)

@@ -31,8 +31,8 @@ class StageTask(Task):
 
 def _stage_task(stage: Stage) -> Any:
     @shared_task(bind=True, base=StageTask, name=stage.task_name)
-    def task(self: StageTask, rollout_id: str) -> str:
-        return run_stage(self.context, stage, rollout_id, self.request.id)
+    def task(self: StageTask, rollout_id: str, attempt: int | None = None, retries: int = 0) -> str:
+        return run_stage(self.context, stage, rollout_id, self.request.id, attempt, retries)
 
     return task
 

@@ -17,7 +17,17 @@ from dataclasses import dataclass, fields
 from datetime import timedelta
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, Table, Update, bindparam, func, insert, select, update
+from sqlalchemy import (
+    CursorResult,
+    Integer,
+    Table,
+    Update,
+    bindparam,
+    func,
+    insert,
+    select,
+    update,
+)
 from sqlalchemy.orm import Session
 
 from polar_mq.models import Event, EventKind, Job, JobTask, Rollout, RolloutStatus
@@ -110,7 +120,11 @@ def _claim_statement(stage: Stage) -> Update:
         values["started_at"] = func.coalesce(R.started_at, bindparam("b_now"))
     return (
         update(ROLLOUTS)
-        .where(R.id == bindparam("b_id"), R.status == ready)
+        .where(
+            R.id == bindparam("b_id"),
+            R.status == ready,
+            R.attempt == func.coalesce(bindparam("b_attempt", type_=Integer), R.attempt),
+        )
         .values(**values)
         .returning(*_RETURNED)
     )
@@ -154,13 +168,19 @@ def claim(
     owner: str,
     lease_s: float,
     load: SpecLoader = load_spec_and_task,
+    attempt: int | None = None,
 ) -> Claimed | str:
-    """Win the rollout for `stage`, or return the status that made the claim fail."""
+    """Win the rollout for `stage`, or return the status that made the claim fail.
+
+    `attempt` fences messages: one left over from an earlier attempt (a lost worker's redelivered
+    message) never claims the rollout's new attempt and returns "stale_attempt".
+    """
     now = utcnow()
     params: dict[str, Any] = {
         "b_id": rollout_id,
         "b_owner": owner,
         "b_expires": now + timedelta(seconds=lease_s),
+        "b_attempt": attempt,
     }
     if stage is Stage.PREPARE:
         params["b_now"] = now
@@ -173,8 +193,11 @@ def claim(
         if status_row is None:
             return "missing"
         lost = RolloutRef(*status_row.tuple()[:-1])
-        _event(session, lost, stage, EventKind.SKIPPED, owner, status=status_row.status)
-        return str(status_row.status)
+        found = str(status_row.status)
+        if attempt is not None and lost.attempt != attempt:
+            found = "stale_attempt"
+        _event(session, lost, stage, EventKind.SKIPPED, owner, status=found, attempt=attempt)
+        return found
     rollout = RolloutRef(*row.tuple())
     _event(session, rollout, stage, EventKind.STARTED, owner)
     spec, instance = load(session, rollout)

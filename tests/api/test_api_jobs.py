@@ -18,7 +18,7 @@ from api_support import (
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
-from polar_mq.jobs import queries
+from polar_mq.jobs import results
 from polar_mq.models import RolloutStatus
 from polar_mq.models.base import utcnow
 from polar_mq.workers.routing import Stage
@@ -187,7 +187,7 @@ def test_results_complete_groups_in_completion_order(
     assert [[g["task_index"] for g in page] for page in pages] == [[2, 0], [3]]
     first = pages[0][0]
     assert first["complete"] is True and first["task"] == {"instruction": "task 2", "answer": "2"}
-    assert first["mean_reward"] == pytest.approx(0.5) and first["n_scored"] == 2
+    assert first["mean_reward"] == pytest.approx(0.5) and first["n_usable"] == 2
     assert [s["sample_index"] for s in first["samples"]] == [0, 1]
     sample = first["samples"][0]
     assert sample["status"] == "completed" and sample["termination_reason"] == "completed"
@@ -225,6 +225,7 @@ def test_results_with_trajectories(
         "response_ids": [7, 8],
         "loss_mask": [1, 1],
         "logprobs": [-0.5, -0.25],
+        "meta": {"calls": [1]},
     }
     assert page["job_finished"] is True and page["job_state"] == "completed"
 
@@ -232,7 +233,7 @@ def test_results_with_trajectories(
 def test_results_hold_back_just_completed_groups_while_the_job_runs(
     client: TestClient, db_session_factory: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(queries, "RESULTS_SETTLE_S", 60.0)
+    monkeypatch.setattr(results, "RESULTS_SETTLE_S", 60.0)
     job_id = _submit(client, n_tasks=2, samples=1)["job_id"]
     (a,), (b,) = rollout_ids(db_session_factory, job_id)
     complete_rollout(db_session_factory, a)

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from sqlalchemy import delete, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from polar_mq.devstack import LocalStack
-from polar_mq.models import ApiKey
+from polar_mq.models import ApiKey, Rollout, TrajectorySample
 
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
@@ -80,3 +81,79 @@ def test_api_refuses_public_bind_without_keys(
     done = polar_mq("api", "--host", "0.0.0.0", env={"POLAR_MQ_DATABASE_URL": pg_url})
     assert done.returncode == 1
     assert "refusing to listen on 0.0.0.0 without API keys" in done.stdout
+
+
+def test_submit_tasks_file_then_export_both_formats(
+    fake_stack: LocalStack, db_session_factory: sessionmaker[Session], tmp_path: Path
+) -> None:
+    import datasets
+
+    url = f"http://{fake_stack.settings.api_host}:{fake_stack.settings.api_port}"
+    done = polar_mq("submit", str(REPO / "examples/tasks/math_small.jsonl"), "--samples", "2",
+                    "--max-tokens", "64", "--wait", "--url", url)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    job_id = done.stdout.split()[1].rstrip(":")
+    status = json.loads(polar_mq("status", job_id, "--url", url).stdout)
+    assert status["total"] == 40 and status["state"] == "completed"
+    assert status["spec"]["evaluator"] == "exact_match"  # every task has an answer
+    assert status["spec"]["sampling"] == {"max_tokens": 64}
+
+    with db_session_factory() as session:
+        stored = {
+            (str(s.rollout_id), s.sample_index): s
+            for s in session.scalars(
+                select(TrajectorySample)
+                .join(Rollout, Rollout.id == TrajectorySample.rollout_id)
+                .where(Rollout.job_id == uuid.UUID(job_id))
+            )
+        }
+    assert stored
+    jsonl, parquet = tmp_path / "out.jsonl", tmp_path / "out.parquet"
+    exported = polar_mq("export", job_id, "--out", str(jsonl), "--advantages", "grpo",
+                        "--url", url)  # fmt: skip
+    assert exported.returncode == 0, exported.stderr
+    assert f"{len(stored)} samples of 20 groups" in exported.stdout
+    exported = polar_mq("export", job_id, "--format", "parquet", "--out", str(parquet),
+                        "--url", url)  # fmt: skip
+    assert exported.returncode == 0, exported.stderr
+    for kind, path in (("json", jsonl), ("parquet", parquet)):
+        rows = datasets.load_dataset(kind, data_files=str(path), split="train")
+        assert rows.num_rows == len(stored)
+        for row in rows:
+            piece = stored[(row["rollout_id"], row["trajectory_index"])]
+            assert row["prompt_ids"] == piece.prompt_ids
+            assert row["response_ids"] == piece.response_ids
+            assert row["loss_mask"] == piece.loss_mask
+            assert row["logprobs"] == piece.logprobs
+    assert "advantage" in datasets.load_dataset("json", data_files=str(jsonl))["train"].features
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "message"),
+    [
+        ("t.jsonl", '{"instruction": "a"}\n{"answer": "2"}\n', "t.jsonl line 2: 'instruction'"),
+        ("t.yaml", "tasks:\n  - instruction: a\n  - 5\n", "t.yaml line 3 (tasks[1])"),
+        ("t.txt", "x", "unknown file type .txt"),
+    ],
+)
+def test_submit_bad_tasks_file_names_the_line(
+    tmp_path: Path, name: str, content: str, message: str
+) -> None:
+    path = tmp_path / name
+    path.write_text(content)
+    done = polar_mq("submit", str(path), "--url", "http://127.0.0.1:9")
+    assert done.returncode == 2
+    assert message in done.stdout
+    assert "Traceback" not in done.stdout + done.stderr
+
+
+def test_export_errors_are_clear_messages(fake_stack: LocalStack, tmp_path: Path) -> None:
+    url = f"http://{fake_stack.settings.api_host}:{fake_stack.settings.api_port}"
+    missing = polar_mq("export", str(uuid.uuid4()), "--out", str(tmp_path / "x.jsonl"),
+                       "--url", url)  # fmt: skip
+    assert missing.returncode == 1 and "404 not_found" in missing.stdout
+    assert not list(tmp_path.iterdir())
+    bad = polar_mq("export", str(uuid.uuid4()), "--format", "csv", "--url", url)
+    assert bad.returncode == 2 and "unknown export format 'csv'" in bad.stdout
+    for output in (missing, bad):
+        assert "Traceback" not in output.stdout + output.stderr

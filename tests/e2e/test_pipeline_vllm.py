@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import shlex
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -23,7 +22,6 @@ from polar_mq.client import Client
 from polar_mq.devstack import LocalStack
 from polar_mq.inference import local_vllm
 from polar_mq.models import LlmCall, Rollout, TrajectorySample
-from polar_mq.processes import free_port
 from tests.e2e.stack import e2e_settings
 
 pytestmark = [
@@ -38,15 +36,9 @@ END_OF_TURN = "<|im_end|>"
 
 
 @pytest.fixture(scope="module")
-def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[local_vllm.LocalVllmServer]:
-    log = tmp_path_factory.mktemp("vllm") / "vllm.log"
-    server = local_vllm.LocalVllmServer(free_port(), log_path=log)
-    server.start()
-    try:
-        server.wait_ready(timeout=300)
-        yield server
-    finally:
-        server.stop()
+def vllm_server(real_vllm: local_vllm.LocalVllmServer) -> local_vllm.LocalVllmServer:
+    """The shared real vLLM server (tests/conftest.py)."""
+    return real_vllm
 
 
 def test_real_vllm_tokens_are_captured_exactly(

@@ -134,3 +134,43 @@ async def test_events_are_relayed_as_they_arrive(paced: Harness) -> None:
     (row,) = await paced.rows()
     assert (row["complete"], row["status_code"], row["finish_reason"]) == (True, 200, "stop")
     assert paced.stats.streams_finished == 1 and paced.stats.streams_aborted == 0
+
+
+@pytest.fixture
+async def slow() -> AsyncIterator[Harness]:
+    """A fake that thinks for 2 s before it answers (a long generation)."""
+    fake = create_fake_vllm_app(ttft_s=2.0)
+    async for h in start_harness(proxy_settings(), fake, streaming=True):
+        yield h
+
+
+async def test_client_leaving_a_non_streaming_call_aborts_the_generation(slow: Harness) -> None:
+    body = {"model": "m", "messages": [{"role": "user", "content": "Write a long story."}]}
+    raw = orjson.dumps(body)
+    sent_body = False
+    statuses: list[int] = []
+
+    async def receive() -> Message:
+        nonlocal sent_body
+        if not sent_body:
+            sent_body = True
+            return {"type": "http.request", "body": raw, "more_body": False}
+        await asyncio.sleep(0.2)  # the agent's own timeout fires
+        return {"type": "http.disconnect"}
+
+    async def send(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            statuses.append(message["status"])
+
+    scope = http_scope("/v1/chat/completions", slow.auth, raw)
+    started = asyncio.get_running_loop().time()
+    await slow.app(scope, receive, send)
+    took = asyncio.get_running_loop().time() - started
+    assert took < 1.5, "the proxy must not wait for an answer nobody will read"
+    assert slow.stats.generations_cancelled == 1  # the upstream generation was abandoned
+    rows = await slow.rows()
+    assert len(rows) == 1
+    (row,) = rows
+    assert (row["complete"], row["status_code"], row["stream"]) == (False, 499, False)
+    assert row["completion_ids"] is None
+    assert statuses == [499]

@@ -97,6 +97,7 @@ def test_seq_counter_is_bounded() -> None:
 
 
 def test_unknown_engine_is_refused_at_boot() -> None:
-    check_engine("vllm")
+    for name in ("vllm", "sglang", "generic"):
+        check_engine(name)
     with pytest.raises(ValueError, match="not supported"):
-        check_engine("sglang")
+        check_engine("tgi")

@@ -27,6 +27,20 @@ from polar_mq.tokens import issue_rollout_token
 pytestmark = pytest.mark.anyio
 
 
+IDLE = {
+    "queued": 0,
+    "written": 0,
+    "spilled_rows": 0,
+    "spill_bytes": 0,
+    "spilled_total": 0,
+    "replayed": 0,
+    "dropped": 0,
+    "dropped_overflow": 0,
+    "failed": 0,
+}
+"""A writer's stats with nothing in flight (without a spill directory)."""
+
+
 def call_row(seq: int = 0, **overrides: Any) -> dict[str, Any]:
     row = {
         "id": uuid.uuid4(),
@@ -48,6 +62,7 @@ def call_row(seq: int = 0, **overrides: Any) -> dict[str, Any]:
         "latency_ms": 12.5,
         "ttft_ms": None,
         "created_at": datetime.now(UTC),
+        "purpose": "agent",
     }
     row.update(overrides)
     return row
@@ -96,7 +111,7 @@ async def test_proxy_calls_land_in_postgres_exactly(
                 )
             ).status_code == 200
         flushed = await client.post("/admin/flush")
-        assert flushed.json() == {"written": 2, "dropped": 0, "failed": 0, "pending": 0}
+        assert flushed.json() == {**IDLE, "written": 2}
         assert count(db_session_factory) == 2  # committed when flush returned
         direct = (
             await upstream.post(
@@ -130,7 +145,7 @@ async def test_flush_waits_for_commit_and_returns_immediately_when_idle(
         writer.submit(call_row(i))
     assert await writer.flush() == 150
     assert count(db_session_factory) == 150
-    assert writer.stats() == {"written": 150, "dropped": 0, "failed": 0, "pending": 0}
+    assert writer.stats() == {**IDLE, "written": 150}
     assert await asyncio.wait_for(writer.flush(), 1) == 150
 
 
@@ -195,7 +210,7 @@ async def test_close_gives_up_on_an_unreachable_database() -> None:
     await writer.start()
     writer.submit(call_row())
     await asyncio.wait_for(writer.close(), 5)
-    assert writer.stats() == {"written": 0, "dropped": 0, "failed": 1, "pending": 0}
+    assert writer.stats() == {**IDLE, "failed": 1}
     writer.submit(call_row())  # after close: counted, never blocks
     assert writer.stats()["dropped"] == 1
 

@@ -242,7 +242,9 @@ def test_cpu_limit_kills_a_busy_loop(tmp_path: Path) -> None:
 
 def test_factory_and_ids(tmp_path: Path) -> None:
     assert isinstance(get_runtime("local", "ok-1", tmp_path, None), LocalRuntime)
-    with pytest.raises(ValueError, match="unknown runtime kind 'docker2'; known kinds: local"):
+    with pytest.raises(
+        ValueError, match="unknown runtime kind 'docker2'; known kinds: bwrap, docker, local"
+    ):
         get_runtime("docker2", "ok-1", tmp_path, None)
     for bad in ("../x", "", "a/b", ".hidden"):
         with pytest.raises(ValueError, match="invalid runtime id"):

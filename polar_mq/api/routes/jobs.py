@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import logging
 import uuid
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Query
 from starlette.responses import Response
 
+from polar_mq.api.broker_gate import require_broker
 from polar_mq.api.deps import PrincipalDep, SessionDep, SettingsDep, get_principal
 from polar_mq.api.responses import OrjsonResponse
 from polar_mq.api.schemas import SubmitResponse, error_responses
-from polar_mq.jobs import queries
+from polar_mq.jobs import queries, results
+from polar_mq.jobs.group_stats import GRPO_EPS
+from polar_mq.jobs.read_models import ResultsPage
 from polar_mq.jobs.schemas import JobCreate
 from polar_mq.submit import submit_job
 
@@ -35,6 +38,7 @@ Cursor = Annotated[str | None, Query(description="next_cursor (or a group's curs
         200: {"model": SubmitResponse, "description": "Existing job of this idempotency_key"},
         **error_responses(400, 409, 413),
     },
+    dependencies=[Depends(require_broker)],
 )
 def submit(
     spec: JobCreate, session: SessionDep, settings: SettingsDep, principal: PrincipalDep
@@ -65,9 +69,7 @@ def job_status(job_id: uuid.UUID, session: SessionDep) -> Response:
     return OrjsonResponse(queries.job_status(session, job_id))
 
 
-@router.get(
-    "/{job_id}/results", response_model=queries.ResultsPage, responses=error_responses(400, 404)
-)
+@router.get("/{job_id}/results", response_model=ResultsPage, responses=error_responses(400, 404))
 def job_results(
     job_id: uuid.UUID,
     session: SessionDep,
@@ -79,7 +81,20 @@ def job_results(
     include_trajectories: Annotated[
         bool, Query(description="add token ids, loss masks and logprobs to every sample")
     ] = False,
+    advantages: Annotated[
+        Literal["grpo"] | None,
+        Query(
+            description="grpo: add each usable sample's (reward - mean) / (std + "
+            f"{GRPO_EPS:g}) over the usable samples of its complete group (population std)"
+        ),
+    ] = None,
 ) -> Response:
-    """One page of groups; follow next_cursor until it is null."""
-    page = queries.job_results(session, job_id, cursor, limit, complete_only, include_trajectories)
+    """One page of groups; follow next_cursor until it is null.
+
+    Infrastructure failures carry a null reward and are left out of the group statistics; a
+    complete group that has any is marked `incomplete`.
+    """
+    page = results.job_results(
+        session, job_id, cursor, limit, complete_only, include_trajectories, advantages=advantages
+    )
     return OrjsonResponse(page)

@@ -14,30 +14,35 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-CHAT = "chat"
-COMPLETIONS = "completions"
+from polar_mq.proxy.engines.base import (
+    CHAT,
+    COMPLETIONS,
+    EXACT,
+    Capture,
+    View,
+    aligned,
+    chat_logprobs,
+    choice0,
+    completion_logprobs,
+)
 
+__all__ = [
+    "CHAT",
+    "COMPLETIONS",
+    "FIDELITY",
+    "NAME",
+    "Capture",
+    "StreamCapture",
+    "View",
+    "extract_response",
+    "rewrite_request",
+    "stream_capture",
+    "strip",
+    "visible",
+]
 
-@dataclass(frozen=True, slots=True)
-class View:
-    """What the agent asked to see; everything else we added is stripped from its responses."""
-
-    api_type: str
-    agent_model: Any
-    token_ids: bool
-    logprobs: bool
-    prompt_logprobs: bool
-    kv_transfer: bool
-
-
-@dataclass(slots=True)
-class Capture:
-    """The training-relevant part of one call, as the engine reported it."""
-
-    prompt_ids: list[int] | None = None
-    completion_ids: list[int] | None = None
-    logprobs: list[float] | None = None
-    finish_reason: str | None = None
+NAME = "vllm"
+FIDELITY = EXACT
 
 
 def rewrite_request(
@@ -112,53 +117,23 @@ def strip(data: dict[str, Any], view: View, copy_choices: bool = True) -> None:
     data["choices"] = stripped
 
 
-def _choice0(data: dict[str, Any]) -> dict[str, Any] | None:
-    for choice in data.get("choices") or ():
-        if isinstance(choice, dict) and choice.get("index", 0) == 0:
-            return choice
-    return None
-
-
-def _chat_logprobs(logprobs: Any) -> list[Any] | None:
-    content = logprobs.get("content") if isinstance(logprobs, dict) else None
-    if not isinstance(content, list):
-        return None
-    return [entry.get("logprob") if isinstance(entry, dict) else None for entry in content]
-
-
-def _completion_logprobs(logprobs: Any) -> list[Any] | None:
-    values = logprobs.get("token_logprobs") if isinstance(logprobs, dict) else None
-    return values if isinstance(values, list) else None
-
-
-def _aligned(values: list[Any] | None, n_ids: int) -> list[float] | None:
-    """One float per completion id, or None; with `echo`, prompt entries come first: drop them."""
-    if values is None or len(values) < n_ids:
-        return None
-    tail = values[len(values) - n_ids :]
-    try:
-        return [float(v) for v in tail]
-    except (TypeError, ValueError):  # a null (or garbage) logprob: no usable logprobs
-        return None
-
-
 def extract_response(api_type: str, data: dict[str, Any]) -> Capture:
     """Token ids, logprobs and finish reason of a non-streaming response (choice 0)."""
-    choice = _choice0(data)
+    choice = choice0(data)
     if choice is None:
         return Capture(prompt_ids=data.get("prompt_token_ids"))
     completion_ids = choice.get("token_ids")
     if api_type == CHAT:
         prompt_ids = data.get("prompt_token_ids")
-        values = _chat_logprobs(choice.get("logprobs"))
+        values = chat_logprobs(choice.get("logprobs"))
     else:
         prompt_ids = choice.get("prompt_token_ids")
-        values = _completion_logprobs(choice.get("logprobs"))
+        values = completion_logprobs(choice.get("logprobs"))
     n_ids = len(completion_ids) if isinstance(completion_ids, list) else 0
     return Capture(
         prompt_ids=prompt_ids if isinstance(prompt_ids, list) else None,
         completion_ids=completion_ids if isinstance(completion_ids, list) else None,
-        logprobs=_aligned(values, n_ids) if completion_ids is not None else None,
+        logprobs=aligned(values, n_ids) if completion_ids is not None else None,
         finish_reason=choice.get("finish_reason"),
     )
 
@@ -190,7 +165,7 @@ class StreamCapture:
             self.usage = chunk["usage"]
         if "error" in chunk:
             self.error = chunk["error"]
-        choice = _choice0(chunk)
+        choice = choice0(chunk)
         if choice is None:
             return False
         ids = choice.get("token_ids")
@@ -199,13 +174,13 @@ class StreamCapture:
             text = delta.get("content")
             if delta.get("tool_calls"):
                 self._merge_tool_calls(delta["tool_calls"])
-            values = _chat_logprobs(choice.get("logprobs"))
+            values = chat_logprobs(choice.get("logprobs"))
         else:
             prompt_ids = choice.get("prompt_token_ids")
             if self.prompt_ids is None and isinstance(prompt_ids, list):
                 self.prompt_ids = prompt_ids
             text = choice.get("text")
-            values = _completion_logprobs(choice.get("logprobs"))
+            values = completion_logprobs(choice.get("logprobs"))
         if text:
             self.text.append(text)
         if ids:
@@ -237,7 +212,7 @@ class StreamCapture:
         return Capture(
             prompt_ids=self.prompt_ids,
             completion_ids=ids,
-            logprobs=None if self.logprobs_missing else _aligned(self.logprobs, len(ids)),
+            logprobs=None if self.logprobs_missing else aligned(self.logprobs, len(ids)),
             finish_reason=self.finish_reason,
         )
 
@@ -261,3 +236,7 @@ class StreamCapture:
         if self.error is not None:
             out["error"] = self.error
         return out
+
+
+def stream_capture(api_type: str) -> StreamCapture:
+    return StreamCapture(api_type)

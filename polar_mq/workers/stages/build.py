@@ -13,6 +13,7 @@ from sqlalchemy import Table, select
 from polar_mq.db import unit_of_work
 from polar_mq.models import LlmCall, TrajectorySample
 from polar_mq.models.base import utcnow
+from polar_mq.tokens import AGENT
 from polar_mq.trajectories.base import CapturedCall
 from polar_mq.trajectories.registry import get_builder
 from polar_mq.workers.context import WorkerContext
@@ -23,10 +24,16 @@ SAMPLES = cast(Table, TrajectorySample.__table__)
 
 
 def load_calls(ctx: WorkerContext, claimed: Claimed) -> list[CapturedCall]:
+    """The agent's calls in call order; judge calls (`llm_judge`, e.g. of an earlier attempt) are
+    stored with the rollout but are never training data."""
     with unit_of_work(ctx.session_factory) as session:
         rows = session.scalars(
             select(LlmCall)
-            .where(LlmCall.rollout_id == claimed.rollout.id)
+            .where(
+                LlmCall.rollout_id == claimed.rollout.id,
+                LlmCall.purpose == AGENT,
+                LlmCall.attempt == claimed.rollout.attempt,  # never a lost attempt's calls
+            )
             .order_by(LlmCall.seq, LlmCall.created_at)
         ).all()
         return [
@@ -61,7 +68,7 @@ def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
             "loss_mask": sample.loss_mask,
             "logprobs": sample.logprobs,
             "messages": sample.messages,
-            "meta": sample.meta,
+            "metadata": sample.meta,  # the column name (the ORM attribute is `meta`)
             "created_at": utcnow(),
         }
         for i, sample in enumerate(result.samples)

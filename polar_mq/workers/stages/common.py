@@ -8,7 +8,8 @@ from typing import Any
 from sqlalchemy import Table
 
 from polar_mq.config import Settings
-from polar_mq.runtimes import ResourceLimits, Runtime, get_runtime
+from polar_mq.runtimes import Runtime
+from polar_mq.runtimes.options import runtime_from_spec
 from polar_mq.workers.transitions import RolloutRef
 
 
@@ -35,11 +36,5 @@ def runtime_id_for(rollout: RolloutRef) -> str:
 
 
 def open_runtime(settings: Settings, runtime_spec: dict[str, Any], rollout: RolloutRef) -> Runtime:
-    limits = ResourceLimits(
-        memory_mb=runtime_spec.get("memory_mb"),
-        cpu_seconds=runtime_spec.get("cpu_seconds"),
-        max_open_files=runtime_spec.get("max_open_files"),
-    )
-    return get_runtime(
-        runtime_spec.get("kind", "local"), runtime_id_for(rollout), settings.runtime_root, limits
-    )
+    """A handle on the rollout's runtime (any kind), built from the stored job spec."""
+    return runtime_from_spec(runtime_spec, runtime_id_for(rollout), settings.runtime_root)

@@ -11,10 +11,11 @@ from typing import Any, cast
 from sqlalchemy import Table, select
 
 from polar_mq.db import unit_of_work
-from polar_mq.evaluators import EvalContext, get_evaluator
+from polar_mq.evaluators import EvalContext, LlmEndpoint, evaluate_safely, get_evaluator
 from polar_mq.models import Evaluation, LlmCall
 from polar_mq.models.base import utcnow
 from polar_mq.runtimes import Runtime
+from polar_mq.tokens import AGENT, JUDGE, issue_rollout_token
 from polar_mq.workers.context import WorkerContext
 from polar_mq.workers.stages.common import StageOutcome, open_runtime
 from polar_mq.workers.transitions import Claimed
@@ -27,7 +28,12 @@ def _last_assistant_text(ctx: WorkerContext, claimed: Claimed) -> str | None:
     with unit_of_work(ctx.session_factory) as session:
         response: dict[str, Any] | None = session.scalar(
             select(LlmCall.response)
-            .where(LlmCall.rollout_id == claimed.rollout.id, LlmCall.status_code == 200)
+            .where(
+                LlmCall.rollout_id == claimed.rollout.id,
+                LlmCall.status_code == 200,
+                LlmCall.purpose == AGENT,  # not a judge's reply
+                LlmCall.attempt == claimed.rollout.attempt,
+            )
             .order_by(LlmCall.seq.desc())
             .limit(1)
         )
@@ -49,6 +55,17 @@ def final_text(ctx: WorkerContext, claimed: Claimed, runtime: Runtime) -> str | 
         return _last_assistant_text(ctx, claimed)
 
 
+def judge_endpoint(ctx: WorkerContext, claimed: Claimed) -> LlmEndpoint:
+    """The proxy, with a token that marks the calls as the rollout's judge calls."""
+    settings = ctx.settings
+    token = issue_rollout_token(
+        settings.secret_key, claimed.rollout.id, settings.rollout_token_ttl_s, purpose=JUDGE,
+        attempt=claimed.rollout.attempt,
+    )  # fmt: skip
+    model = claimed.spec.get("model") or settings.served_model or "default"
+    return LlmEndpoint(f"{settings.proxy_base_url}/v1", token, model, ctx.http)
+
+
 def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
     spec = claimed.spec
     rollout = claimed.rollout
@@ -64,8 +81,9 @@ def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
         agent_exit_code=rollout.agent_exit_code,
         termination_reason=rollout.termination_reason or "completed",
         final_text=answer,
+        llm=judge_endpoint(ctx, claimed) if evaluator.needs_llm else None,
     )
-    result = evaluator.evaluate(context)
+    result = evaluate_safely(evaluator, context)  # an evaluator error: reward None, with why
     name = evaluator_spec if isinstance(evaluator_spec, str) else evaluator_spec.get("name", "?")
     return StageOutcome(
         values={"reward": result.reward},

@@ -8,12 +8,15 @@ stage sees every call the agent made.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
+from sqlalchemy import func, select
 from tenacity import retry, stop_after_attempt, wait_exponential
 
 from polar_mq.harnesses import AgentContext, get_harness
-from polar_mq.models import TerminationReason
+from polar_mq.models import LlmCall, Rollout, TerminationReason
+from polar_mq.models.base import utcnow
 from polar_mq.tokens import issue_rollout_token
 from polar_mq.workers.context import WorkerContext
 from polar_mq.workers.stages.common import StageFailure, StageOutcome, open_runtime
@@ -33,6 +36,37 @@ def _flush_proxy(ctx: WorkerContext) -> int:
     return int(response.json().get("written", 0))
 
 
+def _rollout_time_left(
+    ctx: WorkerContext, claimed: Claimed, rollout_s: float | None
+) -> float | None:
+    """Seconds left of the whole-rollout budget, counted from the first prepare claim."""
+    if rollout_s is None:
+        return None
+    with ctx.session_factory() as session:
+        started = session.scalar(select(Rollout.started_at).where(Rollout.id == claimed.rollout.id))
+    if started is None:
+        return float(rollout_s)
+    return float(rollout_s) - (utcnow() - started).total_seconds()
+
+
+def _last_llm_call(ctx: WorkerContext, claimed: Claimed) -> float:
+    """The inactivity watchdog's other sign of life: the agent's latest logged LLM call.
+
+    Returned as a `time.monotonic()` stamp. Asked only when the agent has printed nothing for the
+    whole inactivity window; a call is visible once the proxy has logged it (after it completed).
+    """
+    with ctx.session_factory() as session:
+        last = session.scalar(
+            select(func.max(LlmCall.created_at)).where(
+                LlmCall.rollout_id == claimed.rollout.id,
+                LlmCall.attempt == claimed.rollout.attempt,
+            )
+        )
+    if last is None:
+        return 0.0
+    return time.monotonic() - max(0.0, (utcnow() - last).total_seconds())
+
+
 def _sampling_env(sampling: dict[str, Any]) -> dict[str, str]:
     return {env: str(sampling[key]) for key, env in SAMPLING_ENV.items() if key in sampling}
 
@@ -50,18 +84,28 @@ def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
         workdir=str(runtime.workdir),
         proxy_base_url=f"{settings.proxy_base_url}/v1",
         api_key=issue_rollout_token(
-            settings.secret_key, claimed.rollout.id, settings.rollout_token_ttl_s
+            settings.secret_key,
+            claimed.rollout.id,
+            settings.rollout_token_ttl_s,
+            attempt=claimed.rollout.attempt,
         ),
         model=spec.get("model") or settings.served_model or "default",
         extra_env=_sampling_env(spec.get("sampling", {})),
     )
     log_dir = settings.runtime_root / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
+    timeout = min(float(timeouts.get("agent_s", 600.0)), settings.max_agent_timeout_s)
+    rollout_left = _rollout_time_left(ctx, claimed, timeouts.get("rollout_s"))
+    if rollout_left is not None:
+        if rollout_left <= 0:
+            raise StageFailure(TerminationReason.TIMEOUT, "rollout timeout spent before the agent")
+        timeout = min(timeout, rollout_left)
     result = runtime.exec(
         harness.command(agent),
         env=harness.env(agent),
-        timeout=min(float(timeouts.get("agent_s", 600.0)), settings.max_agent_timeout_s),
-        inactivity_timeout=timeouts.get("inactivity_s"),
+        timeout=timeout,
+        inactivity_timeout=timeouts.get("inactivity_s", settings.default_inactivity_timeout_s),
+        activity=lambda: _last_llm_call(ctx, claimed),
         stdout_path=log_dir / f"{runtime.runtime_id}.log",
     )
     if result.timed_out or result.inactive:

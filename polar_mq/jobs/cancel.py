@@ -1,0 +1,83 @@
+"""Cancelling a job or a rollout: one compare-and-set UPDATE, the workers notice by themselves.
+
+Cancelling only writes the database: every non-terminal rollout becomes `cancelled` (an
+infrastructure outcome: no reward, excluded from group statistics). Queued messages then find a
+terminal rollout and are no-ops; a running stage loses its lease at its next heartbeat and the
+lease keeper kills the agent's process tree and releases the runtime; runtimes left on a node by a
+rollout cancelled between stages are removed by that node's janitor.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any, cast
+
+from sqlalchemy import Table, func, insert, select, update
+from sqlalchemy.orm import Session
+
+from polar_mq.jobs.read_models import NotFound
+from polar_mq.models import Event, EventKind, Job, Rollout, RolloutStatus, TerminationReason
+from polar_mq.models.base import utcnow
+
+ROLLOUTS = cast(Table, Rollout.__table__)
+R = ROLLOUTS.c
+
+
+@dataclass(frozen=True, slots=True)
+class CancelResult:
+    cancelled: list[uuid.UUID]
+    """Rollouts this call moved to `cancelled`."""
+    already_terminal: int
+    """Rollouts that had already ended (completed, failed or cancelled) and were left alone."""
+
+
+def cancel(
+    session: Session, *, job_id: uuid.UUID | None = None, rollout_id: uuid.UUID | None = None
+) -> CancelResult:
+    """Cancel every unfinished rollout of a job, or one rollout. Raises NotFound."""
+    if (job_id is None) == (rollout_id is None):
+        raise ValueError("cancel needs exactly one of job_id and rollout_id")
+    if job_id is not None:
+        if session.get(Job, job_id) is None:
+            raise NotFound("job", job_id)
+        scope = R.job_id == job_id
+    else:
+        if session.get(Rollout, rollout_id) is None:
+            raise NotFound("rollout", rollout_id)
+        scope = R.id == rollout_id
+    now = utcnow()
+    rows = session.execute(
+        update(ROLLOUTS)
+        .where(scope, R.status.not_in(list(RolloutStatus.TERMINAL)))
+        .values(
+            status=RolloutStatus.CANCELLED,
+            termination_reason=TerminationReason.CANCELLED,
+            reward=None,
+            finished_at=now,
+            lease_owner=None,
+            lease_expires_at=None,
+        )
+        .returning(R.id, R.job_id, R.attempt)
+    ).all()
+    if rows:
+        events: list[dict[str, Any]] = [
+            {
+                "job_id": row.job_id,
+                "rollout_id": row.id,
+                "stage": "cancel",
+                "kind": EventKind.CANCELLED,
+                "attempt": row.attempt,
+                "worker": "api",
+                "at": now,
+                "detail": {},
+            }
+            for row in rows
+        ]
+        session.execute(insert(Event), events)
+    terminal = session.scalar(
+        select(func.count())
+        .select_from(ROLLOUTS)
+        .where(scope, R.status.in_(list(RolloutStatus.TERMINAL)))
+    )
+    return CancelResult([row.id for row in rows], int(terminal or 0) - len(rows))

@@ -1,0 +1,141 @@
+"""One upstream inference server: its pooled connection, load, health and weight-update state."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from polar_mq.proxy.backends.breaker import CircuitBreaker
+
+UPSTREAM_LIMITS = httpx.Limits(max_connections=4096, max_keepalive_connections=1024)
+"""Per backend: room for well over 1,000 concurrent streams (one connection each)."""
+UPSTREAM_TIMEOUT = httpx.Timeout(connect=10.0, read=1800.0, write=60.0, pool=None)
+"""No pool timeout (calls queue for a connection); a generous read timeout for long generations."""
+NAME_MAX = 200
+"""The `llm_calls.backend` column width."""
+
+
+def upstream_base_url(url: str) -> str:
+    """The engine's root URL; a trailing `/v1` (as in OpenAI base URLs) is tolerated."""
+    url = url.rstrip("/")
+    return url.removesuffix("/v1")
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerPolicy:
+    failure_threshold: int = 5
+    cooldown_s: float = 10.0
+
+
+class Backend:
+    """An engine the proxy forwards to. All state lives on the event loop: no locks needed.
+
+    `in_flight` counts calls dispatched here whose upstream response is not closed yet (for
+    least-loaded routing and for draining before a weight update). `paused` holds new calls back;
+    `draining` takes no new rollouts but keeps serving its sticky ones; `removed` takes nothing.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        url: str,
+        paths: tuple[str, ...],
+        *,
+        transport: httpx.AsyncBaseTransport | None = None,
+        weight: float = 1.0,
+        policy_version: int = 0,
+        breaker: BreakerPolicy | None = None,
+    ) -> None:
+        if not name or len(name) > NAME_MAX:
+            raise ValueError(f"a backend name must have 1..{NAME_MAX} characters")
+        if weight <= 0:
+            raise ValueError("a backend weight must be > 0")
+        self.name = name
+        self.url = upstream_base_url(url)
+        base = httpx.URL(self.url)
+        if base.scheme not in ("http", "https") or not base.host:
+            raise ValueError(f"backend URL {url!r} is not an http(s) URL")
+        self.weight = weight
+        self.policy_version = policy_version
+        policy = breaker or BreakerPolicy()
+        self.breaker = CircuitBreaker(policy.failure_threshold, policy.cooldown_s)
+        self.transport = transport or httpx.AsyncHTTPTransport(
+            limits=UPSTREAM_LIMITS, trust_env=False
+        )
+        self.client = httpx.AsyncClient(
+            base_url=self.url, transport=self.transport, timeout=UPSTREAM_TIMEOUT, trust_env=False
+        )
+        self.urls = {path: httpx.URL(self.url + path) for path in paths}
+        """Upstream URL per forwarded API path, parsed once (URL parsing is costly in httpx)."""
+        self.in_flight = 0
+        self.waiting = 0
+        """Calls held by a pause."""
+        self.served = 0
+        self.failures = 0
+        self.sticky_rollouts = 0
+        self.draining = False
+        self.removed = False
+        self.last_health: str | None = None
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._resumed = asyncio.Event()
+        self._resumed.set()
+
+    @property
+    def paused(self) -> bool:
+        return not self._resumed.is_set()
+
+    def usable(self) -> bool:
+        """May serve a call now (its sticky rollouts included)."""
+        return not self.removed and self.breaker.available()
+
+    def load(self) -> tuple[float, float]:
+        """Sort key for new rollouts: calls in flight, then rollouts bound here, per unit weight."""
+        return (self.in_flight / self.weight, self.sticky_rollouts / self.weight)
+
+    def acquire(self) -> None:
+        self.in_flight += 1
+        self._idle.clear()
+        self.breaker.on_dispatch()
+
+    def release(self) -> None:
+        self.in_flight -= 1
+        if self.in_flight == 0:
+            self._idle.set()
+
+    def pause(self) -> None:
+        self._resumed.clear()
+
+    def resume(self) -> None:
+        self._resumed.set()
+
+    async def wait_resumed(self) -> None:
+        await self._resumed.wait()
+
+    async def wait_idle(self) -> None:
+        await self._idle.wait()
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+    def snapshot(self) -> dict[str, Any]:
+        """The admin view of this backend."""
+        return {
+            "name": self.name,
+            "url": self.url,
+            "weight": self.weight,
+            "policy_version": self.policy_version,
+            "paused": self.paused,
+            "draining": self.draining,
+            "in_flight": self.in_flight,
+            "waiting": self.waiting,
+            "served": self.served,
+            "failures": self.failures,
+            "sticky_rollouts": self.sticky_rollouts,
+            "breaker": self.breaker.state,
+            "breaker_opened": self.breaker.times_opened,
+            "last_health": self.last_health,
+        }

@@ -1,0 +1,47 @@
+"""Where the proxy puts call rows: the `CallSink` interface and an in-memory sink.
+
+The database writer (`writer.DbCallWriter`) is the production sink; `MemoryCallSink` keeps rows in
+a list for tests and for benchmarks that leave the database out.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+
+class CallSink(Protocol):
+    """Where the proxy puts call rows. `submit` runs on the event loop and must never block."""
+
+    async def start(self) -> None: ...
+
+    def submit(self, row: dict[str, Any]) -> None: ...
+
+    async def flush(self) -> int:
+        """Wait until every row submitted before this call is stored; return rows written."""
+        ...
+
+    async def close(self) -> None: ...
+
+    def stats(self) -> dict[str, int]: ...
+
+
+class MemoryCallSink:
+    """Keeps rows in a list: for tests and for benchmarks that leave the database out."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict[str, Any]] = []
+
+    async def start(self) -> None:
+        return None
+
+    def submit(self, row: dict[str, Any]) -> None:
+        self.rows.append(row)
+
+    async def flush(self) -> int:
+        return len(self.rows)
+
+    async def close(self) -> None:
+        return None
+
+    def stats(self) -> dict[str, int]:
+        return {"written": len(self.rows), "dropped": 0, "failed": 0, "pending": 0}

@@ -1,0 +1,291 @@
+"""The `docker` runtime: one long-lived container per runtime; commands run in it by `docker exec`.
+
+The container is the sandbox: an image, memory/cpu/pids limits enforced by its cgroup, a network
+of `none` (no interface but loopback) or `host` (the node's network, so the proxy on 127.0.0.1 is
+reachable), no new privileges. Its init (`docker-init`) reaps orphans and `sleep infinity` keeps
+it up between stages, so processes an exec leaves in the background live until reset or stop.
+
+Re-attach: the container is named from the runtime id and the runtime root, so any process on the
+node finds it by name; labels (`LABEL_RUNTIME`, `LABEL_ROOT`) let the janitor find orphans. Files:
+the runtime's workspace, home and tmp directories live on the node (as for `local`) and are bind
+mounted at the same paths inside the container, so `workdir`, `upload` and `download` mean the same
+on both sides and work even while the container is stopped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Literal
+
+from docker.errors import APIError, DockerException, ImageNotFound, NotFound
+from docker.models.containers import Container
+from docker.types import Ulimit
+
+import docker
+from polar_mq.runtimes.base import ExecResult, ResourceLimits
+from polar_mq.runtimes.docker_exec import StreamPump, container_pids, kill_exec, supervise
+from polar_mq.runtimes.local import EXEC_TAG, RUNTIME_TAG, LocalRuntime, _open_sink
+
+Network = Literal["host", "none"]
+NETWORKS: tuple[Network, ...] = ("host", "none")
+LABEL_RUNTIME = "org.polar-mq.runtime-id"
+LABEL_ROOT = "org.polar-mq.runtime-root"
+KEEPALIVE = ["sleep", "infinity"]
+
+
+@lru_cache(maxsize=1)
+def default_client() -> docker.DockerClient:
+    """One client per process, built on first use from DOCKER_HOST & co (not at import).
+
+    Each running exec holds one connection for its output stream, so the pool is sized for many
+    concurrent agents, not the SDK's default of 10.
+    """
+    return docker.from_env(max_pool_size=256)
+
+
+def docker_available(client: docker.DockerClient | None = None) -> str | None:
+    """None when a Docker engine answers, else why not (for skips and clear start errors)."""
+    try:
+        (client or default_client()).ping()
+    except DockerException as exc:
+        return f"no Docker engine reachable ({exc}); start one with scripts/docker_engine.sh"
+    return None
+
+
+def container_name(runtime_id: str, root: Path) -> str:
+    """Unique per (root, id) on an engine: two runtime roots may reuse an id (tests do)."""
+    digest = hashlib.sha256(str(Path(root).resolve()).encode()).hexdigest()[:10]
+    return f"polar-mq-{runtime_id}-{digest}"
+
+
+class DockerRuntime(LocalRuntime):
+    """A runtime made of a container and the node-side directories bind mounted into it.
+
+    `image`, `network`, `cpus` and `pids_limit` (and `limits`: memory as the container's memory
+    limit without swap, cpu seconds and open files as ulimits) are used when `start()` creates the
+    container; later handles need only the id and root.
+    """
+
+    kind = "docker"
+
+    def __init__(
+        self,
+        runtime_id: str,
+        root: Path,
+        limits: ResourceLimits | None = None,
+        *,
+        image: str | None = None,
+        network: Network = "host",
+        cpus: float | None = None,
+        pids_limit: int | None = None,
+        client: docker.DockerClient | None = None,
+        kill_grace_s: float = 2.0,
+        drain_s: float = 0.5,
+    ) -> None:
+        # absolute: the directories are bind mounted at the same paths inside the container
+        root = Path(root).resolve()
+        super().__init__(runtime_id, root, limits, kill_grace_s=kill_grace_s, drain_s=drain_s)
+        if network not in NETWORKS:
+            raise ValueError(
+                f"docker network must be one of {', '.join(NETWORKS)}, not {network!r}"
+            )
+        if cpus is not None and not cpus > 0:
+            raise ValueError("cpus must be positive or None")
+        if pids_limit is not None and (not isinstance(pids_limit, int) or pids_limit < 1):
+            raise ValueError("pids_limit must be a positive int or None")
+        self.image = image
+        self.network: Network = network
+        self.cpus = cpus
+        self.pids_limit = pids_limit
+        self._client = client
+        self.name = container_name(self.runtime_id, self.root)
+
+    @property
+    def client(self) -> docker.DockerClient:
+        return self._client or default_client()
+
+    def container(self) -> Container | None:
+        """The runtime's container, or None when there is none (never started, or stopped)."""
+        try:
+            return self.client.containers.get(self.name)
+        except NotFound:
+            return None
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        super().start()
+        found = self.container()
+        if found is None:
+            found = self._create()
+        if found.status != "running":
+            found.start()
+
+    def _create(self) -> Container:
+        if not self.image:
+            raise ValueError("the docker runtime needs an image (runtime.image in the job spec)")
+        try:
+            return self.client.containers.create(**self._create_args())
+        except ImageNotFound as exc:
+            raise RuntimeError(
+                f"docker image {self.image!r} is not on this node; build or load it first "
+                "(e.g. scripts/build_test_image.sh); no registry is pulled from"
+            ) from exc
+        except APIError as exc:
+            if exc.status_code == 409:  # another process created it first
+                existing = self.container()
+                if existing is not None:
+                    return existing
+            raise
+
+    def _create_args(self) -> dict[str, Any]:
+        binds = [self.workdir, self.path / "home", self.path / "tmp"]
+        args: dict[str, Any] = {
+            "image": self.image,
+            "command": KEEPALIVE,
+            "name": self.name,
+            "labels": {LABEL_RUNTIME: self.runtime_id, LABEL_ROOT: str(self.root)},
+            "init": True,
+            "detach": True,
+            "hostname": "sandbox",
+            "network_mode": self.network,
+            "working_dir": str(self.workdir),
+            "volumes": {str(d): {"bind": str(d), "mode": "rw"} for d in binds},
+            "security_opt": ["no-new-privileges"],
+        }
+        limits = self.limits
+        if limits is not None and limits.memory_mb is not None:
+            args["mem_limit"] = f"{limits.memory_mb}m"
+            args["memswap_limit"] = f"{limits.memory_mb}m"  # no swap on top
+        ulimits = []
+        if limits is not None and limits.cpu_seconds is not None:
+            ulimits.append(Ulimit(name="cpu", soft=limits.cpu_seconds, hard=limits.cpu_seconds + 1))
+        if limits is not None and limits.max_open_files is not None:
+            n = limits.max_open_files
+            ulimits.append(Ulimit(name="nofile", soft=n, hard=n))
+        if ulimits:
+            args["ulimits"] = ulimits
+        if self.cpus is not None:
+            args["nano_cpus"] = int(self.cpus * 1e9)
+        if self.pids_limit is not None:
+            args["pids_limit"] = self.pids_limit
+        return args
+
+    def reset(self) -> None:
+        """Restart the container (every process dies, limits stay) and empty its directories.
+
+        The directories are emptied, not recreated: the container's bind mounts hold on to them.
+        """
+        found = self.container()
+        if found is not None and found.status == "running":
+            found.kill()
+        for directory in (self.workdir, self.path / "home", self.path / "tmp"):
+            directory.mkdir(parents=True, exist_ok=True)
+            for entry in directory.iterdir():
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry)
+                else:
+                    entry.unlink()
+        if found is not None:
+            found.start()
+
+    def stop(self) -> None:
+        """Remove the container, then the node-side directories; idempotent, from any process.
+
+        Unlike `local`, no tag scan: the container's removal kills all of its processes, and a
+        scan by runtime id could hit a same-named runtime of another root.
+        """
+        self.remove_container()
+        shutil.rmtree(self.path, ignore_errors=True)
+        if self.path.exists():
+            raise RuntimeError(f"runtime {self.runtime_id}: could not remove {self.path}")
+
+    def remove_container(self, timeout: float = 30.0) -> None:
+        """Force-remove the container and wait until the engine no longer knows it."""
+        end = time.monotonic() + timeout
+        while True:
+            try:
+                self.client.api.remove_container(self.name, force=True)
+            except NotFound:
+                return
+            except APIError as exc:
+                if exc.status_code != 409 or time.monotonic() >= end:  # 409: removal under way
+                    raise
+            if self.container() is None:
+                return
+            time.sleep(0.05)
+
+    def alive_processes(self) -> list[int]:
+        return sorted(container_pids(self.client.api, self.name))
+
+    # -- processes -----------------------------------------------------------------------------
+
+    def exec(
+        self,
+        command: str | list[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        timeout: float | None = None,
+        inactivity_timeout: float | None = None,
+        activity: Callable[[], float] | None = None,
+        stdout_path: Path | None = None,
+    ) -> ExecResult:
+        for name, value in (("timeout", timeout), ("inactivity_timeout", inactivity_timeout)):
+            if value is not None and value <= 0:
+                raise ValueError(f"{name} must be positive, got {value}")
+        found = self.container()
+        if found is None or found.status != "running" or not self.workdir.is_dir():
+            raise RuntimeError(f"runtime {self.runtime_id} is not started (no running container)")
+        argv = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
+        exec_id = uuid.uuid4().hex
+        full_env = {**self._base_env(), **(env or {}), RUNTIME_TAG: self.runtime_id}
+        full_env[EXEC_TAG] = exec_id
+        api = self.client.api
+        container_id = str(found.id)
+        started = time.monotonic()
+        handle = api.exec_create(
+            container_id,
+            argv,
+            environment=full_env,
+            workdir=str(self._resolve(cwd) if cwd else self.workdir),
+        )["Id"]
+        sink = _open_sink(stdout_path)
+        reason: str | None = None
+        try:
+            pump = StreamPump(api.exec_start(handle, stream=True, demux=True), sink)
+            try:
+                reason = supervise(
+                    pump,
+                    lambda: bool(api.exec_inspect(handle).get("Running")),
+                    timeout,
+                    inactivity_timeout,
+                    activity,
+                    self.drain_s,
+                )
+            finally:
+                if reason is not None or api.exec_inspect(handle).get("Running"):
+                    kill_exec(api, container_id, f"{EXEC_TAG}={exec_id}", self.kill_grace_s)
+                pump.close()
+        finally:
+            if sink is not None:
+                sink.close()
+        exit_code = api.exec_inspect(handle).get("ExitCode")
+        return ExecResult(
+            exit_code=None if reason else exit_code,
+            stdout_tail=pump.stdout.text(),
+            stderr_tail=pump.stderr.text(),
+            timed_out=reason == "timeout",
+            inactive=reason == "inactive",
+            duration_s=time.monotonic() - started,
+        )
+
+    def _base_env(self) -> dict[str, str]:
+        """HOME and TMPDIR only: PATH and locale come from the image, nothing from the worker."""
+        return {"HOME": str(self.path / "home"), "TMPDIR": str(self.path / "tmp")}

@@ -1,0 +1,178 @@
+"""One `docker exec` with the semantics of `LocalRuntime.exec`: tails, log file, deadlines, kill.
+
+The docker SDK's exec stream blocks, so a reader thread moves its demultiplexed chunks to a queue
+and the caller's thread keeps the clocks (wall-clock timeout, inactivity with an external activity
+probe). Docker has no "kill this exec" call: on expiry the exec's processes are found among the
+container's processes (host pids from the engine's `top`) by the exec tag in their environment,
+frozen, and killed from the host; rescans catch children forked meanwhile. That needs the engine
+on this node, which the workspace bind mount needs anyway.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import IO, Any
+
+import psutil
+from docker.errors import APIError, NotFound
+
+from polar_mq.runtimes.local import _environ_bytes, _safe_activity, _signal_all, _Tail, _wait_gone
+
+_POLL_S = 0.2  # how often a silent exec is asked whether it has exited
+_EOF = None
+
+
+class StreamPump:
+    """Reads an exec's output on a thread; the caller waits on `next_chunk` with a timeout."""
+
+    def __init__(self, stream: Any, sink: IO[bytes] | None) -> None:
+        self.stream = stream
+        self.sink = sink
+        self.stdout = _Tail()
+        self.stderr = _Tail()
+        self.eof = False
+        self._queue: queue.SimpleQueue[tuple[bytes | None, bytes | None] | None] = (
+            queue.SimpleQueue()
+        )
+        self._thread = threading.Thread(target=self._read, name="docker-exec-reader", daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        try:
+            for frame in self.stream:
+                self._queue.put(frame)
+        except Exception:  # a closed socket ends the stream like EOF
+            pass
+        finally:
+            self._queue.put(_EOF)
+
+    def wait(self, timeout: float) -> bool:
+        """Take output for up to `timeout` seconds; True when some arrived."""
+        got = False
+        try:
+            item = self._queue.get(timeout=max(0.0, timeout)) if not self.eof else _EOF
+        except queue.Empty:
+            return False
+        while True:
+            if item is _EOF:
+                self.eof = True
+                return got
+            got |= self._take(item)
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return got
+
+    def _take(self, frame: tuple[bytes | None, bytes | None]) -> bool:
+        out, err = frame
+        for chunk, tail in ((out, self.stdout), (err, self.stderr)):
+            if chunk:
+                tail.add(chunk)
+                if self.sink is not None:
+                    self.sink.write(chunk)
+        return bool(out or err)
+
+    def close(self, join_s: float = 2.0) -> None:
+        """Stop reading (a background process may hold the pipe open forever) and drain."""
+        with contextlib.suppress(Exception):
+            self.stream.close()
+        self._thread.join(join_s)
+        while not self.eof:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is _EOF:
+                self.eof = True
+            else:
+                self._take(item)
+
+
+def supervise(
+    pump: StreamPump,
+    running: Callable[[], bool],
+    timeout: float | None,
+    inactivity_timeout: float | None,
+    activity: Callable[[], float] | None,
+    drain_s: float,
+) -> str | None:
+    """Return "timeout" or "inactive" when the exec must be killed, None when it ended."""
+    start = time.monotonic()
+    deadline = start + timeout if timeout is not None else float("inf")
+    last_seen = start
+    exited_at: float | None = None
+    last_poll = start
+    while True:
+        now = time.monotonic()
+        if pump.eof:
+            return None
+        if exited_at is None and now - last_poll >= _POLL_S:
+            last_poll = now
+            if not running():
+                exited_at = now
+        if exited_at is not None:
+            if now >= exited_at + drain_s:
+                return None
+            wake = exited_at + drain_s
+        else:
+            if now >= deadline:
+                return "timeout"
+            wake = min(deadline, last_poll + _POLL_S)
+            if inactivity_timeout is not None:
+                if now >= last_seen + inactivity_timeout and activity is not None:
+                    last_seen = max(last_seen, _safe_activity(activity))
+                if now >= last_seen + inactivity_timeout:
+                    return "inactive"
+                wake = min(wake, last_seen + inactivity_timeout)
+        if pump.wait(wake - now):
+            last_seen = time.monotonic()
+
+
+def container_pids(api: Any, container_id: str) -> list[int]:
+    """Host pids of a container's processes (empty when it is gone or stopped)."""
+    try:
+        top = api.top(container_id)
+    except (NotFound, APIError):
+        return []
+    titles = top.get("Titles") or []
+    if "PID" not in titles:
+        return []
+    column = titles.index("PID")
+    return [int(row[column]) for row in top.get("Processes") or []]
+
+
+def tagged_in_container(api: Any, container_id: str, needle: str) -> Iterator[psutil.Process]:
+    """The container's processes whose environment holds `needle` (`NAME=value`)."""
+    wanted = f"\0{needle}\0".encode()
+    for pid in container_pids(api, container_id):
+        environ = _environ_bytes(pid)
+        if environ is None or wanted not in b"\0" + environ + b"\0":
+            continue
+        with contextlib.suppress(psutil.Error):
+            yield psutil.Process(pid)
+
+
+def kill_exec(api: Any, container_id: str, needle: str, grace_s: float) -> list[int]:
+    """SIGTERM, grace, then freeze-and-SIGKILL every process of one exec; return survivors."""
+    members = {p.pid: p for p in tagged_in_container(api, container_id, needle)}
+    _signal_all(members.values(), signal.SIGTERM)
+    _wait_gone(members.values(), grace_s)
+    end = time.monotonic() + 10.0
+    frozen: dict[int, psutil.Process] = {}
+    while time.monotonic() < end:
+        found = {p.pid: p for p in tagged_in_container(api, container_id, needle)}
+        new = {pid: p for pid, p in found.items() if pid not in frozen}
+        if not new:
+            if not frozen:
+                return []
+            _signal_all(frozen.values(), signal.SIGKILL)
+            frozen = {p.pid: p for p in _wait_gone(frozen.values(), end - time.monotonic())}
+            continue
+        _signal_all(new.values(), signal.SIGSTOP)
+        frozen.update(new)
+    return sorted(frozen)

@@ -1,0 +1,55 @@
+"""From a job's `runtime` spec to a runtime handle; which options each kind understands.
+
+Kept apart from the runtime modules so the API can validate a job without importing the docker SDK.
+Options a kind would silently ignore are refused: a job asking for `network: none` on the `local`
+runtime must fail at submit time, not run with the node's network.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from polar_mq.runtimes.base import ResourceLimits, Runtime
+
+# spec key -> constructor keyword, per kind
+KIND_OPTIONS: dict[str, dict[str, str]] = {
+    "local": {},
+    "bwrap": {"network": "network", "pids": "pids_limit"},
+    "docker": {"image": "image", "network": "network", "cpus": "cpus", "pids": "pids_limit"},
+}
+_DEFAULTS: dict[str, Any] = {"network": "host"}  # what every kind does without the option
+_LIMIT_KEYS = ("memory_mb", "cpu_seconds", "max_open_files")
+
+
+def check_runtime_options(spec: Mapping[str, Any]) -> None:
+    """Raise ValueError when `spec` asks a kind for something it cannot do."""
+    kind = spec.get("kind", "local")
+    allowed = KIND_OPTIONS.get(kind)
+    if allowed is None:
+        raise ValueError(f"unknown runtime kind {kind!r}; known: {', '.join(KIND_OPTIONS)}")
+    for key in ("image", "network", "cpus", "pids"):
+        value = spec.get(key)
+        if value is None or key in allowed or _DEFAULTS.get(key) == value:
+            continue
+        takers = [k for k, opts in KIND_OPTIONS.items() if key in opts]
+        raise ValueError(f"runtime option {key}={value!r} needs kind {' or '.join(takers)}")
+    if kind == "docker" and not spec.get("image"):
+        raise ValueError("runtime kind docker needs an image (e.g. polar-mq-runtime:test)")
+
+
+def runtime_from_spec(spec: Mapping[str, Any], runtime_id: str, root: Path) -> Runtime:
+    """The handle every stage builds from the stored job spec (creates nothing)."""
+    from polar_mq.runtimes import get_runtime  # the registry imports this module's users
+
+    check_runtime_options(spec)
+    kind = spec.get("kind", "local")
+    values = {key: spec.get(key) for key in _LIMIT_KEYS}
+    limits = ResourceLimits(**values) if any(v is not None for v in values.values()) else None
+    options = {
+        keyword: spec[key]
+        for key, keyword in KIND_OPTIONS[kind].items()
+        if spec.get(key) is not None
+    }
+    return get_runtime(kind, runtime_id, root, limits, **options)

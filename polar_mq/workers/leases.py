@@ -1,0 +1,123 @@
+"""Lease heartbeats: a running stage keeps its claim alive; a dead one lets it expire.
+
+A claim sets `lease_expires_at = now + lease_s`. While the stage runs, one thread per worker
+process renews the leases of every stage running in that process every `lease_s / 3` seconds with
+a fenced UPDATE (same owner, still in the busy state). So a healthy stage can run for hours with a
+short lease, and a worker that dies (kill -9, lost node) stops renewing: the sweeper sees the
+expired lease within `lease_s` and restarts the rollout.
+
+A renewal that matches no row means the rollout was taken from this worker: cancelled, or
+restarted by the sweeper after a stall. The keeper then calls the stage's `on_lost` (e.g. kill the
+agent's process tree) so a cancelled agent stops burning GPU time right away.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from sqlalchemy import bindparam, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from polar_mq.models.base import utcnow
+from polar_mq.workers.transitions import ROLLOUTS, STAGE_STATES, Claimed, R, _rowcount
+
+log = logging.getLogger(__name__)
+
+_RENEW = (
+    update(ROLLOUTS)
+    .where(
+        R.id == bindparam("b_id"),
+        R.status == bindparam("b_busy"),
+        R.lease_owner == bindparam("b_owner"),
+    )
+    .values(lease_expires_at=bindparam("b_expires"))
+)
+
+
+@dataclass(eq=False)
+class Held:
+    """One running stage's lease, as the keeper tracks it."""
+
+    rollout_id: uuid.UUID
+    busy: str
+    owner: str
+    on_lost: Callable[[], None] | None
+    lost: threading.Event = field(default_factory=threading.Event)
+
+
+class LeaseKeeper:
+    """Renews the leases of the stages running in this process (one daemon thread, lazily)."""
+
+    def __init__(self, factory: sessionmaker[Session], lease_s: float) -> None:
+        self.factory = factory
+        self.lease_s = float(lease_s)
+        self.interval_s = max(0.2, self.lease_s / 3)
+        self._held: set[Held] = set()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    @contextmanager
+    def hold(self, claimed: Claimed, on_lost: Callable[[], None] | None = None) -> Iterator[Held]:
+        """Keep `claimed`'s lease alive for the duration of the block."""
+        _, busy, _ = STAGE_STATES[claimed.stage]
+        held = Held(claimed.rollout.id, busy, claimed.owner, on_lost)
+        with self._lock:
+            self._held.add(held)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name="polar-lease-keeper", daemon=True
+                )
+                self._thread.start()
+        try:
+            yield held
+        finally:
+            with self._lock:
+                self._held.discard(held)
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(self.interval_s)
+            with self._lock:
+                batch = list(self._held)
+            if batch:
+                try:
+                    self.renew(batch)
+                except Exception:  # a database blip: the lease has 2/3 of its length left
+                    log.warning("lease renewal failed; retrying next beat", exc_info=True)
+
+    def renew(self, batch: list[Held]) -> None:
+        """Extend every lease in `batch`; report the ones that are no longer ours."""
+        expires = utcnow() + timedelta(seconds=self.lease_s)
+        lost: list[Held] = []
+        with self.factory() as session, session.begin():
+            conn = session.connection()
+            for held in batch:
+                params = {
+                    "b_id": held.rollout_id,
+                    "b_busy": held.busy,
+                    "b_owner": held.owner,
+                    "b_expires": expires,
+                }
+                if _rowcount(conn.execute(_RENEW, params)) != 1:
+                    lost.append(held)
+        for held in lost:
+            if held.lost.is_set():
+                continue
+            held.lost.set()
+            log.warning("rollout %s was taken from %s (cancelled or restarted)", *_ids(held))
+            if held.on_lost is not None:
+                try:
+                    held.on_lost()
+                except Exception:
+                    log.exception("stopping the lost stage of rollout %s failed", held.rollout_id)
+
+
+def _ids(held: Held) -> tuple[str, str]:
+    return str(held.rollout_id), held.owner

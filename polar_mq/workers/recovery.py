@@ -1,0 +1,215 @@
+"""What happens to a rollout when a stage cannot finish normally.
+
+Three ways back, all compare-and-set UPDATEs fenced like every other transition, so a recovery
+racing a late result (or another sweeper) takes effect at most once:
+
+- `retry_in_place`: a stage raised unexpectedly; the rollout goes back to the stage's ready state
+  and the same message is sent again after a backoff (bounded by `retries.stage_retries`).
+- `restart`: the attempt is lost (its worker died, or the agent stage broke); the rollout starts
+  over from prepare with attempt+1 in a fresh runtime, or fails `worker_lost`/`runtime_error` once
+  the job's `retries.max_attempts` are used up. LLM calls, samples and evaluations are all per
+  attempt, so nothing of the lost attempt leaks into the new one.
+- `resume`: a DB-only stage (build) whose worker died is simply handed back to its queue.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import bindparam, update
+from sqlalchemy.orm import Session
+
+from polar_mq.models import EventKind, RolloutStatus, TerminationReason
+from polar_mq.models.base import utcnow
+from polar_mq.workers.outbox import defer_publish
+from polar_mq.workers.routing import Stage, StageMessage
+from polar_mq.workers.transitions import (
+    EVENTS,
+    ROLLOUTS,
+    STAGE_STATES,
+    Claimed,
+    R,
+    _fenced_update,
+    _rowcount,
+)
+
+DEFAULT_MAX_ATTEMPTS = 3
+DEFAULT_STAGE_RETRIES = 3
+MAX_BACKOFF_S = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class LostAttempt:
+    """A rollout caught in a busy state by someone other than its lease owner."""
+
+    id: uuid.UUID
+    job_id: uuid.UUID
+    status: str
+    attempt: int
+    lease_owner: str | None
+    pool: str
+    max_attempts: int
+
+
+def retry_policy(spec: dict[str, Any]) -> tuple[int, int]:
+    """(max_attempts, stage_retries) of a job spec; defaults for jobs stored before they existed."""
+    retries = spec.get("retries") or {}
+    return (
+        int(retries.get("max_attempts", DEFAULT_MAX_ATTEMPTS)),
+        int(retries.get("stage_retries", DEFAULT_STAGE_RETRIES)),
+    )
+
+
+def backoff_s(retries: int, base_s: float) -> float:
+    """Exponential backoff between in-place retries: base, 2·base, 4·base … capped."""
+    return float(min(MAX_BACKOFF_S, base_s * (2**retries)))
+
+
+def _event(
+    session: Session,
+    rollout_id: uuid.UUID,
+    job_id: uuid.UUID,
+    stage: str,
+    kind: str,
+    attempt: int,
+    worker: str,
+    **detail: Any,
+) -> None:
+    session.connection().execute(
+        EVENTS.insert(),
+        {
+            "job_id": job_id,
+            "rollout_id": rollout_id,
+            "stage": stage,
+            "kind": kind,
+            "attempt": attempt,
+            "worker": worker,
+            "at": utcnow(),
+            "detail": detail,
+        },
+    )
+
+
+def retry_in_place(
+    session: Session, claimed: Claimed, message: StageMessage, error: str, delay_s: float
+) -> None:
+    """Hand the stage back to its queue after `delay_s`; the runtime (if any) is kept."""
+    ready, _, _ = STAGE_STATES[claimed.stage]
+    _fenced_update(session, claimed, {"status": ready})
+    _event(
+        session, claimed.rollout.id, claimed.rollout.job_id, claimed.stage.value,
+        EventKind.RETRIED, claimed.rollout.attempt, claimed.owner,
+        retry=message.retries, delay_s=delay_s, error=error[-1000:],
+    )  # fmt: skip
+    defer_publish(session, message)
+
+
+_WHERE_LOST = (
+    R.id == bindparam("b_id"),
+    R.status == bindparam("b_status"),
+    R.attempt == bindparam("b_attempt"),
+    R.lease_owner.is_not_distinct_from(bindparam("b_owner")),
+)
+_RESTART = (
+    update(ROLLOUTS)
+    .where(*_WHERE_LOST)
+    .values(
+        status=RolloutStatus.QUEUED,
+        attempt=R.attempt + 1,
+        node=None,
+        runtime_id=None,
+        lease_owner=None,
+        lease_expires_at=None,
+        termination_reason=None,
+        agent_exit_code=None,
+        reward=None,
+        n_llm_calls=None,
+        started_at=None,
+        error=bindparam("b_error"),
+    )
+)
+_GIVE_UP = update(ROLLOUTS).where(*_WHERE_LOST)
+_RESUME = update(ROLLOUTS).where(*_WHERE_LOST)
+
+
+def restart(
+    session: Session, lost: LostAttempt, reason: str, error: str, worker: str, stage: str
+) -> str:
+    """Start the rollout over from prepare (attempt+1), or fail it when attempts are used up.
+
+    Returns "requeued", "failed" or "raced" (someone else moved the rollout first).
+    """
+    params = {
+        "b_id": lost.id,
+        "b_status": lost.status,
+        "b_attempt": lost.attempt,
+        "b_owner": lost.lease_owner,
+    }
+    if lost.attempt >= lost.max_attempts:
+        values = {
+            "status": RolloutStatus.FAILED,
+            "termination_reason": reason,
+            "error": f"gave up after {lost.attempt} attempt(s): {error}"[-4000:],
+            "reward": None,
+            "finished_at": utcnow(),
+            "lease_owner": None,
+            "lease_expires_at": None,
+        }
+        if _rowcount(session.connection().execute(_GIVE_UP, {**params, **values})) != 1:
+            return "raced"
+        _event(
+            session, lost.id, lost.job_id, stage, EventKind.FAILED, lost.attempt, worker,
+            reason=reason, error=error[-1000:], attempts=lost.attempt,
+        )  # fmt: skip
+        return "failed"
+    restarted = session.connection().execute(_RESTART, {**params, "b_error": error[-4000:]})
+    if _rowcount(restarted) != 1:
+        return "raced"
+    _event(
+        session, lost.id, lost.job_id, stage, EventKind.REQUEUED, lost.attempt + 1, worker,
+        reason=reason, error=error[-1000:], previous_attempt=lost.attempt,
+    )  # fmt: skip
+    defer_publish(
+        session, StageMessage(Stage.PREPARE, lost.id, lost.pool, attempt=lost.attempt + 1)
+    )
+    return "requeued"
+
+
+def resume(session: Session, lost: LostAttempt, stage: Stage, worker: str) -> str:
+    """Give a DB-only stage back to its queue in the same attempt; "resumed" or "raced"."""
+    ready, busy, _ = STAGE_STATES[stage]
+    params = {
+        "b_id": lost.id,
+        "b_status": busy,
+        "b_attempt": lost.attempt,
+        "b_owner": lost.lease_owner,
+        "status": ready,
+        "lease_owner": None,
+        "lease_expires_at": None,
+    }
+    if _rowcount(session.connection().execute(_RESUME, params)) != 1:
+        return "raced"
+    _event(
+        session, lost.id, lost.job_id, stage.value, EventKind.REQUEUED, lost.attempt, worker,
+        reason=TerminationReason.WORKER_LOST, resumed=True,
+    )  # fmt: skip
+    defer_publish(session, StageMessage(stage, lost.id, lost.pool, attempt=lost.attempt))
+    return "resumed"
+
+
+def restart_claimed(session: Session, claimed: Claimed, pool: str, reason: str, error: str) -> str:
+    """`restart` for a stage that still holds its claim (the agent stage broke unexpectedly)."""
+    max_attempts, _ = retry_policy(claimed.spec)
+    _, busy, _ = STAGE_STATES[claimed.stage]
+    lost = LostAttempt(
+        claimed.rollout.id,
+        claimed.rollout.job_id,
+        busy,
+        claimed.rollout.attempt,
+        claimed.owner,
+        pool,
+        max_attempts,
+    )
+    return restart(session, lost, reason, error, claimed.owner, claimed.stage.value)

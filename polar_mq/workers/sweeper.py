@@ -1,0 +1,183 @@
+"""The sweeper: finds rollouts that nothing will move any more, and moves them.
+
+Two kinds of stranded rollouts, both found from PostgreSQL alone (the broker is never trusted
+to know what is pending):
+
+- **Expired leases**: a busy rollout whose worker stopped renewing its lease (kill -9, lost node,
+  frozen process). The build stage (database only) is resumed where it was; any other stage starts
+  the rollout over from prepare with attempt+1, up to the job's `retries.max_attempts`, after
+  which it fails with `worker_lost`.
+- **Lost messages**: a rollout waiting in a ready state (queued, prepared, ran, built) that has seen
+  no event for `republish_after_s` while its queue is empty (the message was lost: a broker restart
+  without persistence, a publish that failed after commit). Its message is sent again; a duplicate
+  is harmless because stage claims are compare-and-set. The `republished` event it writes also
+  rate-limits the next attempt.
+
+Any number of sweepers may run: every change is a fenced UPDATE, so two sweepers never double one.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from polar_mq.config import Settings
+from polar_mq.db import unit_of_work
+from polar_mq.models import Event, EventKind, Job, TerminationReason
+from polar_mq.models.base import utcnow
+from polar_mq.workers.outbox import defer_publish
+from polar_mq.workers.recovery import LostAttempt, restart, resume, retry_policy
+from polar_mq.workers.routing import Stage, StageMessage, queue_name
+from polar_mq.workers.transitions import EVENTS, STAGE_STATES, R
+
+log = logging.getLogger(__name__)
+
+BUSY = {busy: stage for stage, (_, busy, _) in STAGE_STATES.items()}
+READY = {ready: stage for stage, (ready, _, _) in STAGE_STATES.items()}
+QueueDepth = Callable[[str], int | None]
+"""Messages waiting in a queue, or None when the broker cannot say (then nothing is re-sent)."""
+
+
+@dataclass
+class SweepReport:
+    requeued: int = 0
+    resumed: int = 0
+    failed: int = 0
+    republished: int = 0
+    raced: int = 0
+    details: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def changed(self) -> int:
+        return self.requeued + self.resumed + self.failed + self.republished
+
+
+class Sweeper:
+    def __init__(
+        self,
+        settings: Settings,
+        factory: sessionmaker[Session],
+        queue_depth: QueueDepth,
+        name: str = "sweeper",
+        batch: int = 500,
+    ) -> None:
+        self.settings = settings
+        self.factory = factory
+        self.queue_depth = queue_depth
+        self.name = name
+        self.batch = batch
+
+    def sweep_once(self, now: datetime | None = None) -> SweepReport:
+        now = now or utcnow()
+        report = SweepReport()
+        with unit_of_work(self.factory) as session:
+            self._expired_leases(session, now, report)
+        with unit_of_work(self.factory) as session:
+            self._lost_messages(session, now, report)
+        if report.changed:
+            log.warning("sweeper: %s", report.details)
+        return report
+
+    def _pool(self, spec: dict[str, Any]) -> str:
+        return str(spec.get("pool", self.settings.pool))
+
+    def _expired_leases(self, session: Session, now: datetime, report: SweepReport) -> None:
+        rows = session.execute(
+            select(R.id, R.job_id, R.status, R.attempt, R.lease_owner, Job.spec)
+            .join(Job, Job.id == R.job_id)
+            .where(R.status.in_(list(BUSY)), R.lease_expires_at < now)
+            .limit(self.batch)
+        ).all()
+        for row in rows:
+            max_attempts, _ = retry_policy(row.spec)
+            lost = LostAttempt(
+                row.id, row.job_id, row.status, row.attempt, row.lease_owner,
+                self._pool(row.spec), max_attempts,
+            )  # fmt: skip
+            stage = BUSY[row.status]
+            if stage is Stage.BUILD:
+                outcome = resume(session, lost, stage, self.name)
+            else:
+                outcome = restart(
+                    session, lost, TerminationReason.WORKER_LOST,
+                    f"lease of {row.lease_owner} expired during {stage}", self.name, stage.value,
+                )  # fmt: skip
+            _count(report, outcome, rollout=str(row.id), stage=stage.value, owner=row.lease_owner)
+
+    def _lost_messages(self, session: Session, now: datetime, report: SweepReport) -> None:
+        last_event = select(func.max(Event.at)).where(Event.rollout_id == R.id).scalar_subquery()
+        cutoff = now - timedelta(seconds=self.settings.republish_after_s)
+        rows = session.execute(
+            select(R.id, R.job_id, R.status, R.attempt, R.node, Job.spec)
+            .join(Job, Job.id == R.job_id)
+            .where(R.status.in_(list(READY)), func.coalesce(last_event, R.created_at) < cutoff)
+            .limit(self.batch)
+        ).all()
+        depths: dict[str, int | None] = {}
+        for row in rows:
+            stage = READY[row.status]
+            message = StageMessage(stage, row.id, self._pool(row.spec), row.node, row.attempt)
+            try:
+                queue = queue_name(self.settings.queue_prefix, stage, message.pool, row.node)
+            except ValueError:  # a node-local stage without a node: only a restart can help
+                continue
+            if queue not in depths:
+                depths[queue] = self.queue_depth(queue)
+            if depths[queue] != 0:
+                continue  # unknown, or messages are waiting: ours may well be among them
+            session.execute(
+                EVENTS.insert(),
+                {
+                    "job_id": row.job_id,
+                    "rollout_id": row.id,
+                    "stage": stage.value,
+                    "kind": EventKind.REPUBLISHED,
+                    "attempt": row.attempt,
+                    "worker": self.name,
+                    "at": now,
+                    "detail": {"queue": queue},
+                },
+            )
+            defer_publish(session, message)
+            report.republished += 1
+            report.details.append({"republished": str(row.id), "stage": stage.value})
+
+    def run_forever(self, stop: threading.Event) -> None:
+        """Sweep every `sweep_interval_s` until `stop` is set; a failed sweep is only logged."""
+        while not stop.is_set():
+            try:
+                self.sweep_once()
+            except Exception:
+                log.exception("sweep failed; next one in %.1f s", self.settings.sweep_interval_s)
+            stop.wait(self.settings.sweep_interval_s)
+
+
+def _count(report: SweepReport, outcome: str, **detail: Any) -> None:
+    if outcome == "requeued":
+        report.requeued += 1
+    elif outcome == "resumed":
+        report.resumed += 1
+    elif outcome == "failed":
+        report.failed += 1
+    else:
+        report.raced += 1
+    report.details.append({"outcome": outcome, **detail})
+
+
+def build_sweeper(settings: Settings) -> Sweeper:
+    """A sweeper wired to the database and the broker of `settings` (the CLI's and tests' way)."""
+    from polar_mq.db import create_db_engine, make_session_factory
+    from polar_mq.workers.celery_app import create_celery, publish_messages, queue_depth
+    from polar_mq.workers.outbox import attach_publisher
+
+    app = create_celery(settings)
+    factory = make_session_factory(create_db_engine(settings.database_url))
+    attach_publisher(factory, lambda messages: publish_messages(app, messages))
+    return Sweeper(settings, factory, lambda queue: queue_depth(app, queue))

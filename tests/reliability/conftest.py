@@ -1,0 +1,20 @@
+"""Fixtures of the fault-injection suite: one fresh stack per scenario (faults are destructive)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy.orm import Session, sessionmaker
+
+from tests.reliability.support import RelStack, rel_stack
+
+
+@pytest.fixture()
+def rel(
+    pg_url: str, tmp_path: Path, db_session_factory: sessionmaker[Session]
+) -> Iterator[RelStack]:
+    """A full stack with small recovery timeouts; torn down before the tables are emptied."""
+    with rel_stack(pg_url, tmp_path) as stack:
+        yield stack

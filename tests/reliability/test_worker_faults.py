@@ -1,0 +1,143 @@
+"""Scenarios 1-4 and 7: workers killed, stopped, outlived by the broker, duplicated messages."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import uuid
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from polar_mq.models import Event, EventKind
+from polar_mq.workers.celery_app import create_celery, publish_messages
+from polar_mq.workers.routing import Stage, StageMessage
+from tests.reliability.support import (
+    RelStack,
+    agent_seen_calls,
+    check_invariants,
+    rel_stack,
+    wait_terminal,
+    wait_until,
+)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.reliability]
+SLOW = {"instruction": "slow", "sleep_s": 4}
+
+
+def _events(factory: sessionmaker[Session], ids: list[str], kind: str) -> list[Event]:
+    with factory() as session:
+        return list(
+            session.scalars(
+                select(Event).where(
+                    Event.rollout_id.in_([uuid.UUID(i) for i in ids]), Event.kind == kind
+                )
+            )
+        )
+
+
+def _agents_started(rel: RelStack, n: int) -> bool:
+    return len({rid for rid, _ in agent_seen_calls(rel.call_log)}) >= n
+
+
+def test_kill9_worker_main_process_during_agent(
+    rel: RelStack, db_session_factory: sessionmaker[Session]
+) -> None:
+    ids = rel.submit([SLOW], samples=2)
+    wait_until(lambda: _agents_started(rel, 2), 60, "both agents made a call")
+    worker = rel.worker_main(Stage.RUN_AGENT)
+    os.kill(worker.pid, signal.SIGKILL)  # its supervisor starts a fresh worker
+    killed = time.monotonic()
+    wait_until(lambda: rel.worker_main(Stage.RUN_AGENT).pid != worker.pid, 30, "a new worker")
+    wait_terminal(db_session_factory, ids, 90)
+    recovery_s = time.monotonic() - killed
+    rollouts = check_invariants(rel, db_session_factory, ids, {i: "completed" for i in ids})
+    assert {r.attempt for r in rollouts.values()} == {2}
+    assert len(_events(db_session_factory, ids, EventKind.REQUEUED)) == 2
+    print(f"\nkill -9 worker main during run_agent: recovered in {recovery_s:.1f} s")
+
+
+def test_kill9_pool_child_during_agent(
+    pg_url: str, tmp_path: object, db_session_factory: sessionmaker[Session]
+) -> None:
+    from pathlib import Path
+
+    with rel_stack(pg_url, Path(str(tmp_path)), workers=False) as rel:
+        rel.start_workers(Stage.PREPARE, Stage.BUILD, Stage.EVALUATE)
+        rel.start_workers(Stage.RUN_AGENT, pool_impl="prefork")
+        ids = rel.submit([SLOW])
+        wait_until(lambda: _agents_started(rel, 1), 60, "the agent made a call")
+        main = rel.worker_main(Stage.RUN_AGENT)
+        busy = [
+            child
+            for child in main.children()
+            if any("agent_script" in " ".join(p.cmdline()) for p in child.children(True))
+        ]
+        assert len(busy) == 1, "expected one pool child running the agent"
+        busy[0].kill()
+        killed = time.monotonic()
+        wait_terminal(db_session_factory, ids, 90)
+        recovery_s = time.monotonic() - killed
+        rollouts = check_invariants(rel, db_session_factory, ids, {ids[0]: "completed"})
+        assert rollouts[ids[0]].attempt == 2
+        assert main.is_running(), "the worker's main process survives its child"
+        print(f"\nkill -9 pool child during run_agent: recovered in {recovery_s:.1f} s")
+
+
+def test_warm_shutdown_mid_stage_finishes_without_redelivery(
+    rel: RelStack, db_session_factory: sessionmaker[Session]
+) -> None:
+    ids = rel.submit([SLOW])
+    wait_until(lambda: _agents_started(rel, 1), 60, "the agent made a call")
+    stopped = time.monotonic()
+    worker = rel.worker_main(Stage.RUN_AGENT)
+    worker.terminate()  # warm shutdown of the Celery worker; its supervisor restarts it
+    worker.wait(30)
+    wait_terminal(db_session_factory, ids, 60)
+    took_s = time.monotonic() - stopped
+    rollouts = check_invariants(rel, db_session_factory, ids, {ids[0]: "completed"})
+    assert rollouts[ids[0]].attempt == 1, "a warm shutdown finishes the stage it runs"
+    assert took_s < rel.settings.visibility_timeout_s
+    print(f"\nSIGTERM mid-stage: completed {took_s:.1f} s after the signal")
+
+
+def test_stage_longer_than_visibility_timeout_runs_once(
+    pg_url: str, tmp_path: object, db_session_factory: sessionmaker[Session]
+) -> None:
+    from pathlib import Path
+
+    settings = {"visibility_timeout_s": 10, "max_agent_timeout_s": 5}
+    with rel_stack(pg_url, Path(str(tmp_path)), **settings) as rel:
+        ids = rel.submit(
+            [{"instruction": "quick", "calls": 1}],
+            runtime={"prepare": {"commands": ["sleep 25"]}},
+            timeouts={"agent_s": 5, "prepare_s": 60},
+        )
+        seen_s = wait_until(
+            lambda: _events(db_session_factory, ids, EventKind.SKIPPED), 60,
+            "the broker to redeliver the running prepare message",
+        )  # fmt: skip
+        wait_terminal(db_session_factory, ids, 60)
+        check_invariants(rel, db_session_factory, ids, {ids[0]: "completed"})
+        started = [
+            e for e in _events(db_session_factory, ids, EventKind.STARTED) if e.stage == "prepare"
+        ]
+        assert len(started) == 1, "the redelivered copy must not run prepare again"
+        print(f"\nredelivery past the visibility timeout seen after {seen_s:.1f} s; one result")
+
+
+def test_duplicate_messages_have_one_effect(
+    rel: RelStack, db_session_factory: sessionmaker[Session]
+) -> None:
+    ids = rel.submit([{"instruction": "dup", "calls": 1}], samples=4)
+    app = create_celery(rel.settings)
+    duplicates = [
+        StageMessage(Stage.PREPARE, uuid.UUID(i), rel.settings.pool, attempt=1) for i in ids
+    ]
+    publish_messages(app, duplicates * 2)
+    wait_terminal(db_session_factory, ids, 60)
+    check_invariants(rel, db_session_factory, ids, {i: "completed" for i in ids})
+    skipped = _events(db_session_factory, ids, EventKind.SKIPPED)
+    assert len(skipped) >= 2 * len(ids), "every extra copy was seen and skipped"
