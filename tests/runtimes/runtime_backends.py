@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -66,7 +67,11 @@ class Backend:
 
     @property
     def python(self) -> str:
-        return "python3" if self.kind == "docker" else sys.executable
+        if self.kind == "docker":
+            return "python3"
+        # bwrap mounts its own /tmp: a venv under /tmp (a CI checkout) is not visible inside,
+        # while the interpreter it links to (the system's, read-only) is.
+        return os.path.realpath(sys.executable) if self.kind == "bwrap" else sys.executable
 
     def options(self, **extra: Any) -> dict[str, Any]:
         """Constructor options of this kind (docker needs its image)."""
