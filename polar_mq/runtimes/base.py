@@ -58,6 +58,13 @@ class ResourceLimits:
                 raise ValueError(f"ResourceLimits.{name} must be a positive int or None")
 
 
+def check_exec_timeouts(timeout: float | None, inactivity_timeout: float | None) -> None:
+    """Refuse non-positive timeouts the same way in every runtime's `exec`."""
+    for name, value in (("timeout", timeout), ("inactivity_timeout", inactivity_timeout)):
+        if value is not None and value <= 0:
+            raise ValueError(f"{name} must be positive, got {value}")
+
+
 def validate_runtime_id(runtime_id: str) -> str:
     """Refuse ids that could escape the runtime root once used as a directory name."""
     if not isinstance(runtime_id, str) or not _RUNTIME_ID.fullmatch(runtime_id):

@@ -28,7 +28,7 @@ from docker.models.containers import Container
 from docker.types import Ulimit
 
 import docker
-from polar_mq.runtimes.base import ExecResult, ResourceLimits
+from polar_mq.runtimes.base import ExecResult, ResourceLimits, check_exec_timeouts
 from polar_mq.runtimes.docker_exec import StreamPump, container_pids, kill_exec, supervise
 from polar_mq.runtimes.local import EXEC_TAG, RUNTIME_TAG, LocalRuntime, _open_sink
 
@@ -237,9 +237,7 @@ class DockerRuntime(LocalRuntime):
         activity: Callable[[], float] | None = None,
         stdout_path: Path | None = None,
     ) -> ExecResult:
-        for name, value in (("timeout", timeout), ("inactivity_timeout", inactivity_timeout)):
-            if value is not None and value <= 0:
-                raise ValueError(f"{name} must be positive, got {value}")
+        check_exec_timeouts(timeout, inactivity_timeout)
         found = self.container()
         if found is None or found.status != "running" or not self.workdir.is_dir():
             raise RuntimeError(f"runtime {self.runtime_id} is not started (no running container)")

@@ -28,7 +28,7 @@ from typing import IO, Any
 
 import psutil
 
-from polar_mq.runtimes.base import ExecResult, ResourceLimits, Runtime
+from polar_mq.runtimes.base import ExecResult, ResourceLimits, Runtime, check_exec_timeouts
 
 RUNTIME_TAG = "POLAR_MQ_RUNTIME_ID"
 EXEC_TAG = "POLAR_MQ_EXEC_ID"
@@ -145,9 +145,7 @@ class LocalRuntime(Runtime):
     ) -> ExecResult:
         if not self.workdir.is_dir():
             raise RuntimeError(f"runtime {self.runtime_id} is not started (no {self.workdir})")
-        for name, value in (("timeout", timeout), ("inactivity_timeout", inactivity_timeout)):
-            if value is not None and value <= 0:
-                raise ValueError(f"{name} must be positive, got {value}")
+        check_exec_timeouts(timeout, inactivity_timeout)
         argv = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
         exec_id = uuid.uuid4().hex
         full_env = {**self._base_env(), **(env or {}), RUNTIME_TAG: self.runtime_id}
