@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -17,7 +16,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from polar_mq.models import Event, EventKind, Job, Rollout
-from polar_mq.processes import ManagedProcess, free_port
+from tests.reliability.private_redis import PrivateRedis
 from tests.reliability.support import (
     RelStack,
     agent_seen_calls,
@@ -32,48 +31,6 @@ pytestmark = [
     pytest.mark.reliability,
     pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server"),
 ]
-
-
-class PrivateRedis:
-    def __init__(self, log_dir: Path) -> None:
-        self.port = free_port()
-        self.log_dir = log_dir
-        self.proc: ManagedProcess | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        argv = [
-            shutil.which("redis-server") or "redis-server",
-            "--port",
-            str(self.port),
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ]
-        self.proc = ManagedProcess("redis", argv, {}, self.log_dir).start()
-        wait_until(self._up, 10, "redis to accept connections")
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.stop()
-
-    def _up(self) -> bool:
-        import socket
-
-        with socket.socket() as sock:
-            return sock.connect_ex(("127.0.0.1", self.port)) == 0
-
-
-@pytest.fixture()
-def redis(tmp_path: Path) -> Iterator[PrivateRedis]:
-    server = PrivateRedis(tmp_path / "redis")
-    server.start()
-    yield server
-    server.stop()
 
 
 def _submit_status(rel: RelStack, n: int) -> httpx.Response:
