@@ -40,6 +40,18 @@ class PrepareRecipe(StrictModel):
     commands: list[str] = Field(default_factory=list, description="run in order; must exit 0")
 
 
+class EvaluationRuntimeSpec(StrictModel):
+    """Grade in a fresh runtime (same kind, image, network and limits as the agent's).
+
+    It is prepared with its own recipe while the agent runs; the agent's workspace is copied in
+    before grading, and the recipe's files are written again on top (hidden tests stay hidden).
+    """
+
+    prepare: PrepareRecipe = Field(
+        default_factory=PrepareRecipe, description="the grader's files and commands"
+    )
+
+
 class RuntimeSpec(StrictModel):
     kind: Literal["local", "bwrap", "docker"] = Field("local", description="local | bwrap | docker")
     image: str | None = Field(
@@ -54,10 +66,13 @@ class RuntimeSpec(StrictModel):
     cpus: float | None = Field(None, gt=0, le=1024, description="docker: CPU quota in cores")
     pids: int | None = Field(None, ge=8, le=1_000_000, description="bwrap/docker: max processes")
     prepare: PrepareRecipe = Field(default_factory=PrepareRecipe)
+    evaluation: EvaluationRuntimeSpec | None = Field(
+        None, description="set to grade in a separate, fresh runtime (prewarmed during the agent)"
+    )
 
     @model_validator(mode="after")
     def _options_fit_kind(self) -> RuntimeSpec:
-        check_runtime_options(self.model_dump(exclude={"prepare"}))
+        check_runtime_options(self.model_dump(exclude={"prepare", "evaluation"}))
         return self
 
 

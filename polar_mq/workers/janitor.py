@@ -28,7 +28,7 @@ from polar_mq.runtimes.local import RUNTIME_TAG
 
 log = logging.getLogger(__name__)
 
-_RUNTIME_ID = re.compile(r"^([0-9a-f]{32})-(\d+)$")
+_RUNTIME_ID = re.compile(r"^([0-9a-f]{32})-(\d+)(?:-eval)?$")  # -eval: grading runtime
 
 
 def local_runtime_ids(root: Path) -> set[str]:

@@ -26,6 +26,7 @@ from polar_mq.workers.recovery import backoff_s, restart_claimed, retry_in_place
 from polar_mq.workers.routing import NEXT_STAGE, Stage, StageMessage
 from polar_mq.workers.stages import build, evaluate, prepare, run_agent
 from polar_mq.workers.stages.common import StageFailure, StageOutcome, open_runtime
+from polar_mq.workers.stages.grading_runtime import release_grading_runtime
 from polar_mq.workers.transitions import STAGE_STATES, Claimed, LeaseLost, claim, fail, finish
 
 log = logging.getLogger(__name__)
@@ -41,10 +42,17 @@ RUNTIME_STAGES = frozenset({Stage.PREPARE, Stage.RUN_AGENT, Stage.EVALUATE})
 
 
 def _release_runtime(ctx: WorkerContext, claimed: Claimed) -> None:
-    try:
-        open_runtime(ctx.settings, claimed.spec.get("runtime", {}), claimed.rollout).stop()
-    except Exception:
-        log.exception("releasing the runtime of rollout %s failed", claimed.rollout.id)
+    """Stop the rollout's runtime, and its evaluation runtime when the job grades in its own."""
+    runtime_spec = claimed.spec.get("runtime", {})
+    releases = (
+        lambda: open_runtime(ctx.settings, runtime_spec, claimed.rollout).stop(),
+        lambda: release_grading_runtime(ctx.settings, runtime_spec, claimed.rollout),
+    )
+    for release in releases:  # each on its own: a failed stop must not keep the other alive
+        try:
+            release()
+        except Exception:
+            log.exception("releasing a runtime of rollout %s failed", claimed.rollout.id)
 
 
 def _next_message(

@@ -35,6 +35,9 @@ def test_each_kind_gets_its_options(tmp_path: Path) -> None:
 
     rt = runtime_from_spec(job({}).stored_spec()["runtime"], "rt-3", tmp_path)
     assert type(rt) is LocalRuntime and rt.limits is None
+    grader = {"prepare": {"files": {"t.sh": "true"}, "commands": []}}
+    assert job({"evaluation": grader}).stored_spec()["runtime"]["evaluation"] == grader
+    assert job({}).stored_spec()["runtime"].get("evaluation") is None
 
 
 @pytest.mark.parametrize(
@@ -48,6 +51,8 @@ def test_each_kind_gets_its_options(tmp_path: Path) -> None:
         ({"kind": "k8s"}, "Input should be 'local', 'bwrap' or 'docker'"),
         ({"kind": "docker", "image": "i", "network": "bridge"}, "Input should be 'host' or 'none'"),
         ({"kind": "docker", "image": "i", "pids": 2}, "greater than or equal to 8"),
+        ({"evaluation": {"image": "other"}}, "Extra inputs are not permitted"),
+        ({"evaluation": {"prepare": {"commands": "make test"}}}, "Input should be a valid list"),
     ],
 )
 def test_refused_at_submit(runtime: dict[str, Any], message: str) -> None:

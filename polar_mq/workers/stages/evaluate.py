@@ -1,7 +1,9 @@
 """Stage 4, evaluate: score the rollout with the job's evaluator, then release the runtime.
 
-Runs on the node that holds the runtime because some evaluators run test commands inside it. The
-runtime is stopped by the runner once the result is committed (or the stage failed).
+Runs on the node that holds the runtime because some evaluators run test commands inside it: the
+agent's own, or with `runtime.evaluation` a fresh one holding a copy of the agent's workspace
+(see grading_runtime.py). Runtimes are stopped by the runner once the result is committed (or the
+stage failed).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from polar_mq.runtimes import Runtime
 from polar_mq.tokens import AGENT, JUDGE, issue_rollout_token
 from polar_mq.workers.context import WorkerContext
 from polar_mq.workers.stages.common import StageOutcome, open_runtime
+from polar_mq.workers.stages.grading_runtime import grading_runtime
 from polar_mq.workers.transitions import Claimed
 
 ANSWER_FILE = "answer.txt"
@@ -70,9 +73,14 @@ def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
     spec = claimed.spec
     rollout = claimed.rollout
     evaluator_spec = spec.get("evaluator", "completed")
-    runtime = open_runtime(ctx.settings, spec.get("runtime", {}), rollout)
+    runtime_spec = spec.get("runtime", {})
+    agent_runtime = open_runtime(ctx.settings, runtime_spec, rollout)
     evaluator = get_evaluator(evaluator_spec)
-    answer = final_text(ctx, claimed, runtime) if evaluator.needs_final_text else None
+    answer = final_text(ctx, claimed, agent_runtime) if evaluator.needs_final_text else None
+    prepare_s = float(spec.get("timeouts", {}).get("prepare_s", 300.0))
+    runtime, grading = grading_runtime(
+        ctx.settings, runtime_spec, rollout, agent_runtime, prepare_s
+    )  # the agent's own runtime, or a fresh one holding a copy of its workspace
     context = EvalContext(
         rollout_id=str(rollout.id),
         task=claimed.instance,
@@ -99,5 +107,9 @@ def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
                 }
             ]
         },
-        detail={"reward": result.reward, "final_text": (context.final_text or "")[:200]},
+        detail={
+            "reward": result.reward,
+            "final_text": (context.final_text or "")[:200],
+            **grading,
+        },
     )

@@ -20,6 +20,7 @@ from polar_mq.models.base import utcnow
 from polar_mq.tokens import issue_rollout_token
 from polar_mq.workers.context import WorkerContext
 from polar_mq.workers.stages.common import StageFailure, StageOutcome, open_runtime
+from polar_mq.workers.stages.grading_runtime import start_prewarm
 from polar_mq.workers.stages.prepare import TASK_FILE
 from polar_mq.workers.transitions import Claimed
 
@@ -100,14 +101,20 @@ def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
         if rollout_left <= 0:
             raise StageFailure(TerminationReason.TIMEOUT, "rollout timeout spent before the agent")
         timeout = min(timeout, rollout_left)
-    result = runtime.exec(
-        harness.command(agent),
-        env=harness.env(agent),
-        timeout=timeout,
-        inactivity_timeout=timeouts.get("inactivity_s", settings.default_inactivity_timeout_s),
-        activity=lambda: _last_llm_call(ctx, claimed),
-        stdout_path=log_dir / f"{runtime.runtime_id}.log",
-    )
+    prewarm = start_prewarm(
+        settings, spec.get("runtime", {}), claimed.rollout, float(timeouts.get("prepare_s", 300.0))
+    )  # the evaluation runtime, when the job grades in its own, is prepared while the agent runs
+    try:
+        result = runtime.exec(
+            harness.command(agent),
+            env=harness.env(agent),
+            timeout=timeout,
+            inactivity_timeout=timeouts.get("inactivity_s", settings.default_inactivity_timeout_s),
+            activity=lambda: _last_llm_call(ctx, claimed),
+            stdout_path=log_dir / f"{runtime.runtime_id}.log",
+        )
+    finally:
+        grading = prewarm.join() if prewarm is not None else {}
     if result.timed_out or result.inactive:
         reason = TerminationReason.TIMEOUT
     elif result.exit_code == 0:
@@ -133,5 +140,6 @@ def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
             "inactive": result.inactive,
             "agent_s": round(result.duration_s, 4),
             "proxy_written_total": written,
+            **grading,
         },
     )
