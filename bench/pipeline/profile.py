@@ -77,6 +77,7 @@ def recording(out_dir: Path, kind: str, pids: Mapping[str, int]) -> Iterator[dic
                 "raw",
                 "--nolineno",
                 "--gil",
+                "--subprocesses",  # `polar-mq worker` supervises the Celery worker it starts
                 "-o",
                 str(outputs[name]),
             ],
