@@ -103,6 +103,12 @@ def test_three_tasks_four_samples_complete_with_tokens(
                 .alive_processes()]  # fmt: skip
 
 
+def job_of(task: dict[str, Any], job: Any) -> bool:
+    """Whether a Flower task entry ran a stage of one of `job`'s rollouts."""
+    args = str(task.get("args") or "")
+    return any(str(rollout_id) in args for rollout_id in job.rollout_ids)
+
+
 def test_flower_lists_workers_and_stage_tasks(fake_stack: LocalStack) -> None:
     port = free_port()
     fake_stack.flower(port)
@@ -121,20 +127,25 @@ def test_flower_lists_workers_and_stage_tasks(fake_stack: LocalStack) -> None:
     assert {s.task_name for s in Stage} <= registered
 
     # Flower switches task events on in the workers (they run with events off to save a broker
-    # publish per task) every 5 s from its start; a job submitted after that is in its task list.
-    time.sleep(max(0.0, flower_started + 6 - time.monotonic()))
+    # publish per task) every 5 s from its start; when that took effect depends on the machine's
+    # load, so jobs are submitted until one's stage tasks all appear in Flower's task list.
     client = _client(fake_stack)
-    job = client.submit(TASKS[:1], samples_per_task=2, evaluator="completed")
-    client.wait(str(job.job_id), progress=False, timeout=120)
-
     tasks: dict[str, Any] = {}
-    deadline = time.monotonic() + 30
+    seen: set[str] = set()
+    deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
-        tasks = flower.get("/api/tasks").json()
-        seen = {t["name"] for t in tasks.values() if t.get("name")}
-        if {s.task_name for s in Stage} <= seen:
-            break
-        time.sleep(1)
+        time.sleep(max(0.0, flower_started + 6 - time.monotonic()))
+        job = client.submit(TASKS[:1], samples_per_task=2, evaluator="completed")
+        client.wait(str(job.job_id), progress=False, timeout=120)
+        for _ in range(10):
+            tasks = flower.get("/api/tasks").json()
+            seen = {t["name"] for t in tasks.values() if t.get("name") and job_of(t, job)}
+            if seen >= {s.task_name for s in Stage}:
+                break
+            time.sleep(1)
+        else:
+            continue
+        break
     assert {s.task_name for s in Stage} <= seen
-    ours = [t for t in tasks.values() if t.get("args") and str(job.rollout_ids[0]) in t["args"]]
+    ours = [t for t in tasks.values() if job_of(t, job)]
     assert {t["state"] for t in ours} == {"SUCCESS"}
