@@ -9,6 +9,7 @@ proxy process, the API, and either the vLLM-shaped fake upstream or the real vll
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -62,6 +63,14 @@ def _our_containers(runtime_root: Path) -> list[str]:
         all=True, filters={"label": f"{LABEL_ROOT}={runtime_root.resolve()}"}
     )
     return [c.name or "" for c in found]
+
+
+def _assert_no_containers_left(runtime_root: Path, timeout_s: float = 30.0) -> None:
+    """The evaluate stage removes the container just after it commits the rollout's end."""
+    deadline = time.monotonic() + timeout_s
+    while (left := _our_containers(runtime_root)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert left == [], f"containers left after {timeout_s:.0f} s: {left}"
 
 
 @pytest.fixture(scope="module")
@@ -123,7 +132,7 @@ def test_reference_agent_in_containers_against_fake(
             ).all()
             assert len(samples) == len(calls)
     # every container is gone (the runtimes were released after evaluate)
-    assert _our_containers(docker_stack.settings.runtime_root) == []
+    _assert_no_containers_left(docker_stack.settings.runtime_root)
 
 
 def test_agent_runs_the_images_interpreter(
@@ -177,7 +186,7 @@ def test_reference_agent_in_containers_against_real_vllm(
         )
         status = client.wait(str(job.job_id), progress=False, timeout=900)
         assert status["by_status"] == {"completed": 4}, status
-        assert _our_containers(settings.runtime_root) == []
+        _assert_no_containers_left(settings.runtime_root)
 
     with db_session_factory() as session, httpx.Client(base_url=real_vllm.base_url) as http:
         rollouts = session.scalars(select(Rollout).where(Rollout.job_id == job.job_id)).all()
