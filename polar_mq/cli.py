@@ -21,6 +21,9 @@ app.add_typer(db_app, name="db")
 app.add_typer(keys_app, name="keys")
 console = Console()
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1"}
+DEFAULT_DRAIN_TIMEOUT_S = 600.0
+"""How long `polar-mq worker` waits, on SIGTERM, for its rollouts (docker/compose.yaml gives
+workers a longer stop grace period)."""
 
 
 def _settings() -> Settings:
@@ -113,9 +116,26 @@ def worker(
     janitor: Annotated[
         bool, typer.Option(help="remove this node's orphan runtimes (one per node is enough)")
     ] = True,
+    drain_timeout: Annotated[
+        float,
+        typer.Option(
+            envvar="POLAR_MQ_DRAIN_TIMEOUT_S",
+            help="on SIGTERM, seconds to finish this node's rollouts before stopping (0: no drain)",
+        ),
+    ] = DEFAULT_DRAIN_TIMEOUT_S,
+    stop_grace: Annotated[
+        float,
+        typer.Option(help="after the drain timeout, seconds of warm shutdown before SIGKILL"),
+    ] = 10.0,
 ) -> None:
-    """Start one Celery worker process per stage on this node; restart any that dies."""
+    """Start one Celery worker process per stage on this node; restart any that dies.
+
+    SIGTERM drains the node: no new rollouts are taken, the ones on this node finish, then the
+    workers stop (at most --drain-timeout seconds). SIGINT stops at once.
+    """
+    from polar_mq.workers.drain import unfinished_on_node
     from polar_mq.workers.launcher import (
+        DrainPolicy,
         parse_concurrency,
         parse_stages,
         plan_workers,
@@ -140,7 +160,12 @@ def worker(
         from polar_mq.workers.janitor import start_node_janitor
 
         start_node_janitor(settings)
-    raise typer.Exit(supervise(plan))
+    if drain_timeout < 0 or stop_grace < 0:
+        raise _fail("--drain-timeout and --stop-grace must be ≥ 0", 2)
+    drain = None
+    if drain_timeout:
+        drain = DrainPolicy(drain_timeout, unfinished_on_node(settings), kill_grace_s=stop_grace)
+    raise typer.Exit(supervise(plan, drain=drain))
 
 
 @app.command()

@@ -8,6 +8,7 @@ configured only through `POLAR_MQ_*` environment variables, with its output in a
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -81,6 +82,41 @@ class LocalStack:
             ]  # fmt: skip
             procs.append(self._spawn(f"worker-{stage.value}", argv))
         return procs
+
+    def node(
+        self,
+        name: str,
+        concurrency: Mapping[Stage, int] | None = None,
+        drain_timeout_s: float | None = None,
+        pool_impl: str = "threads",
+        janitor: bool = True,
+        stop_grace_s: float | None = None,
+    ) -> ManagedProcess:
+        """One more node in the pool: a single `polar-mq worker` for every stage, as on a host.
+
+        It takes prepares from the pool-wide queue and serves its own run agent and evaluate
+        queues; `drain(proc)` (SIGTERM to the supervisor only) makes it leave the pool.
+        """
+        counts = {**DEFAULT_CONCURRENCY, **(concurrency or {})}
+        argv = [
+            sys.executable, "-m", "polar_mq.cli", "worker", "--node", name,
+            "--concurrency", ",".join(f"{s.value}={n}" for s, n in counts.items()),
+            "--pool-impl", pool_impl, "--janitor" if janitor else "--no-janitor",
+        ]  # fmt: skip
+        if drain_timeout_s is not None:
+            argv += ["--drain-timeout", str(drain_timeout_s)]
+        if stop_grace_s is not None:
+            argv += ["--stop-grace", str(stop_grace_s)]
+        return self._spawn(f"node-{name}", argv, {"POLAR_MQ_NODE_NAME": name})
+
+    @staticmethod
+    def drain(proc: ManagedProcess) -> None:
+        """Start draining a node: SIGTERM to its supervisor only, as `docker stop` sends it.
+
+        (Signalling the whole process group would warm-stop every stage worker at once.)
+        """
+        if proc.alive():
+            os.kill(proc.pid, signal.SIGTERM)
 
     def janitor(self, interval_s: float = 1.0) -> ManagedProcess:
         argv = [sys.executable, "-m", "polar_mq.cli", "janitor", "--interval", str(interval_s)]

@@ -17,9 +17,15 @@ from polar_mq.harnesses.command import PLACEHOLDERS, CommandHarness
 REFERENCE_AGENT_MODULE = "polar_mq.agents.tool_agent"
 
 
-def reference_command() -> str:
-    """The built-in tool agent, started with this interpreter so it finds polar_mq and openai."""
-    return f"{shlex.quote(sys.executable)} -m {REFERENCE_AGENT_MODULE}"
+REFERENCE_TEMPLATE = f"{{python}} -m {REFERENCE_AGENT_MODULE}"
+"""Started with the runtime's interpreter (`AgentContext.python`), which must have polar_mq's
+agent and the openai SDK: the worker's own for `local`/`bwrap`, the image's for `docker` (see
+scripts/build_agent_image.sh for an image that has both)."""
+
+
+def reference_command(python: str = sys.executable) -> str:
+    """The built-in tool agent's command line for the interpreter `python`."""
+    return f"{shlex.quote(python)} -m {REFERENCE_AGENT_MODULE}"
 
 
 def _command(spec: Mapping[str, Any]) -> Harness:
@@ -29,7 +35,7 @@ def _command(spec: Mapping[str, Any]) -> Harness:
 
 def _reference(spec: Mapping[str, Any]) -> Harness:
     _check_keys(spec, {"type", "env"})
-    return CommandHarness(reference_command(), spec.get("env"))
+    return CommandHarness(REFERENCE_TEMPLATE, spec.get("env"))
 
 
 HARNESS_TYPES: dict[str, Callable[[Mapping[str, Any]], Harness]] = {

@@ -7,6 +7,7 @@ cannot override it (an agent talking to the inference server directly would leav
 
 from __future__ import annotations
 
+import sys
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -32,7 +33,9 @@ class AgentContext:
     """Everything a harness needs to start one rollout's agent.
 
     `proxy_base_url` is the OpenAI-style base (ending in `/v1`); `api_key` is the rollout's
-    capability token, so the proxy can attribute every call to this rollout.
+    capability token, so the proxy can attribute every call to this rollout. `python` is the
+    runtime's own interpreter (`Runtime.python`): the worker's for `local` and `bwrap`, the image's
+    for `docker`; the reference agent is started with it (placeholder `{python}`).
     """
 
     rollout_id: str
@@ -42,6 +45,7 @@ class AgentContext:
     proxy_base_url: str
     api_key: str
     model: str
+    python: str = sys.executable
     extra_env: dict[str, str] = field(default_factory=dict)
 
 

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 from polar_mq.harnesses.base import PROXY_ENV_VARS, AgentContext, Harness
 
-PLACEHOLDERS = ("instruction", "task_file", "workdir", "rollout_id", "model")
+PLACEHOLDERS = ("instruction", "task_file", "workdir", "rollout_id", "model", "python")
 _PLACEHOLDER = re.compile(r"\{(" + "|".join(PLACEHOLDERS) + r")\}")
 
 
@@ -23,6 +23,7 @@ def _values(ctx: AgentContext) -> dict[str, str]:
         "workdir": ctx.workdir,
         "rollout_id": ctx.rollout_id,
         "model": ctx.model,
+        "python": ctx.python,
     }
 
 

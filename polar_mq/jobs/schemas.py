@@ -65,6 +65,12 @@ class RuntimeSpec(StrictModel):
     max_open_files: int | None = Field(None, ge=16)
     cpus: float | None = Field(None, gt=0, le=1024, description="docker: CPU quota in cores")
     pids: int | None = Field(None, ge=8, le=1_000_000, description="bwrap/docker: max processes")
+    python: str | None = Field(
+        None,
+        min_length=1,
+        max_length=500,
+        description="docker: the image's interpreter for the reference agent (default python3)",
+    )
     prepare: PrepareRecipe = Field(default_factory=PrepareRecipe)
     evaluation: EvaluationRuntimeSpec | None = Field(
         None, description="set to grade in a separate, fresh runtime (prewarmed during the agent)"

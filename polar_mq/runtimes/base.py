@@ -8,6 +8,7 @@ root alone. Any process may build a handle for an existing id and exec in it, re
 from __future__ import annotations
 
 import re
+import sys
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -92,6 +93,15 @@ class Runtime(ABC):
     @abstractmethod
     def workdir(self) -> Path:
         """Directory the agent works in (its `POLAR_WORKDIR`)."""
+
+    @property
+    def python(self) -> str:
+        """The interpreter that starts Python agents (the reference agent) inside this runtime.
+
+        The worker's own by default: `local` and `bwrap` run the node's files. A container has
+        its image's interpreter instead (see `DockerRuntime`).
+        """
+        return sys.executable
 
     @abstractmethod
     def start(self) -> None:

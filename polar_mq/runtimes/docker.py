@@ -67,6 +67,7 @@ def container_name(runtime_id: str, root: Path) -> str:
 class DockerRuntime(LocalRuntime):
     """A runtime made of a container and the node-side directories bind mounted into it.
 
+    `python` names the image's interpreter for the reference agent (`python3` on the image's PATH).
     `image`, `network`, `cpus` and `pids_limit` (and `limits`: memory as the container's memory
     limit without swap, cpu seconds and open files as ulimits) are used when `start()` creates the
     container; later handles need only the id and root.
@@ -84,6 +85,7 @@ class DockerRuntime(LocalRuntime):
         network: Network = "host",
         cpus: float | None = None,
         pids_limit: int | None = None,
+        python: str = "python3",
         client: docker.DockerClient | None = None,
         kill_grace_s: float = 2.0,
         drain_s: float = 0.5,
@@ -103,8 +105,14 @@ class DockerRuntime(LocalRuntime):
         self.network: Network = network
         self.cpus = cpus
         self.pids_limit = pids_limit
+        self._python = python
         self._client = client
         self.name = container_name(self.runtime_id, self.root)
+
+    @property
+    def python(self) -> str:
+        """The image's interpreter (found on the image's PATH unless a path is given)."""
+        return self._python
 
     @property
     def client(self) -> docker.DockerClient:

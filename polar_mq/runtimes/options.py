@@ -17,7 +17,13 @@ from polar_mq.runtimes.base import ResourceLimits, Runtime
 KIND_OPTIONS: dict[str, dict[str, str]] = {
     "local": {},
     "bwrap": {"network": "network", "pids": "pids_limit"},
-    "docker": {"image": "image", "network": "network", "cpus": "cpus", "pids": "pids_limit"},
+    "docker": {
+        "image": "image",
+        "network": "network",
+        "cpus": "cpus",
+        "pids": "pids_limit",
+        "python": "python",
+    },
 }
 _DEFAULTS: dict[str, Any] = {"network": "host"}  # what every kind does without the option
 _LIMIT_KEYS = ("memory_mb", "cpu_seconds", "max_open_files")
@@ -29,7 +35,7 @@ def check_runtime_options(spec: Mapping[str, Any]) -> None:
     allowed = KIND_OPTIONS.get(kind)
     if allowed is None:
         raise ValueError(f"unknown runtime kind {kind!r}; known: {', '.join(KIND_OPTIONS)}")
-    for key in ("image", "network", "cpus", "pids"):
+    for key in ("image", "network", "cpus", "pids", "python"):
         value = spec.get(key)
         if value is None or key in allowed or _DEFAULTS.get(key) == value:
             continue

@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from polar_mq.config import Settings
@@ -96,57 +96,177 @@ def spawn_one(worker: StageWorker, env: Mapping[str, str] | None = None) -> subp
 RESTART_BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
 HEALTHY_AFTER_S = 60.0
 """A worker that stayed up this long has its restart backoff reset."""
+STOP_WAIT_S = 60.0
+"""How long a warm shutdown may take before the worker is killed (in-flight stages finish)."""
+
+
+@dataclass(frozen=True)
+class DrainPolicy:
+    """How a node leaves its pool on SIGTERM (see `polar_mq.workers.drain`).
+
+    `remaining()` counts the unfinished rollouts on this node; the node is drained when it is 0.
+    After `timeout_s` whatever is left is stopped: `kill_grace_s` for a warm shutdown, then
+    SIGKILL; those rollouts' leases expire and the sweeper re-runs them on another node.
+    """
+
+    timeout_s: float
+    remaining: Callable[[], int]
+    poll_s: float = 0.5
+    kill_grace_s: float = 10.0
+
+
+DRAINED = 0
+DRAIN_TIMED_OUT = 3
+"""Exit code of a supervisor whose drain ran out of time (work was left for the sweeper)."""
+
+
+class Supervisor:
+    """Runs the stage workers of one node, restarts the ones that die, drains on SIGTERM.
+
+    A Celery worker can die on its own (an unrecoverable broker error, an OOM kill, kill -9);
+    its unacked messages are redelivered or recovered by the sweeper, and a fresh process takes
+    its place after a backoff, so a node keeps serving every stage.
+
+    SIGTERM with a `DrainPolicy` drains the node: the prepare workers get SIGTERM at once (Celery's
+    warm shutdown: they stop taking messages from the pool-wide prepare queue and finish the
+    prepares in flight), while run agent, build and evaluate keep consuming until no unfinished
+    rollout is left on this node; then they get SIGTERM too. Nothing is restarted while draining.
+    SIGINT, a second SIGTERM, or SIGTERM without a drain policy stop every worker at once (still
+    a warm shutdown).
+    """
+
+    def __init__(
+        self,
+        workers: Sequence[StageWorker],
+        env: Mapping[str, str] | None = None,
+        poll_s: float = 0.2,
+        drain: DrainPolicy | None = None,
+    ) -> None:
+        self.workers = list(workers)
+        self.env = env
+        self.poll_s = poll_s
+        self.drain = drain
+        self.state = "running"  # -> "draining" -> "stopping"
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        if signum == signal.SIGTERM and self.drain is not None and self.state == "running":
+            self.state = "draining"
+            self._stop_taking()  # at once, not at the next poll: a prepare may be due any moment
+        else:
+            self.state = "stopping"
+
+    def _takers(self) -> list[int]:
+        """The workers that take new rollouts: prepare, from the pool-wide queue."""
+        return [i for i, w in enumerate(self.workers) if w.stage is Stage.PREPARE]
+
+    def _stop_taking(self) -> None:
+        for i in self._takers():
+            if i < len(self.procs):
+                self._signal(i, signal.SIGTERM)
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        self.procs = [spawn_one(w, self.env) for w in self.workers]
+        self._keep_up()
+        code = DRAINED
+        if self.state == "draining":
+            code = self._drain()
+        self._stop_all(
+            STOP_WAIT_S if code == DRAINED or self.drain is None else self.drain.kill_grace_s
+        )
+        return code
+
+    def _keep_up(self) -> None:
+        """Restart workers that exit on their own, with backoff, until a signal arrives."""
+        started = [time.monotonic()] * len(self.procs)
+        failures = [0] * len(self.procs)
+        due: list[float | None] = [None] * len(self.procs)
+        while self.state == "running":
+            now = time.monotonic()
+            for i, proc in enumerate(self.procs):
+                if due[i] is None and proc.poll() is not None:
+                    if now - started[i] > HEALTHY_AFTER_S:
+                        failures[i] = 0
+                    delay = RESTART_BACKOFF_S[min(failures[i], len(RESTART_BACKOFF_S) - 1)]
+                    failures[i] += 1
+                    due[i] = now + delay
+                    log.warning(
+                        "%s exited with code %s; restarting in %.0f s",
+                        self.workers[i].hostname, proc.returncode, delay,
+                    )  # fmt: skip
+                restart_at = due[i]
+                if restart_at is not None and now >= restart_at:
+                    self.procs[i] = spawn_one(self.workers[i], self.env)
+                    started[i] = now
+                    due[i] = None
+            time.sleep(self.poll_s)
+
+    def _drain(self) -> int:
+        """Stop taking new rollouts, finish this node's own; DRAINED or DRAIN_TIMED_OUT."""
+        assert self.drain is not None
+        began = time.monotonic()
+        deadline = began + self.drain.timeout_s
+        takers = self._takers()
+        self._stop_taking()  # again: a worker restarted meanwhile is told too
+        log.warning(
+            "draining: no new rollouts; finishing this node's own (timeout %.0f s)",
+            self.drain.timeout_s,
+        )
+        remaining: int | None = None
+        count_at = began
+        while self.state == "draining":
+            now = time.monotonic()
+            if all(proc.poll() is not None for proc in self.procs):
+                log.warning("draining: every worker has exited; %s rollouts left", remaining)
+                return DRAINED if remaining == 0 else DRAIN_TIMED_OUT
+            preparing = any(self.procs[i].poll() is None for i in takers)
+            if not preparing and now >= count_at:  # the database is asked every drain.poll_s
+                count_at = now + self.drain.poll_s
+                remaining = self._remaining()
+                if remaining == 0:
+                    log.warning("drained in %.1f s", time.monotonic() - began)
+                    return DRAINED
+            if now >= deadline:
+                log.warning(
+                    "drain timeout (%.0f s): stopping with %s rollouts left on this node; "
+                    "the sweeper re-runs them elsewhere once their leases expire",
+                    self.drain.timeout_s, remaining,
+                )  # fmt: skip
+                return DRAIN_TIMED_OUT
+            time.sleep(min(self.poll_s, self.drain.poll_s))
+        return DRAIN_TIMED_OUT  # a second signal: stop now
+
+    def _remaining(self) -> int | None:
+        assert self.drain is not None
+        try:
+            return self.drain.remaining()
+        except Exception as exc:  # the database may be briefly away: keep waiting
+            log.warning("draining: cannot count this node's rollouts: %r", exc)
+            return None
+
+    def _signal(self, i: int, sig: int) -> None:
+        if self.procs[i].poll() is None:
+            self.procs[i].send_signal(sig)
+
+    def _stop_all(self, wait_s: float) -> None:
+        for i in range(len(self.procs)):
+            self._signal(i, signal.SIGTERM)
+        end = time.monotonic() + wait_s
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=max(0.0, end - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
 
 def supervise(
     workers: Sequence[StageWorker],
     env: Mapping[str, str] | None = None,
     poll_s: float = 0.2,
+    drain: DrainPolicy | None = None,
 ) -> int:
-    """Run the stage workers until SIGTERM/SIGINT, restarting any that exits on its own.
-
-    A Celery worker can die on its own (an unrecoverable broker error, an OOM kill, kill -9);
-    its unacked messages are redelivered or recovered by the sweeper, and a fresh process takes
-    its place after a backoff, so a node keeps serving every stage. On a signal, every worker gets
-    SIGTERM (Celery's warm shutdown: running stages finish) and is waited for.
-    """
-    stopping = False
-
-    def _stop(signum: int, _frame: object) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
-    procs = [spawn_one(w, env) for w in workers]
-    started = [time.monotonic()] * len(procs)
-    failures = [0] * len(procs)
-    due: list[float | None] = [None] * len(procs)
-    while not stopping:
-        now = time.monotonic()
-        for i, proc in enumerate(procs):
-            if due[i] is None and proc.poll() is not None:
-                if now - started[i] > HEALTHY_AFTER_S:
-                    failures[i] = 0
-                delay = RESTART_BACKOFF_S[min(failures[i], len(RESTART_BACKOFF_S) - 1)]
-                failures[i] += 1
-                due[i] = now + delay
-                log.warning(
-                    "%s exited with code %s; restarting in %.0f s",
-                    workers[i].hostname, proc.returncode, delay,
-                )  # fmt: skip
-            restart_at = due[i]
-            if restart_at is not None and now >= restart_at:
-                procs[i] = spawn_one(workers[i], env)
-                started[i] = now
-                due[i] = None
-        time.sleep(poll_s)
-    for proc in procs:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-    for proc in procs:
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-    return 0
+    """Run the stage workers until a signal; see `Supervisor` (draining on SIGTERM)."""
+    return Supervisor(workers, env, poll_s, drain).run()

@@ -96,6 +96,28 @@ def test_get_harness_command_and_reference() -> None:
     assert reference.env(make_ctx())["POLAR_AGENT_TOOLS"] == "native"
 
 
+def test_reference_agent_runs_with_the_runtimes_interpreter(tmp_path: Path) -> None:
+    """Per runtime kind: the worker's interpreter for local, the image's python3 for docker."""
+    from polar_mq.runtimes import get_runtime, runtime_from_spec
+
+    reference = get_harness({"type": "reference"})
+    local = get_runtime("local", "rt-1", tmp_path)
+    assert local.python == sys.executable
+    docker = runtime_from_spec({"kind": "docker", "image": "img"}, "rt-1", tmp_path)
+    assert docker.python == "python3"
+    assert reference.command(make_ctx(python=docker.python)) == (
+        "python3 -m polar_mq.agents.tool_agent"
+    )
+    custom = runtime_from_spec(
+        {"kind": "docker", "image": "img", "python": "/opt/venv/bin/python"}, "rt-1", tmp_path
+    )
+    assert reference.command(make_ctx(python=custom.python)).startswith("/opt/venv/bin/python -m")
+    with pytest.raises(ValueError, match="python"):
+        runtime_from_spec({"kind": "local", "python": "python3"}, "rt-1", tmp_path)
+    command = get_harness({"type": "command", "command": "{python} agent.py"})
+    assert command.command(make_ctx(python="/usr/bin/python3")) == "/usr/bin/python3 agent.py"
+
+
 @pytest.mark.parametrize(
     ("spec", "message"),
     [

@@ -91,6 +91,7 @@ def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
             attempt=claimed.rollout.attempt,
         ),
         model=spec.get("model") or settings.served_model or "default",
+        python=runtime.python,
         extra_env=_sampling_env(spec.get("sampling", {})),
     )
     log_dir = settings.runtime_root / "logs"
