@@ -12,21 +12,11 @@ from collections.abc import Iterator
 import pytest
 
 from polar_mq.devstack import LocalStack
-from polar_mq.processes import free_port
-from tests.e2e.stack import e2e_settings
+from tests.e2e.stack import fake_upstream_stack
 
 
 @pytest.fixture(scope="module")
 def fake_stack(pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
     """Fake vLLM-shaped upstream + proxy + one worker process per stage + API."""
-    tmp = tmp_path_factory.mktemp("e2e-fake")
-    upstream_port = free_port()
-    settings = e2e_settings(
-        pg_url, tmp, upstream_url=f"http://127.0.0.1:{upstream_port}", served_model="fake-model"
-    )
-    with LocalStack(settings, tmp / "logs") as stack:
-        stack.fake_upstream(upstream_port)
-        stack.proxy()
-        stack.workers()
-        stack.api()
+    with fake_upstream_stack(pg_url, tmp_path_factory.mktemp("e2e-fake")) as stack:
         yield stack

@@ -1,11 +1,16 @@
-"""Settings for an isolated end-to-end stack (own queues, ports, runtime root, secret)."""
+"""Isolated end-to-end stacks (own queues, ports, runtime root, secret) and their clients."""
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+from polar_mq.client import Client
 from polar_mq.config import Settings
+from polar_mq.devstack import LocalStack
+from polar_mq.inference import local_vllm
 from polar_mq.processes import free_port
 
 REDIS_E2E_URL = "redis://127.0.0.1:6379/3"
@@ -27,3 +32,36 @@ def e2e_settings(pg_url: str, tmp: Path, **overrides: object) -> Settings:
     }
     values.update(overrides)
     return Settings(**values)  # type: ignore[arg-type]
+
+
+@contextmanager
+def fake_upstream_stack(pg_url: str, tmp: Path) -> Iterator[LocalStack]:
+    """Fake vLLM-shaped upstream + proxy + one worker process per stage + API."""
+    upstream_port = free_port()
+    settings = e2e_settings(
+        pg_url, tmp, upstream_url=f"http://127.0.0.1:{upstream_port}", served_model="fake-model"
+    )
+    with LocalStack(settings, tmp / "logs") as stack:
+        stack.fake_upstream(upstream_port)
+        stack.proxy()
+        stack.workers()
+        stack.api()
+        yield stack
+
+
+@contextmanager
+def real_vllm_stack(pg_url: str, tmp: Path, base_url: str) -> Iterator[LocalStack]:
+    """Proxy + one worker process per stage + API in front of a running real vLLM server."""
+    settings = e2e_settings(
+        pg_url, tmp, upstream_url=base_url, served_model=local_vllm.SERVED_MODEL
+    )
+    with LocalStack(settings, tmp / "logs") as stack:
+        stack.proxy()
+        stack.workers()
+        stack.api()
+        yield stack
+
+
+def client_of(stack: LocalStack) -> Client:
+    """A client of the stack's API."""
+    return Client(f"http://{stack.settings.api_host}:{stack.settings.api_port}")

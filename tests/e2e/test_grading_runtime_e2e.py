@@ -14,11 +14,11 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from polar_mq.client import Client
 from polar_mq.devstack import LocalStack
 from polar_mq.harnesses import REFERENCE_AGENT_MODULE
 from polar_mq.models import Evaluation, Event, EventKind, Rollout
 from polar_mq.runtimes import LocalRuntime
+from tests.e2e.stack import client_of
 
 # The agent notes what it could see and when it ran, leaves a daemon, then runs the reference
 # agent (which writes its answer to answer.txt after its calls through the proxy).
@@ -39,10 +39,6 @@ STAMPS = (
 )
 
 
-def _client(stack: LocalStack) -> Client:
-    return Client(f"http://{stack.settings.api_host}:{stack.settings.api_port}")
-
-
 def _finished(session: Session, rollout_id: Any, stage: str) -> dict[str, Any]:
     (event,) = session.scalars(
         select(Event).where(
@@ -55,7 +51,7 @@ def _finished(session: Session, rollout_id: Any, stage: str) -> dict[str, Any]:
 def test_hidden_test_in_a_prewarmed_grading_runtime(
     fake_stack: LocalStack, db_session_factory: sessionmaker[Session]
 ) -> None:
-    client = _client(fake_stack)
+    client = client_of(fake_stack)
     job = client.submit(
         [{"instruction": "What is 6*7?"}, {"instruction": "What is 2+2?"}],
         samples_per_task=2,

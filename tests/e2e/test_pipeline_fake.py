@@ -12,12 +12,12 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from polar_mq.client import Client
 from polar_mq.devstack import LocalStack
 from polar_mq.models import Event, EventKind, LlmCall, Rollout, TrajectorySample
 from polar_mq.processes import free_port
 from polar_mq.runtimes import LocalRuntime
 from polar_mq.workers.routing import Stage
+from tests.e2e.stack import client_of
 
 pytestmark = pytest.mark.e2e
 
@@ -28,15 +28,10 @@ TASKS = [
 ]
 
 
-def _client(stack: LocalStack) -> Client:
-    s = stack.settings
-    return Client(f"http://{s.api_host}:{s.api_port}")
-
-
 def test_three_tasks_four_samples_complete_with_tokens(
     fake_stack: LocalStack, db_session_factory: sessionmaker[Session]
 ) -> None:
-    client = _client(fake_stack)
+    client = client_of(fake_stack)
     submitted = client.submit(
         TASKS,
         samples_per_task=4,
@@ -129,7 +124,7 @@ def test_flower_lists_workers_and_stage_tasks(fake_stack: LocalStack) -> None:
     # Flower switches task events on in the workers (they run with events off to save a broker
     # publish per task) every 5 s from its start; when that took effect depends on the machine's
     # load, so jobs are submitted until one's stage tasks all appear in Flower's task list.
-    client = _client(fake_stack)
+    client = client_of(fake_stack)
     tasks: dict[str, Any] = {}
     seen: set[str] = set()
     deadline = time.monotonic() + 90

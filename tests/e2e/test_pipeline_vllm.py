@@ -18,11 +18,9 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from polar_mq.client import Client
-from polar_mq.devstack import LocalStack
 from polar_mq.inference import local_vllm
 from polar_mq.models import LlmCall, Rollout, TrajectorySample
-from tests.e2e.stack import e2e_settings
+from tests.e2e.stack import client_of, real_vllm_stack
 
 pytestmark = [
     pytest.mark.e2e,
@@ -47,19 +45,13 @@ def test_real_vllm_tokens_are_captured_exactly(
     tmp_path: Path,
     db_session_factory: sessionmaker[Session],
 ) -> None:
-    settings = e2e_settings(
-        pg_url, tmp_path, upstream_url=vllm_server.base_url, served_model=local_vllm.SERVED_MODEL
-    )
     transcripts = tmp_path / "transcripts"
     transcripts.mkdir()
     agent = f"{shlex.quote(sys.executable)} -m polar_mq.agents.tool_agent"
     keep = f"cp {{workdir}}/transcript.jsonl {transcripts}/{{rollout_id}}.jsonl"
     command = f"{agent}; code=$?; {keep}; exit $code"
-    with LocalStack(settings, tmp_path / "logs") as stack:
-        stack.proxy()
-        stack.workers()
-        stack.api()
-        client = Client(f"http://{settings.api_host}:{settings.api_port}")
+    with real_vllm_stack(pg_url, tmp_path, vllm_server.base_url) as stack:
+        client = client_of(stack)
         job = client.submit(
             [{"instruction": "What is 17 + 25?", "answer": "42"},
              {"instruction": "What is 9 * 8?", "answer": "72"}],

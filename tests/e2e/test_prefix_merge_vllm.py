@@ -27,13 +27,10 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from polar_mq.client import Client
-from polar_mq.config import Settings
-from polar_mq.devstack import LocalStack
 from polar_mq.inference import local_vllm
 from polar_mq.models import Event, LlmCall, Rollout, TrajectorySample
 from polar_mq.trajectories.prefix_merge import LOGPROB_PLACEHOLDER
-from tests.e2e.stack import e2e_settings
+from tests.e2e.stack import client_of, real_vllm_stack
 
 pytestmark = [
     pytest.mark.e2e,
@@ -70,16 +67,13 @@ def rendered(messages: list[dict[str, Any]]) -> str:
     return "".join(f"<|im_start|>{m['role']}\n{m['content']}{END_OF_TURN}\n" for m in messages)
 
 
-def run_job(settings: Settings, tmp_path: Path) -> tuple[str, Path]:
+def run_job(pg_url: str, base_url: str, tmp_path: Path) -> tuple[str, Path]:
     transcripts = tmp_path / "transcripts"
     transcripts.mkdir()
     agent = f"{shlex.quote(sys.executable)} -m polar_mq.agents.tool_agent"
     keep = f"cp {{workdir}}/transcript.jsonl {transcripts}/{{rollout_id}}.jsonl"
-    with LocalStack(settings, tmp_path / "logs") as stack:
-        stack.proxy()
-        stack.workers()
-        stack.api()
-        client = Client(f"http://{settings.api_host}:{settings.api_port}")
+    with real_vllm_stack(pg_url, tmp_path, base_url) as stack:
+        client = client_of(stack)
         job = client.submit(
             [{"instruction": "What is 17 + 25?", "answer": "42"},
              {"instruction": "Compute 12 * 12 - 4 step by step.", "answer": "140"}],
@@ -105,10 +99,7 @@ def test_prefix_merge_on_real_vllm(
     tmp_path: Path,
     db_session_factory: sessionmaker[Session],
 ) -> None:
-    settings = e2e_settings(
-        pg_url, tmp_path, upstream_url=vllm_server.base_url, served_model=local_vllm.SERVED_MODEL
-    )
-    job_id, transcripts = run_job(settings, tmp_path)
+    job_id, transcripts = run_job(pg_url, vllm_server.base_url, tmp_path)
     http = httpx.Client(base_url=vllm_server.base_url, timeout=60)
 
     def text(ids: list[int]) -> str:

@@ -14,11 +14,10 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from polar_mq.client import Client, PolarMQError
+from polar_mq.client import PolarMQError
 from polar_mq.devstack import LocalStack
 from polar_mq.models import Evaluation, LlmCall, Rollout, TrajectorySample
-from polar_mq.processes import free_port
-from tests.e2e.stack import e2e_settings
+from tests.e2e.stack import client_of, fake_upstream_stack
 
 pytestmark = pytest.mark.e2e
 
@@ -37,21 +36,8 @@ GATED_JUDGE = {
 
 @pytest.fixture(scope="module")
 def stack(pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
-    tmp = tmp_path_factory.mktemp("e2e-evaluators")
-    upstream_port = free_port()
-    settings = e2e_settings(
-        pg_url, tmp, upstream_url=f"http://127.0.0.1:{upstream_port}", served_model="fake-model"
-    )
-    with LocalStack(settings, tmp / "logs") as local:
-        local.fake_upstream(upstream_port)
-        local.proxy()
-        local.workers()
-        local.api()
+    with fake_upstream_stack(pg_url, tmp_path_factory.mktemp("e2e-evaluators")) as local:
         yield local
-
-
-def client_of(stack: LocalStack) -> Client:
-    return Client(f"http://{stack.settings.api_host}:{stack.settings.api_port}")
 
 
 def run_job(stack: LocalStack, tasks: list[dict[str, Any]], evaluator: Any) -> str:
