@@ -250,17 +250,17 @@ class _BatchFiller:
         self.done = False
 
     def lease_body(self) -> dict[str, Any]:
+        # While groups are held, no wait may outlast a third of their lease: the extension
+        # check runs between lease calls.
+        wait_s = min(self.wait_s, self.lease_s / 3) if self.batch else self.wait_s
         return _lease_body(
-            self.consumer, self.batch_size - len(self.batch), self.lease_s, self.wait_s,
+            self.consumer, self.batch_size - len(self.batch), self.lease_s, wait_s,
             self.include_trajectories, self.advantages,
         )  # fmt: skip
 
-    def http_timeout(self, base: float) -> float:
-        return base + self.wait_s
-
     def held_to_extend(self) -> list[str]:
         """Delivery ids of the held groups whose leases are due for extension (else [])."""
-        if self.batch and time.monotonic() - self.renewed_at > self.lease_s / 2:
+        if self.batch and time.monotonic() - self.renewed_at > self.lease_s / 3:
             return delivery_ids(self.batch)
         return []
 

@@ -5,6 +5,8 @@ as soon as a group completes, the event stream sends groups and ends, and the cl
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -221,3 +223,41 @@ def test_async_stream_groups_manual_ack_and_redelivery_after_a_break(
     assert Counter(g["task_index"] for g in rest) == Counter([0, 1, 2])
     counts = {g["task_index"]: g["delivery"]["delivery_count"] for g in rest}
     assert counts == {0: 2, 1: 2, 2: 1}
+
+
+def test_cli_groups_prints_each_group_once_and_acks(
+    api: str, db_session_factory: sessionmaker[Session]
+) -> None:
+    job_id = submit(api, n_tasks=3)
+    for index in (2, 0, 1):
+        complete_group(db_session_factory, job_id, index)
+    argv = [sys.executable, "-m", "polar_mq.cli", "groups", job_id, "--url", api]
+    done = subprocess.run([*argv, "--batch-size", "2"], capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr.decode()
+    lines = [orjson.loads(line) for line in done.stdout.splitlines()]
+    assert [g["task_index"] for g in lines] == [2, 0, 1]
+    with Client(api) as client:
+        assert client.lease_groups(job_id, "probe")["done"] is True
+
+
+def test_stream_groups_extends_the_leases_of_a_batch_while_it_fills(
+    api: str, db_session_factory: sessionmaker[Session]
+) -> None:
+    job_id = submit(api, n_tasks=3)
+    complete_group(db_session_factory, job_id, 0)
+    stolen: list[Any] = []
+
+    def later() -> None:  # well past group 0's 0.9 s lease: another trainer tries its luck
+        with Client(api) as other:
+            stolen.extend(other.lease_groups(job_id, "intruder")["groups"])
+        complete_group(db_session_factory, job_id, 1)
+
+    timer = threading.Timer(2.5, later)
+    timer.start()
+    with Client(api) as client:
+        stream = client.stream_groups(job_id, batch_size=2, consumer="s", lease_s=0.9, wait_s=5)
+        batch = next(stream)
+        stream.close()
+    timer.join()
+    assert stolen == []
+    assert [(g["task_index"], g["delivery"]["delivery_count"]) for g in batch] == [(0, 1), (1, 1)]
