@@ -261,3 +261,21 @@ def test_stream_groups_extends_the_leases_of_a_batch_while_it_fills(
     timer.join()
     assert stolen == []
     assert [(g["task_index"], g["delivery"]["delivery_count"]) for g in batch] == [(0, 1), (1, 1)]
+
+
+def test_a_waiting_long_poll_holds_no_database_connection(
+    api: str, db_session_factory: sessionmaker[Session]
+) -> None:
+    job_id = submit(api, n_tasks=1)
+    engine = db_session_factory.kw["bind"]
+    with Client(api) as client:
+        wait = {"wait_s": 2}
+        poll = threading.Thread(target=client.lease_groups, args=(job_id, "a"), kwargs=wait)
+        poll.start()
+        time.sleep(0.3)
+        held = []
+        for _ in range(20):
+            held.append(engine.pool.checkedout())
+            time.sleep(0.05)
+        poll.join()
+    assert held.count(0) >= 15, held  # a connection only for the instant of each short look
