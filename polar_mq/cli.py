@@ -390,6 +390,48 @@ def status(
 
 
 @app.command()
+def groups(
+    job_id: Annotated[str, typer.Argument(help="a job id")],
+    consumer: Annotated[
+        str | None, typer.Option(help="consumer name holding the leases (default: unique)")
+    ] = None,
+    batch_size: Annotated[int, typer.Option(min=1, help="groups leased per call")] = 16,
+    lease_s: Annotated[float, typer.Option(help="unacked groups come back after this")] = 60.0,
+    ack: Annotated[
+        bool, typer.Option("--ack/--no-ack", help="acknowledge each batch once printed")
+    ] = True,
+    trajectories: Annotated[bool, typer.Option(help="include token arrays")] = False,
+    url: Annotated[str | None, typer.Option(help="API base URL")] = None,
+    api_key: Annotated[str | None, typer.Option(envvar="POLAR_MQ_API_KEY")] = None,
+) -> None:
+    """Print a job's complete groups as they finish (one JSON line each), leasing them.
+
+    With --ack (the default) the groups are consumed: a trainer leasing the same job will not
+    see them again. --no-ack only peeks: it stops when the printed groups come back after their
+    leases ran out, and they are handed out again to the next consumer.
+    """
+    from polar_mq.client import PolarMQError
+
+    client = _client(url, api_key)
+    stream = client.stream_groups(
+        job_id, batch_size=batch_size, consumer=consumer, lease_s=lease_s,
+        ack="auto" if ack else "manual", include_trajectories=trajectories,
+    )  # fmt: skip
+    printed: set[int] = set()
+    try:
+        for batch in stream:
+            fresh = [g for g in batch if g["task_index"] not in printed]
+            for group in fresh:
+                sys.stdout.write(json.dumps(group, default=str) + "\n")
+            sys.stdout.flush()
+            printed.update(g["task_index"] for g in fresh)
+            if not ack and not fresh:
+                return  # peeking: the leases ran out and the printed groups came back
+    except PolarMQError as exc:
+        raise _fail(str(exc)) from exc
+
+
+@app.command()
 def demo(
     fake: Annotated[bool, typer.Option(help="use the built-in fake upstream, not vLLM")] = False,
     tasks: Annotated[int, typer.Option(help="number of arithmetic tasks")] = 8,

@@ -10,6 +10,7 @@ after a dropped connection returns the job the first attempt created instead of 
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -22,26 +23,35 @@ from polar_mq.client_async import AsyncClient
 from polar_mq.client_common import (
     DEFAULT_TIMEOUT_S,
     EXPORT_PAGE_SIZE,
+    LOST_LEASE_WARNING,
     MAX_POLL_FAILURES,
+    MIN_POLL_S,
     SUBMIT_ATTEMPTS,
     PolarMQError,
     Submission,
+    _BatchFiller,
     _Deadline,
     _export_writer,
     _GroupFollower,
     _headers,
     _info,
     _is_done,
+    _lease_body,
+    _lost_lease,
     _parse,
     _results_params,
+    _retry_delay,
     _submission,
     _submit_body,
+    default_consumer,
+    delivery_ids,
 )
 
 if TYPE_CHECKING:
     from polar_mq.export import ExportSummary
 
-__all__ = ["AsyncClient", "Client", "PolarMQError", "Submission"]
+__all__ = ["AsyncClient", "Client", "PolarMQError", "Submission", "delivery_ids"]
+log = logging.getLogger(__name__)
 
 
 class Client:
@@ -61,6 +71,7 @@ class Client:
             timeout=timeout,
             transport=transport,
         )
+        self._timeout = timeout
 
     def _request(self, method: str, path: str, **kwargs: Any) -> Any:
         try:
@@ -260,6 +271,119 @@ class Client:
             for page in self.iter_pages(job_id, complete_only, True, page_size, advantages):
                 writer.add_page(page)
             return writer.finish()
+
+    # -- streaming groups (leases and acknowledgements)
+
+    def lease_groups(
+        self,
+        job_id: str,
+        consumer: str,
+        max_groups: int = 16,
+        lease_s: float = 60.0,
+        wait_s: float = 0.0,
+        include_trajectories: bool = False,
+        advantages: str | None = None,
+    ) -> dict[str, Any]:
+        """Lease complete groups in completion order, waiting up to `wait_s` for the first.
+
+        Each group has a `delivery` (id, count, lease expiry); `done` says nothing is left.
+        """
+        body = _lease_body(consumer, max_groups, lease_s, wait_s, include_trajectories, advantages)
+        path = f"/v1/jobs/{job_id}/groups/lease"
+        return dict(self._request("POST", path, json=body, timeout=self._timeout + wait_s))
+
+    def ack_groups(self, job_id: str, consumer: str, delivery_ids: Sequence[str]) -> dict[str, Any]:
+        """Acknowledge deliveries: their groups are never handed out again (all or nothing)."""
+        body = {"consumer": consumer, "delivery_ids": list(delivery_ids)}
+        return dict(self._request("POST", f"/v1/jobs/{job_id}/groups/ack", json=body))
+
+    def extend_leases(
+        self, job_id: str, consumer: str, delivery_ids: Sequence[str], lease_s: float = 60.0
+    ) -> dict[str, Any]:
+        """Push the leases of unacked deliveries to now + lease_s."""
+        body = {"consumer": consumer, "delivery_ids": list(delivery_ids), "lease_s": lease_s}
+        return dict(self._request("POST", f"/v1/jobs/{job_id}/groups/extend", json=body))
+
+    def stream_groups(
+        self,
+        job_id: str,
+        batch_size: int = 16,
+        consumer: str | None = None,
+        lease_s: float = 60.0,
+        ack: str = "auto",
+        wait_s: float = 10.0,
+        include_trajectories: bool = False,
+        advantages: str | None = None,
+    ) -> Iterator[list[dict[str, Any]]]:
+        """Yield batches of complete groups, in completion order, until the job is done.
+
+        Batches hold `batch_size` groups (the last ones may hold fewer). `ack="auto"`: a batch
+        is acknowledged when you ask for the next one, so a crash while training on it means
+        it is redelivered (to any consumer) after `lease_s`. `ack="manual"`: call
+        `ack_groups(job_id, consumer, delivery_ids(batch))` yourself. Each group carries its
+        `delivery` (`redelivered` is true when an earlier consumer did not ack it).
+        """
+        filler = _BatchFiller(
+            consumer or default_consumer(), batch_size, lease_s, wait_s, ack,
+            include_trajectories, advantages,
+        )  # fmt: skip
+        while True:
+            self._extend_held(job_id, filler)
+            lease = self._retrying(
+                lambda: self._request(
+                    "POST",
+                    f"/v1/jobs/{job_id}/groups/lease",
+                    json=filler.lease_body(),
+                    timeout=self._timeout + filler.wait_s,
+                )
+            )
+            batch = filler.accept(lease)
+            if batch is not None:
+                yield batch
+                if filler.auto_ack:
+                    self._ack_consumed(job_id, filler.consumer, delivery_ids(batch))
+            elif filler.done:
+                return
+            elif not lease["groups"] and filler.wait_s < MIN_POLL_S:
+                time.sleep(MIN_POLL_S)
+
+    def _retrying(self, call: Callable[[], Any]) -> Any:
+        failures = 0
+        while True:
+            try:
+                return call()
+            except PolarMQError as exc:
+                failures += 1
+                time.sleep(_retry_delay(exc, failures))
+
+    def _extend_held(self, job_id: str, filler: _BatchFiller) -> None:
+        held = filler.held_to_extend()
+        if not held:
+            return
+        consumer, lease_s = filler.consumer, filler.lease_s
+        try:
+            self._retrying(lambda: self.extend_leases(job_id, consumer, held, lease_s))
+        except PolarMQError as exc:
+            if not _lost_lease(exc):
+                raise
+            log.warning(LOST_LEASE_WARNING, ", ".join(held), exc.type)
+        filler.extended()
+
+    def _ack_consumed(self, job_id: str, consumer: str, ids: Sequence[str]) -> None:
+        """Ack a consumed batch; a delivery lost to another consumer is warned about, not fatal."""
+        try:
+            self._retrying(lambda: self.ack_groups(job_id, consumer, ids))
+            return
+        except PolarMQError as exc:
+            if not _lost_lease(exc):
+                raise
+        for one in ids:
+            try:
+                self._retrying(lambda: self.ack_groups(job_id, consumer, [one]))  # noqa: B023
+            except PolarMQError as exc:
+                if not _lost_lease(exc):
+                    raise
+                log.warning(LOST_LEASE_WARNING, one, exc.type)
 
     # -- rollouts
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -13,23 +14,33 @@ import httpx
 from polar_mq.client_common import (
     DEFAULT_TIMEOUT_S,
     EXPORT_PAGE_SIZE,
+    LOST_LEASE_WARNING,
     MAX_POLL_FAILURES,
+    MIN_POLL_S,
     SUBMIT_ATTEMPTS,
     PolarMQError,
     Submission,
+    _BatchFiller,
     _Deadline,
     _export_writer,
     _GroupFollower,
     _headers,
     _is_done,
+    _lease_body,
+    _lost_lease,
     _parse,
     _results_params,
+    _retry_delay,
     _submission,
     _submit_body,
+    default_consumer,
+    delivery_ids,
 )
 
 if TYPE_CHECKING:
     from polar_mq.export import ExportSummary
+
+log = logging.getLogger(__name__)
 
 
 class AsyncClient:
@@ -49,6 +60,7 @@ class AsyncClient:
             timeout=timeout,
             transport=transport,
         )
+        self._timeout = timeout
 
     async def _request(self, method: str, path: str, **kwargs: Any) -> Any:
         try:
@@ -189,6 +201,113 @@ class AsyncClient:
             async for page in self.iter_pages(job_id, complete_only, True, page_size, advantages):
                 writer.add_page(page)
             return writer.finish()
+
+    # -- streaming groups (leases and acknowledgements); see `Client` for the semantics
+
+    async def lease_groups(
+        self,
+        job_id: str,
+        consumer: str,
+        max_groups: int = 16,
+        lease_s: float = 60.0,
+        wait_s: float = 0.0,
+        include_trajectories: bool = False,
+        advantages: str | None = None,
+    ) -> dict[str, Any]:
+        body = _lease_body(consumer, max_groups, lease_s, wait_s, include_trajectories, advantages)
+        path = f"/v1/jobs/{job_id}/groups/lease"
+        return dict(await self._request("POST", path, json=body, timeout=self._timeout + wait_s))
+
+    async def ack_groups(
+        self, job_id: str, consumer: str, delivery_ids: Sequence[str]
+    ) -> dict[str, Any]:
+        body = {"consumer": consumer, "delivery_ids": list(delivery_ids)}
+        return dict(await self._request("POST", f"/v1/jobs/{job_id}/groups/ack", json=body))
+
+    async def extend_leases(
+        self, job_id: str, consumer: str, delivery_ids: Sequence[str], lease_s: float = 60.0
+    ) -> dict[str, Any]:
+        body = {"consumer": consumer, "delivery_ids": list(delivery_ids), "lease_s": lease_s}
+        return dict(await self._request("POST", f"/v1/jobs/{job_id}/groups/extend", json=body))
+
+    async def stream_groups(
+        self,
+        job_id: str,
+        batch_size: int = 16,
+        consumer: str | None = None,
+        lease_s: float = 60.0,
+        ack: str = "auto",
+        wait_s: float = 10.0,
+        include_trajectories: bool = False,
+        advantages: str | None = None,
+    ) -> AsyncIterator[list[dict[str, Any]]]:
+        """Batches of complete groups in completion order until the job is done.
+
+        `async for batch in client.stream_groups(job, batch_size=8): train(batch)`. With
+        `ack="auto"` a batch is acknowledged when the next one is asked for (a crash while
+        training on it means redelivery after `lease_s`); `ack="manual"` leaves it to
+        `ack_groups(job_id, consumer, delivery_ids(batch))`.
+        """
+        filler = _BatchFiller(
+            consumer or default_consumer(), batch_size, lease_s, wait_s, ack,
+            include_trajectories, advantages,
+        )  # fmt: skip
+        while True:
+            await self._extend_held(job_id, filler)
+            lease = await self._retrying(
+                lambda: self._request(
+                    "POST",
+                    f"/v1/jobs/{job_id}/groups/lease",
+                    json=filler.lease_body(),
+                    timeout=self._timeout + filler.wait_s,
+                )
+            )
+            batch = filler.accept(lease)
+            if batch is not None:
+                yield batch
+                if filler.auto_ack:
+                    await self._ack_consumed(job_id, filler.consumer, delivery_ids(batch))
+            elif filler.done:
+                return
+            elif not lease["groups"] and filler.wait_s < MIN_POLL_S:
+                await asyncio.sleep(MIN_POLL_S)
+
+    async def _retrying(self, call: Callable[[], Awaitable[Any]]) -> Any:
+        failures = 0
+        while True:
+            try:
+                return await call()
+            except PolarMQError as exc:
+                failures += 1
+                await asyncio.sleep(_retry_delay(exc, failures))
+
+    async def _extend_held(self, job_id: str, filler: _BatchFiller) -> None:
+        held = filler.held_to_extend()
+        if not held:
+            return
+        consumer, lease_s = filler.consumer, filler.lease_s
+        try:
+            await self._retrying(lambda: self.extend_leases(job_id, consumer, held, lease_s))
+        except PolarMQError as exc:
+            if not _lost_lease(exc):
+                raise
+            log.warning(LOST_LEASE_WARNING, ", ".join(held), exc.type)
+        filler.extended()
+
+    async def _ack_consumed(self, job_id: str, consumer: str, ids: Sequence[str]) -> None:
+        try:
+            await self._retrying(lambda: self.ack_groups(job_id, consumer, ids))
+            return
+        except PolarMQError as exc:
+            if not _lost_lease(exc):
+                raise
+        for one in ids:
+            try:
+                await self._retrying(lambda: self.ack_groups(job_id, consumer, [one]))  # noqa: B023
+            except PolarMQError as exc:
+                if not _lost_lease(exc):
+                    raise
+                log.warning(LOST_LEASE_WARNING, one, exc.type)
 
     async def rollout(self, rollout_id: str) -> dict[str, Any]:
         return dict(await self._request("GET", f"/v1/rollouts/{rollout_id}"))

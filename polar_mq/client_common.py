@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -158,3 +158,124 @@ def _info(status: Mapping[str, Any]) -> str:
     if reward is not None:
         parts.append(f"reward {reward:.3f}")
     return "  ".join(parts)
+
+
+# --------------------------------------------------------------------------------------------
+# Group leases: the batching state behind `stream_groups`
+
+ACK_MODES = ("auto", "manual")
+
+
+def default_consumer() -> str:
+    """A consumer name unique to this process: `<host>-<pid>-<random>`."""
+    import socket
+
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+def delivery_ids(groups: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The delivery ids of leased groups (what `ack_groups` takes)."""
+    return [str(g["delivery"]["delivery_id"]) for g in groups]
+
+
+def _lease_body(
+    consumer: str,
+    max_groups: int,
+    lease_s: float,
+    wait_s: float,
+    include_trajectories: bool,
+    advantages: str | None,
+) -> dict[str, Any]:
+    return {
+        "consumer": consumer, "max_groups": max_groups, "lease_s": lease_s, "wait_s": wait_s,
+        "include_trajectories": include_trajectories, "advantages": advantages,
+    }  # fmt: skip
+
+
+MIN_POLL_S = 0.5
+"""A stream whose long-poll is shorter than this sleeps this long after an empty answer."""
+
+
+def _retry_delay(exc: PolarMQError, failures: int) -> float:
+    """Seconds to wait before retrying a failed call; raises `exc` when it is not worth it."""
+    if not exc.transient or failures >= MAX_POLL_FAILURES:
+        raise exc
+    return min(0.5 * failures, 5.0)
+
+
+def _lost_lease(exc: PolarMQError) -> bool:
+    """A 409 on ack/extend: the lease went to another consumer (or was acked elsewhere)."""
+    return exc.status == 409
+
+
+LOST_LEASE_WARNING = (
+    "group delivery %s could not be acknowledged (%s): its lease expired and it was handed out "
+    "again, so another consumer may train on it too; lease longer or extend leases"
+)
+
+
+class _BatchFiller:
+    """Collects leased groups into batches of `batch_size` for `stream_groups`.
+
+    Groups are leased until the batch is full; a partial batch goes out only once the job is
+    finished and nothing more is leasable now (the last groups, or redeliveries). Leases of the
+    groups held while the batch fills are extended when half their time has passed, so a slow
+    fill never lets them expire. With auto-ack, a batch is acknowledged when the consumer asks for
+    the next one: a consumer that dies while holding it gets it redelivered elsewhere.
+    """
+
+    def __init__(
+        self,
+        consumer: str,
+        batch_size: int,
+        lease_s: float,
+        wait_s: float,
+        ack: str,
+        include_trajectories: bool,
+        advantages: str | None,
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
+        if ack not in ACK_MODES:
+            raise ValueError(f"ack must be one of {', '.join(ACK_MODES)}, not {ack!r}")
+        self.consumer = consumer
+        self.batch_size = batch_size
+        self.lease_s = lease_s
+        self.wait_s = wait_s
+        self.auto_ack = ack == "auto"
+        self.include_trajectories = include_trajectories
+        self.advantages = advantages
+        self.batch: list[dict[str, Any]] = []
+        self.renewed_at = 0.0
+        self.done = False
+
+    def lease_body(self) -> dict[str, Any]:
+        # While groups are held, no wait may outlast a third of their lease: the extension
+        # check runs between lease calls.
+        wait_s = min(self.wait_s, self.lease_s / 3) if self.batch else self.wait_s
+        return _lease_body(
+            self.consumer, self.batch_size - len(self.batch), self.lease_s, wait_s,
+            self.include_trajectories, self.advantages,
+        )  # fmt: skip
+
+    def held_to_extend(self) -> list[str]:
+        """Delivery ids of the held groups whose leases are due for extension (else [])."""
+        if self.batch and time.monotonic() - self.renewed_at > self.lease_s / 3:
+            return delivery_ids(self.batch)
+        return []
+
+    def extended(self) -> None:
+        self.renewed_at = time.monotonic()
+
+    def accept(self, lease: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+        """Take a lease answer; a batch when one is ready to hand to the consumer."""
+        asked = self.batch_size - len(self.batch)
+        if lease["groups"] and not self.batch:
+            self.renewed_at = time.monotonic()
+        self.batch.extend(lease["groups"])
+        self.done = bool(lease["done"])
+        drained = bool(lease["job_finished"]) and len(lease["groups"]) < asked
+        if len(self.batch) >= self.batch_size or (self.batch and (drained or self.done)):
+            batch, self.batch = self.batch, []
+            return batch
+        return None

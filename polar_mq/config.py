@@ -41,6 +41,13 @@ class Settings(BaseSettings):
     api_host: str = "127.0.0.1"
     api_port: int = 8000
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024)
+    group_poll_s: float = Field(
+        0.25,
+        gt=0,
+        le=10,
+        description="how often a waiting group long-poll or stream looks for newly complete "
+        "groups (one short query per waiting consumer; no connection held in between)",
+    )
 
     proxy_host: str = "127.0.0.1"
     proxy_port: int = 8010

@@ -106,3 +106,59 @@ def test_purpose_column_upgrade_and_downgrade(fresh_url: str) -> None:
         assert purposes == ["agent", "agent"]  # the downgrade forgot the judge mark, as it must
     finally:
         engine.dispose()
+
+
+def test_group_deliveries_migration_and_claims(fresh_url: str) -> None:
+    """0004 adds `group_deliveries`; the claim, redelivery and ack statements run on the migrated
+    schema of both databases (SQLite is the embedded default), and the downgrade drops it."""
+    import time
+
+    from polar_mq.db import make_session_factory, unit_of_work
+    from polar_mq.jobs import deliveries
+    from polar_mq.models import Job, JobTask, Rollout, RolloutStatus
+
+    upgrade(fresh_url, "0003")
+    engine = create_db_engine(fresh_url)
+    try:
+        assert "group_deliveries" not in inspect(engine).get_table_names()
+        upgrade(fresh_url)
+        engine.dispose()
+        assert "group_deliveries" in inspect(engine).get_table_names()
+        factory = make_session_factory(engine)
+        job_id = uuid.uuid4()
+        with unit_of_work(factory) as session:
+            session.add(Job(id=job_id, samples_per_task=1, n_tasks=2, spec={}))
+            session.flush()
+            for index in range(2):
+                task = JobTask(job_id=job_id, task_index=index, instance={"instruction": "x"})
+                session.add(task)
+                session.flush()
+                session.add(
+                    Rollout(
+                        job_id=job_id, task_id=task.id, task_index=index, sample_index=0,
+                        status=RolloutStatus.COMPLETED, termination_reason="completed",
+                        reward=1.0, finished_at=datetime.now(UTC),
+                    )
+                )  # fmt: skip
+        with unit_of_work(factory) as session:
+            first = deliveries.lease_groups(session, job_id, "a", 1, 0.2)
+        with unit_of_work(factory) as session:
+            second = deliveries.lease_groups(session, job_id, "b", 5, 30.0)
+        assert [g.task_index for g in first.groups] == [0]
+        assert [g.task_index for g in second.groups] == [1]
+        time.sleep(0.3)
+        with unit_of_work(factory) as session:
+            again = deliveries.lease_groups(session, job_id, "b", 5, 30.0)
+        (group,) = again.groups
+        assert (group.task_index, group.delivery.delivery_count) == (0, 2)
+        with unit_of_work(factory) as session:
+            ids = [g.delivery.delivery_id for g in (*second.groups, group)]
+            assert deliveries.ack_groups(session, job_id, "b", ids).acked == ids
+        with unit_of_work(factory) as session:
+            assert deliveries.lease_groups(session, job_id, "c", 5, 30.0).done is True
+
+        command.downgrade(alembic_config(fresh_url), "0003")
+        engine.dispose()
+        assert "group_deliveries" not in inspect(engine).get_table_names()
+    finally:
+        engine.dispose()

@@ -48,3 +48,14 @@ def get_principal(
 
 
 PrincipalDep = Annotated[Principal, Depends(get_principal)]
+
+
+def get_principal_briefly(
+    request: Request,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+) -> Principal:
+    """`get_principal` in a session of its own, closed before the route runs: a long-poll or an
+    event stream waits for many seconds and must not hold a pooled connection meanwhile."""
+    authenticator: Authenticator = request.app.state.authenticator
+    with unit_of_work(request.app.state.session_factory) as session:
+        return authenticator.authenticate(session, credentials.credentials if credentials else None)

@@ -20,6 +20,7 @@ from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
 from polar_mq.api.responses import OrjsonResponse
+from polar_mq.jobs.deliveries import DeliveryConflict, UnknownDelivery
 from polar_mq.jobs.read_models import InvalidCursor, NotFound
 from polar_mq.submit import IdempotencyConflict, UnstorableValue
 
@@ -172,6 +173,15 @@ async def _conflict(_request: Request, exc: Exception) -> Response:
     return error_response(409, "idempotency_conflict", str(exc))
 
 
+async def _unknown_delivery(_request: Request, exc: Exception) -> Response:
+    return error_response(404, "unknown_delivery", str(exc))
+
+
+async def _delivery_conflict(_request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, DeliveryConflict)
+    return error_response(409, exc.type, str(exc))
+
+
 async def _unstorable(_request: Request, exc: Exception) -> Response:
     assert isinstance(exc, UnstorableValue)
     details = [{"path": exc.path, "message": exc.problem}]
@@ -202,6 +212,8 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(InvalidCursor, _invalid_cursor)
     app.add_exception_handler(IdempotencyConflict, _conflict)
     app.add_exception_handler(UnstorableValue, _unstorable)
+    app.add_exception_handler(UnknownDelivery, _unknown_delivery)
+    app.add_exception_handler(DeliveryConflict, _delivery_conflict)
     app.add_exception_handler(DataError, _data_error)
     app.add_exception_handler(OperationalError, _database_down)
     app.add_exception_handler(Exception, _unexpected)

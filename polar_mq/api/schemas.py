@@ -7,9 +7,9 @@ status, results and rollout shapes are exactly what the handlers serialize.
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class SubmitResponse(BaseModel):
@@ -52,8 +52,9 @@ def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     described = {
         400: "Malformed request (invalid JSON, invalid cursor)",
         401: "Missing or invalid API key",
-        404: "No such job or rollout",
-        409: "Idempotency key reused with a different body",
+        404: "No such job, rollout or delivery",
+        409: "Idempotency key reused with a different body; a delivery superseded, acknowledged "
+        "or leased by another consumer",
         413: "Request body too large",
         422: "Request failed validation",
         503: "Database unavailable",
@@ -62,3 +63,51 @@ def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
         status: {"model": ErrorResponse, "description": described.get(status, "Error")}
         for status in statuses
     }
+
+
+# --------------------------------------------------------------------------------------------
+# Group leases (streaming groups to trainers)
+
+MAX_LEASE_S = 24 * 3600.0
+MAX_WAIT_S = 120.0
+"""Longer long-polls only fight the idle timeouts of the proxies between trainer and API."""
+ConsumerName = Field(
+    min_length=1,
+    max_length=200,
+    description="who holds the leases: any stable name of the trainer process",
+)
+
+
+class LeaseRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    consumer: str = ConsumerName
+    max_groups: int = Field(16, ge=1, le=1000, description="at most this many groups")
+    lease_s: float = Field(
+        60.0,
+        gt=0,
+        le=MAX_LEASE_S,
+        description="unacked groups are handed out again this long after the lease",
+    )
+    wait_s: float = Field(
+        0.0,
+        ge=0,
+        le=MAX_WAIT_S,
+        description="long-poll: answer as soon as one group is leased, or after this long",
+    )
+    max_in_flight: int | None = Field(
+        None, ge=1, description="lease nothing while this consumer holds this many unacked groups"
+    )
+    include_trajectories: bool = False
+    advantages: Literal["grpo"] | None = None
+
+
+class DeliveriesRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    consumer: str = ConsumerName
+    delivery_ids: list[str] = Field(max_length=1000, description="as handed out by a lease")
+
+
+class ExtendRequest(DeliveriesRequest):
+    lease_s: float = Field(60.0, gt=0, le=MAX_LEASE_S, description="new lease: now + lease_s")

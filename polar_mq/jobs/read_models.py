@@ -271,3 +271,56 @@ def record(cls: type[_R], source: Any, **values: Any) -> _R:
         if f.name not in values:
             values[f.name] = getattr(source, f.name)
     return cls(**values)
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One hand-out of a group to a consumer (see `polar_mq.jobs.deliveries`)."""
+
+    delivery_id: str
+    """`<group_id>:<delivery_count>`: acknowledges this hand-out, and no later one."""
+    consumer: str
+    delivery_count: int
+    redelivered: bool
+    """A previous lease of this group expired without an ack (its consumer died or was slow)."""
+    leased_at: datetime
+    lease_expires_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveredGroup(GroupResult):
+    """A complete group as leased to a consumer: the results shape plus its delivery."""
+
+    delivery: Delivery
+
+
+@dataclass(frozen=True, slots=True)
+class GroupLease:
+    """The answer to a lease call (and the data of the stream's `end` event, without groups)."""
+
+    job_id: uuid.UUID
+    consumer: str
+    groups: list[DeliveredGroup]
+    """In completion order; empty when nothing became available within wait_s."""
+    job_finished: bool
+    """Every rollout is terminal: no further group will complete."""
+    groups_total: int
+    groups_acked: int
+    groups_in_flight: int
+    """Leased to some consumer (this one included), not acknowledged, lease not expired."""
+    done: bool
+    """Job finished and every group acknowledged: nothing will ever be handed out again."""
+
+
+@dataclass(frozen=True, slots=True)
+class AckResult:
+    acked: list[str]
+    """Delivery ids acknowledged by this call."""
+    already_acked: list[str]
+    """Delivery ids this consumer had acknowledged before (acks are idempotent)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ExtendResult:
+    extended: list[str]
+    lease_expires_at: datetime

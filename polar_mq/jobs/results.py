@@ -57,7 +57,9 @@ def group_id(job_id: uuid.UUID, task_index: int) -> str:
     return f"{job_id}:{task_index}"
 
 
-def _group_query(job_id: uuid.UUID, complete_only: bool) -> Select[Any]:
+def group_query(job_id: uuid.UUID, complete_only: bool) -> Select[Any]:
+    """(task_index, n, n_terminal, completed_at) per group of a job; shared with the leases of
+    `polar_mq.jobs.deliveries`, so both read paths agree on what a complete group is."""
     groups = (
         select(
             Rollout.task_index.label("task_index"),
@@ -101,7 +103,7 @@ def job_results(
     limit = clamp_limit(limit)
     total, terminal = rollout_totals(session, job_id)
     finished = total > 0 and terminal == total
-    query = _group_query(job_id, complete_only)
+    query = group_query(job_id, complete_only)
     sub = query.selected_columns
     if complete_only:
         query = query.order_by(sub.completed_at, sub.task_index)
@@ -123,7 +125,9 @@ def job_results(
             query = query.where(sub.task_index > after_index)
     page = session.execute(query.limit(limit + 1)).all()
     more = len(page) > limit
-    groups = _groups(session, job_id, page[:limit], complete_only, include_trajectories, advantages)
+    groups = build_groups(
+        session, job_id, page[:limit], complete_only, include_trajectories, advantages
+    )
     return ResultsPage(
         job_id=job.id,
         job_state=job_state(job, total, terminal),
@@ -133,7 +137,7 @@ def job_results(
     )
 
 
-def _groups(
+def build_groups(
     session: Session,
     job_id: uuid.UUID,
     page: Sequence[Any],
@@ -141,6 +145,7 @@ def _groups(
     include_trajectories: bool,
     advantages: str | None,
 ) -> list[GroupResult]:
+    """The serialised groups of `page` (rows of `group_query`), in the order of `page`."""
     indexes = [row.task_index for row in page]
     rollouts = _rollouts(session, job_id, indexes)
     pieces = _pieces(session, job_id, indexes, include_trajectories)

@@ -3,6 +3,7 @@
 from polar_mq.models.api_key import ApiKey
 from polar_mq.models.base import Base
 from polar_mq.models.event import Event, EventKind
+from polar_mq.models.group_delivery import GroupDelivery
 from polar_mq.models.job import Job, JobTask
 from polar_mq.models.llm_call import LlmCall
 from polar_mq.models.rollout import Rollout, RolloutStatus, TerminationReason
@@ -14,6 +15,7 @@ __all__ = [
     "Evaluation",
     "Event",
     "EventKind",
+    "GroupDelivery",
     "Job",
     "JobTask",
     "LlmCall",
