@@ -113,6 +113,9 @@ def worker(
     janitor: Annotated[
         bool, typer.Option(help="remove this node's orphan runtimes (one per node is enough)")
     ] = True,
+    warm_pool: Annotated[
+        bool, typer.Option(help="refill this node's warm pool (with the run_agent stage only)")
+    ] = True,
 ) -> None:
     """Start one Celery worker process per stage on this node; restart any that dies."""
     from polar_mq.workers.launcher import (
@@ -140,7 +143,38 @@ def worker(
         from polar_mq.workers.janitor import start_node_janitor
 
         start_node_janitor(settings)
-    raise typer.Exit(supervise(plan))
+    agent_workers = [w for w in plan if w.stage.value == "run_agent"]
+    refiller = None
+    if warm_pool and agent_workers:
+        from polar_mq.workers.warm_refiller import start_refiller
+
+        refiller = start_refiller(settings, agent_workers[0].concurrency)
+    code = supervise(plan)
+    if refiller is not None:
+        refiller.stop()
+    raise typer.Exit(code)
+
+
+@app.command("warm-pool")
+def warm_pool(
+    agent_slots: Annotated[int, typer.Option(help="run_agent concurrency of this node")] = 8,
+) -> None:
+    """Keep this node's warm pool filled (`polar-mq worker` already runs one with run_agent).
+
+    On SIGTERM it waits for the builds in flight and destroys the idle runtimes.
+    """
+    import signal
+    import threading
+
+    from polar_mq.workers.warm_refiller import start_refiller
+
+    refiller = start_refiller(_settings(), agent_slots)
+    stopping = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+    signal.signal(signal.SIGINT, lambda *_: stopping.set())
+    while not stopping.wait(1.0):
+        pass
+    refiller.stop()
 
 
 @app.command()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
 
 from polar_mq.evaluators.registry import validate_evaluator_spec
 from polar_mq.harnesses import get_harness
@@ -54,10 +54,22 @@ class RuntimeSpec(StrictModel):
     cpus: float | None = Field(None, gt=0, le=1024, description="docker: CPU quota in cores")
     pids: int | None = Field(None, ge=8, le=1_000_000, description="bwrap/docker: max processes")
     prepare: PrepareRecipe = Field(default_factory=PrepareRecipe)
+    warm: StrictBool = Field(
+        False,
+        description="take a prepared runtime from the node's warm pool (recipe already applied; "
+        "it must not depend on the task: the task file is written at take time)",
+    )
+    reuse: StrictBool = Field(
+        False, description="warm only: after evaluate, reset the runtime and return it to the pool"
+    )
 
     @model_validator(mode="after")
     def _options_fit_kind(self) -> RuntimeSpec:
         check_runtime_options(self.model_dump(exclude={"prepare"}))
+        if self.reuse and not self.warm:
+            raise ValueError(
+                "runtime.reuse needs runtime.warm: true (reuse returns it to the pool)"
+            )
         return self
 
 

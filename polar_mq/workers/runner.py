@@ -25,8 +25,16 @@ from polar_mq.workers.context import WorkerContext
 from polar_mq.workers.recovery import backoff_s, restart_claimed, retry_in_place, retry_policy
 from polar_mq.workers.routing import NEXT_STAGE, Stage, StageMessage
 from polar_mq.workers.stages import build, evaluate, prepare, run_agent
-from polar_mq.workers.stages.common import StageFailure, StageOutcome, open_runtime
-from polar_mq.workers.transitions import STAGE_STATES, Claimed, LeaseLost, claim, fail, finish
+from polar_mq.workers.stages.common import StageFailure, StageOutcome, release_runtime
+from polar_mq.workers.transitions import (
+    STAGE_STATES,
+    Claimed,
+    LeaseLost,
+    claim,
+    fail,
+    finish,
+    runtime_released,
+)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -40,9 +48,18 @@ STAGE_FUNCTIONS: dict[Stage, Callable[[WorkerContext, Claimed], StageOutcome]] =
 RUNTIME_STAGES = frozenset({Stage.PREPARE, Stage.RUN_AGENT, Stage.EVALUATE})
 
 
-def _release_runtime(ctx: WorkerContext, claimed: Claimed) -> None:
+def _release_runtime(ctx: WorkerContext, claimed: Claimed, reusable: bool = False) -> None:
+    """Recycle or destroy the rollout's runtime, then log how (a `runtime_released` event).
+
+    After the stage's result is committed, never before: a redelivered evaluate must still find
+    the runtime, and a recycled one may already belong to another rollout.
+    """
     try:
-        open_runtime(ctx.settings, claimed.spec.get("runtime", {}), claimed.rollout).stop()
+        detail = release_runtime(
+            ctx.settings, ctx.warm_pool, claimed.spec.get("runtime", {}), claimed.rollout,
+            reusable=reusable,
+        )  # fmt: skip
+        _commit(ctx, lambda session: runtime_released(session, claimed, detail))
     except Exception:
         log.exception("releasing the runtime of rollout %s failed", claimed.rollout.id)
 
@@ -124,7 +141,7 @@ def run_stage(
                 _release_runtime(ctx, claimed)
             return "lease_lost"
     if STAGE_STATES[stage][2] in RolloutStatus.TERMINAL:
-        _release_runtime(ctx, claimed)
+        _release_runtime(ctx, claimed, reusable=True)
     return "done"
 
 
