@@ -99,9 +99,6 @@ class Settings(BaseSettings):
     warm_pool_build_concurrency: int = Field(
         2, ge=1, description="warm runtimes the refiller builds at once"
     )
-    warm_pool_liveness_timeout_s: float = Field(
-        10.0, gt=0, description="a taken warm runtime must run `true` within this"
-    )
     visibility_timeout_s: int = Field(3 * 3600, ge=10)
     lease_s: float = Field(
         60.0, gt=0, description="stage lease; renewed every lease_s/3 while the stage runs"

@@ -130,13 +130,10 @@ class WarmPool:
     it. A cold start for an empty pool is never refused (prepare must always get a runtime).
     """
 
-    def __init__(
-        self, root: Path, max_runtimes: int = 16, liveness_timeout_s: float = 10.0
-    ) -> None:
+    def __init__(self, root: Path, max_runtimes: int = 16) -> None:
         self.root = Path(root)
         self.base = self.root / POOL_DIR
         self.max_runtimes = max_runtimes
-        self.liveness_timeout_s = liveness_timeout_s
 
     # -- markers ---------------------------------------------------------------------------------
 
@@ -229,9 +226,9 @@ class WarmPool:
     def take(self, runtime_spec: Mapping[str, Any], owner: str) -> Acquired | None:
         """Claim an idle runtime of this spec for `owner` (`<rollout hex>-<attempt>`), or None.
 
-        Each candidate is claimed by renaming its marker (only one taker wins it), then checked:
-        a runtime that cannot run `true` (its container died, its directory was deleted) is
-        destroyed and the next one is tried.
+        Each candidate is claimed by renaming its marker (only one taker wins it), then checked
+        (`alive`): a dead one (its container stopped, its directory was deleted) is destroyed and
+        the next one is tried.
         """
         key = pool_key(runtime_spec)
         started = time.monotonic()
@@ -269,11 +266,23 @@ class WarmPool:
         return None
 
     def alive(self, runtime: LocalRuntime) -> bool:
-        """The runtime runs a trivial command (for docker: its container is up and answers)."""
+        """Whether a pooled runtime can still run commands, from its state (no exec: fast).
+
+        What can die differs by kind: `local` and `bwrap` start a fresh process (namespace) per
+        exec, so they live as long as their directories (and, with a pids limit, their cgroup);
+        a `docker` runtime lives as long as its container runs.
+        """
         try:
             if not runtime.workdir.is_dir():
                 return False
-            return runtime.exec(["true"], timeout=self.liveness_timeout_s).ok
+            container = getattr(runtime, "container", None)
+            if callable(container):
+                found = container()
+                return found is not None and found.status == "running"
+            cgroup = getattr(runtime, "cgroup", None)
+            if getattr(runtime, "pids_limit", None) is not None and cgroup is not None:
+                return bool((cgroup / "cgroup.procs").exists())
+            return True
         except Exception:
             return False
 

@@ -49,7 +49,7 @@ class WorkerContext:
     @cached_property
     def warm_pool(self) -> WarmPool:
         s = self.settings
-        return WarmPool(s.runtime_root, s.warm_pool_max_per_node, s.warm_pool_liveness_timeout_s)
+        return WarmPool(s.runtime_root, s.warm_pool_max_per_node)
 
     @cached_property
     def http(self) -> httpx.Client:

@@ -73,11 +73,7 @@ class Refiller:
         self.settings = settings
         self.factory = factory
         self.agent_slots = agent_slots
-        self.pool = pool or WarmPool(
-            settings.runtime_root,
-            settings.warm_pool_max_per_node,
-            settings.warm_pool_liveness_timeout_s,
-        )
+        self.pool = pool or WarmPool(settings.runtime_root, settings.warm_pool_max_per_node)
         self._specs: dict[uuid.UUID, dict[str, Any] | None] = {}
         self._executor = ThreadPoolExecutor(
             settings.warm_pool_build_concurrency, thread_name_prefix="warm-build"

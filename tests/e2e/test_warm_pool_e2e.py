@@ -1,9 +1,10 @@
 """Jobs with `runtime: {warm: true, reuse: true}` through real worker processes and a real refiller.
 
-Two jobs with the same sandbox spec, one after the other: the second one's rollouts all take warm
-runtimes (recycled from the first job or built by the refiller), the recipe runs once per runtime
-and never per rollout, start/recipe/reset timings are on every rollout, and once the refiller stops
-nothing is left: no runtime directory, no process.
+Per runtime kind (local, docker), two jobs with the same sandbox spec, one after the other: the
+second one's rollouts all take warm runtimes (recycled from the first job or built by the
+refiller), the recipe runs once per runtime and never per rollout, start/recipe/reset timings are
+on every rollout, and once the refiller stops nothing is left: no runtime directory, no process,
+no container.
 """
 
 from __future__ import annotations
@@ -18,22 +19,20 @@ import pytest
 from polar_mq.client import Client
 from polar_mq.devstack import LocalStack
 from polar_mq.processes import free_port
+from polar_mq.runtimes.janitor import present_runtimes
 from polar_mq.runtimes.warm_pool import WarmPool, is_pooled
 from polar_mq.workers.janitor import local_runtime_ids
 from polar_mq.workers.routing import Stage
 from tests.e2e.stack import e2e_settings
+from tests.runtimes.runtime_backends import TEST_IMAGE, skip_reason
 
 pytestmark = pytest.mark.e2e
 
 AGENT_SLOTS = 2
-RUNTIME: dict[str, Any] = {
-    "kind": "local",
-    "warm": True,
-    "reuse": True,
-    "prepare": {
-        "files": {"fixture.txt": "42"},
-        "commands": ["echo once >> ../recipe-runs.log && sleep 0.3"],
-    },
+RECIPE = {
+    "files": {"fixture.txt": "42"},
+    # in home: the baseline keeps this one line, a second run of the recipe would add another
+    "commands": ['echo once >> "$HOME/recipe-runs.log" && sleep 0.3'],
 }
 # the agent proves the recipe's file is there and leaves dirt a recycle must clean up
 HARNESS = {
@@ -67,7 +66,16 @@ def _pool_settled(pool: WarmPool, timeout: float = 30) -> None:
         time.sleep(0.1)
 
 
-def test_warm_jobs_take_recycled_runtimes_and_leave_nothing(warm_stack: LocalStack) -> None:
+@pytest.mark.parametrize("kind", ["local", "docker"])
+def test_warm_jobs_take_recycled_runtimes_and_leave_nothing(
+    warm_stack: LocalStack, kind: str
+) -> None:
+    reason = skip_reason(kind)
+    if reason:
+        pytest.skip(reason)
+    runtime: dict[str, Any] = {"kind": kind, "warm": True, "reuse": True, "prepare": RECIPE}
+    if kind == "docker":
+        runtime["image"] = TEST_IMAGE
     s = warm_stack.settings
     client = Client(f"http://{s.api_host}:{s.api_port}")
     refiller = warm_stack.warm_pool(agent_slots=AGENT_SLOTS)
@@ -76,7 +84,7 @@ def test_warm_jobs_take_recycled_runtimes_and_leave_nothing(warm_stack: LocalSta
     for _ in range(2):
         job = client.submit(
             [{"instruction": "answer", "answer": "42"}], samples_per_task=4, harness=HARNESS,
-            runtime=RUNTIME, evaluator="exact_match",
+            runtime=runtime, evaluator="exact_match",
         )  # fmt: skip
         status = client.wait(str(job.job_id), progress=False, timeout=120)
         assert status["by_status"] == {"completed": 4}, status
@@ -101,7 +109,7 @@ def test_warm_jobs_take_recycled_runtimes_and_leave_nothing(warm_stack: LocalSta
     idle = {m.runtime_id for m in pool.markers("idle")}
     assert idle and idle <= runtime_ids | {m.runtime_id for m in pool.markers()}
     runs = {
-        rid: len((s.runtime_root / rid / "recipe-runs.log").read_text().splitlines())
+        rid: len((s.runtime_root / rid / "home" / "recipe-runs.log").read_text().splitlines())
         for rid in idle
     }
     assert set(runs.values()) == {1}, runs
@@ -110,5 +118,6 @@ def test_warm_jobs_take_recycled_runtimes_and_leave_nothing(warm_stack: LocalSta
 
     refiller.stop()  # a graceful stop empties the pool
     assert local_runtime_ids(s.runtime_root) == set()
+    assert present_runtimes(s.runtime_root) == {}  # no directory, container or cgroup
     assert not [p for p in s.runtime_root.iterdir() if p.name not in (".warm", "logs")]
     assert pool.markers() == []

@@ -133,9 +133,10 @@ def test_size_is_bounded(tmp_path: Path) -> None:
     assert pool.census().total == 0
 
 
-def _taker(root: str, spec: dict[str, Any], owner: str, out: Any) -> None:
-    pool = WarmPool(Path(root), liveness_timeout_s=30)
+def _taker(root: str, spec: dict[str, Any], owner: str, out: Any, start: Any) -> None:
+    pool = WarmPool(Path(root))
     got: list[str] = []
+    start.wait(30)  # all at once: they go for the same oldest runtimes
     while True:
         acquired = pool.take(spec, owner)
         if acquired is None:
@@ -151,11 +152,12 @@ def _taker(root: str, spec: dict[str, Any], owner: str, out: Any) -> None:
 def test_concurrent_takers_in_separate_processes_never_share_a_runtime(tmp_path: Path) -> None:
     pool = WarmPool(tmp_path / "rt")
     spec = {"kind": "local"}
-    made = {pool.fill_one(spec) for _ in range(12)}
+    made = {pool.fill_one(spec) for _ in range(60)}
     ctx = multiprocessing.get_context("fork")
     out = ctx.Queue()
+    start = ctx.Barrier(6)
     procs = [
-        ctx.Process(target=_taker, args=(str(pool.root), spec, f"{i:032x}-1", out))
+        ctx.Process(target=_taker, args=(str(pool.root), spec, f"{i:032x}-1", out, start))
         for i in range(6)
     ]
     for proc in procs:
