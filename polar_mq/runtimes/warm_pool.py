@@ -349,15 +349,19 @@ class WarmPool:
                     with contextlib.suppress(FileNotFoundError):
                         path.unlink()
 
-    def destroy_marked(self, marker: Marker, kind_spec: Mapping[str, Any] | None = None) -> bool:
-        """Claim `marker` for destruction (rename) and destroy its runtime; False if it moved."""
+    def destroy_marked(self, marker: Marker, kind: str | None = None) -> bool:
+        """Claim `marker` for destruction (rename) and destroy its runtime; False if it moved.
+
+        `kind`: the runtime's kind when known (a docker runtime whose directory is already gone
+        is only found by its container); else the one its directory records.
+        """
         doomed = self._move(marker.path, "doomed", process_tag())
         if doomed is None:
             return False
         from polar_mq.runtimes.janitor import remove_runtime
 
         try:
-            remove_runtime(marker.runtime_id, self.root)
+            remove_runtime(marker.runtime_id, self.root, kind)
         finally:
             with contextlib.suppress(FileNotFoundError):
                 doomed.unlink()

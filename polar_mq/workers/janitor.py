@@ -141,7 +141,10 @@ class NodeJanitor:
                 dead = marker.owner in gone_owners
             else:  # busy or doomed: the process doing it must still be alive
                 dead = not process_alive(marker.owner)
-            if dead and self._destroy(marker.runtime_id, partial(self.pool.destroy_marked, marker)):
+            if dead and self._destroy(
+                marker.runtime_id,
+                partial(self.pool.destroy_marked, marker, self._kinds.get(marker.runtime_id)),
+            ):
                 removed.append(marker.runtime_id)
         unmarked = present - marked
         for runtime_id in sorted(unmarked & self._unmarked):
