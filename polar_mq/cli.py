@@ -127,6 +127,9 @@ def worker(
         float,
         typer.Option(help="after the drain timeout, seconds of warm shutdown before SIGKILL"),
     ] = 10.0,
+    warm_pool: Annotated[
+        bool, typer.Option(help="refill this node's warm pool (with the run_agent stage only)")
+    ] = True,
 ) -> None:
     """Start one Celery worker process per stage on this node; restart any that dies.
 
@@ -165,7 +168,38 @@ def worker(
     drain = None
     if drain_timeout:
         drain = DrainPolicy(drain_timeout, unfinished_on_node(settings), kill_grace_s=stop_grace)
-    raise typer.Exit(supervise(plan, drain=drain))
+    agent_workers = [w for w in plan if w.stage.value == "run_agent"]
+    refiller = None
+    if warm_pool and agent_workers:
+        from polar_mq.workers.warm_refiller import start_refiller
+
+        refiller = start_refiller(settings, agent_workers[0].concurrency)
+    code = supervise(plan, drain=drain)
+    if refiller is not None:
+        refiller.stop()  # empties the node's pool: a stopped node keeps no idle runtimes
+    raise typer.Exit(code)
+
+
+@app.command("warm-pool")
+def warm_pool(
+    agent_slots: Annotated[int, typer.Option(help="run_agent concurrency of this node")] = 8,
+) -> None:
+    """Keep this node's warm pool filled (`polar-mq worker` already runs one with run_agent).
+
+    On SIGTERM it waits for the builds in flight and destroys the idle runtimes.
+    """
+    import signal
+    import threading
+
+    from polar_mq.workers.warm_refiller import start_refiller
+
+    refiller = start_refiller(_settings(), agent_slots)
+    stopping = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+    signal.signal(signal.SIGINT, lambda *_: stopping.set())
+    while not stopping.wait(1.0):
+        pass
+    refiller.stop()
 
 
 @app.command()

@@ -94,6 +94,18 @@ class Settings(BaseSettings):
     )
 
     runtime_root: Path = Field(Path("/tmp/polar_mq/runtimes"))
+    warm_pool_max_per_node: int = Field(
+        16, ge=0, description="warm-pool runtimes a node keeps (idle, building, in use)"
+    )
+    warm_pool_idle_ttl_s: float = Field(
+        600.0, gt=0, description="an idle warm runtime no queued rollout wants is destroyed after"
+    )
+    warm_pool_refill_interval_s: float = Field(
+        1.0, gt=0, description="how often the refiller compares the pool with the demand"
+    )
+    warm_pool_build_concurrency: int = Field(
+        2, ge=1, description="warm runtimes the refiller builds at once"
+    )
     visibility_timeout_s: int = Field(3 * 3600, ge=10)
     lease_s: float = Field(
         60.0, gt=0, description="stage lease; renewed every lease_s/3 while the stage runs"

@@ -78,7 +78,7 @@ class LocalStack:
             argv = [
                 sys.executable, "-m", "polar_mq.cli", "worker", "--stages", stage.value,
                 "--concurrency", f"{stage.value}={counts[stage]}", "--pool-impl", pool_impl,
-                "--no-janitor",
+                "--no-janitor", "--no-warm-pool",
             ]  # fmt: skip
             procs.append(self._spawn(f"worker-{stage.value}", argv))
         return procs
@@ -117,6 +117,13 @@ class LocalStack:
         """
         if proc.alive():
             os.kill(proc.pid, signal.SIGTERM)
+
+    def warm_pool(self, agent_slots: int = DEFAULT_CONCURRENCY[Stage.RUN_AGENT]) -> ManagedProcess:
+        """The node's warm-pool refiller (`workers()` runs the stages with `--no-warm-pool`)."""
+        argv = [
+            sys.executable, "-m", "polar_mq.cli", "warm-pool", "--agent-slots", str(agent_slots),
+        ]  # fmt: skip
+        return self._spawn("warm-pool", argv)
 
     def janitor(self, interval_s: float = 1.0) -> ManagedProcess:
         argv = [sys.executable, "-m", "polar_mq.cli", "janitor", "--interval", str(interval_s)]

@@ -208,6 +208,11 @@ class RolloutDetail:
     finished_at: datetime | None
     timings: dict[str, StageTiming]
     """Per stage, for the current attempt."""
+    runtime_id: str | None
+    runtime: dict[str, Any]
+    """The current attempt's runtime: where it came from (`source` pool | cold, `warm`), `start_s`,
+    `recipe_s`, and once released `action` (recycled | destroyed) with `reset_s` or
+    `teardown_s`."""
     evaluation: EvaluationRecord | None
     events: list[EventRecord]
 

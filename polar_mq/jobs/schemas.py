@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
 
 from polar_mq.evaluators.registry import validate_evaluator_spec
 from polar_mq.harnesses import get_harness
@@ -75,10 +75,22 @@ class RuntimeSpec(StrictModel):
     evaluation: EvaluationRuntimeSpec | None = Field(
         None, description="set to grade in a separate, fresh runtime (prewarmed during the agent)"
     )
+    warm: StrictBool = Field(
+        False,
+        description="take a prepared runtime from the node's warm pool (recipe already applied; "
+        "it must not depend on the task: the task file is written at take time)",
+    )
+    reuse: StrictBool = Field(
+        False, description="warm only: after evaluate, reset the runtime and return it to the pool"
+    )
 
     @model_validator(mode="after")
     def _options_fit_kind(self) -> RuntimeSpec:
         check_runtime_options(self.model_dump(exclude={"prepare", "evaluation"}))
+        if self.reuse and not self.warm:
+            raise ValueError(
+                "runtime.reuse needs runtime.warm: true (reuse returns it to the pool)"
+            )
         return self
 
 

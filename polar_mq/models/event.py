@@ -26,6 +26,8 @@ class EventKind:
     """The rollout starts over from prepare with attempt+1 (lost worker, failed agent stage)."""
     REPUBLISHED = "republished"
     """The sweeper re-sent the message of a rollout that waited too long with an empty queue."""
+    RUNTIME_RELEASED = "runtime_released"
+    """The rollout's runtime was recycled into the warm pool or destroyed (with its timing)."""
 
 
 class Event(Base):

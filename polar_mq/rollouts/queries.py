@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -58,6 +59,19 @@ def stage_timings(events: Sequence[EventRecord], attempt: int) -> dict[str, Stag
     return timings
 
 
+def runtime_timings(events: Sequence[EventRecord], attempt: int) -> dict[str, Any]:
+    """How the attempt's runtime was obtained (prepare's `finished` detail) and released."""
+    summary: dict[str, Any] = {}
+    for ev in events:
+        if ev.attempt != attempt:
+            continue
+        if ev.kind == EventKind.FINISHED and ev.stage == "prepare":
+            summary.update(ev.detail.get("runtime") or {})
+        elif ev.kind == EventKind.RUNTIME_RELEASED:
+            summary.update({k: v for k, v in ev.detail.items() if k != "runtime_id"})
+    return summary
+
+
 def rollout_detail(session: Session, rollout_id: uuid.UUID) -> RolloutDetail:
     """A rollout's fields, its event log, stage timings and the evaluator's verdict."""
     r = _get_rollout(session, rollout_id)
@@ -78,6 +92,7 @@ def rollout_detail(session: Session, rollout_id: uuid.UUID) -> RolloutDetail:
         rollout_id=r.id,
         stage=STAGE_OF_STATUS.get(r.status, (None, None))[0],
         timings=stage_timings(events, r.attempt),
+        runtime=runtime_timings(events, r.attempt),
         evaluation=None if evaluation is None else record(EvaluationRecord, evaluation),
         events=events,
     )

@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from polar_mq.config import Settings
 from polar_mq.db import create_db_engine, make_session_factory
+from polar_mq.runtimes.warm_pool import WarmPool
 from polar_mq.workers.leases import LeaseKeeper
 from polar_mq.workers.outbox import Publisher, attach_publisher
 from polar_mq.workers.spec_cache import SpecCache
@@ -44,6 +45,11 @@ class WorkerContext:
     @cached_property
     def spec_cache(self) -> SpecCache:
         return SpecCache()
+
+    @cached_property
+    def warm_pool(self) -> WarmPool:
+        s = self.settings
+        return WarmPool(s.runtime_root, s.warm_pool_max_per_node)
 
     @cached_property
     def http(self) -> httpx.Client:

@@ -25,9 +25,17 @@ from polar_mq.workers.context import WorkerContext
 from polar_mq.workers.recovery import backoff_s, restart_claimed, retry_in_place, retry_policy
 from polar_mq.workers.routing import NEXT_STAGE, Stage, StageMessage
 from polar_mq.workers.stages import build, evaluate, prepare, run_agent
-from polar_mq.workers.stages.common import StageFailure, StageOutcome, open_runtime
+from polar_mq.workers.stages.common import StageFailure, StageOutcome, release_runtime
 from polar_mq.workers.stages.grading_runtime import release_grading_runtime
-from polar_mq.workers.transitions import STAGE_STATES, Claimed, LeaseLost, claim, fail, finish
+from polar_mq.workers.transitions import (
+    STAGE_STATES,
+    Claimed,
+    LeaseLost,
+    claim,
+    fail,
+    finish,
+    runtime_released,
+)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -41,18 +49,25 @@ STAGE_FUNCTIONS: dict[Stage, Callable[[WorkerContext, Claimed], StageOutcome]] =
 RUNTIME_STAGES = frozenset({Stage.PREPARE, Stage.RUN_AGENT, Stage.EVALUATE})
 
 
-def _release_runtime(ctx: WorkerContext, claimed: Claimed) -> None:
-    """Stop the rollout's runtime, and its evaluation runtime when the job grades in its own."""
+def _release_runtime(ctx: WorkerContext, claimed: Claimed, reusable: bool = False) -> None:
+    """Recycle or destroy the rollout's runtime, then log how (a `runtime_released` event); stop
+    its evaluation runtime too when the job grades in its own.
+
+    After the stage's result is committed, never before: a redelivered evaluate must still find
+    the runtime, and a recycled one may already belong to another rollout.
+    """
     runtime_spec = claimed.spec.get("runtime", {})
-    releases = (
-        lambda: open_runtime(ctx.settings, runtime_spec, claimed.rollout).stop(),
-        lambda: release_grading_runtime(ctx.settings, runtime_spec, claimed.rollout),
-    )
-    for release in releases:  # each on its own: a failed stop must not keep the other alive
-        try:
-            release()
-        except Exception:
-            log.exception("releasing a runtime of rollout %s failed", claimed.rollout.id)
+    try:
+        detail = release_runtime(
+            ctx.settings, ctx.warm_pool, runtime_spec, claimed.rollout, reusable=reusable
+        )
+        _commit(ctx, lambda session: runtime_released(session, claimed, detail))
+    except Exception:
+        log.exception("releasing the runtime of rollout %s failed", claimed.rollout.id)
+    try:  # on its own: a failed release above must not keep the grader alive
+        release_grading_runtime(ctx.settings, runtime_spec, claimed.rollout)
+    except Exception:
+        log.exception("releasing the evaluation runtime of rollout %s failed", claimed.rollout.id)
 
 
 def _next_message(
@@ -132,7 +147,7 @@ def run_stage(
                 _release_runtime(ctx, claimed)
             return "lease_lost"
     if STAGE_STATES[stage][2] in RolloutStatus.TERMINAL:
-        _release_runtime(ctx, claimed)
+        _release_runtime(ctx, claimed, reusable=True)
     return "done"
 
 

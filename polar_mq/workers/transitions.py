@@ -257,3 +257,15 @@ def fail(session: Session, claimed: Claimed, reason: str, error: str) -> None:
         session, claimed.rollout, claimed.stage, EventKind.FAILED, claimed.owner,
         reason=reason, error=error[-1000:],
     )  # fmt: skip
+
+
+def runtime_released(session: Session, claimed: Claimed, detail: dict[str, Any]) -> None:
+    """Log how the rollout's runtime ended (recycled or destroyed, and how long it took).
+
+    A separate event, not part of the stage's `finished` one: the runtime is released only once
+    that result is committed.
+    """
+    _event(
+        session, claimed.rollout, claimed.stage, EventKind.RUNTIME_RELEASED, claimed.owner,
+        **detail,
+    )  # fmt: skip

@@ -55,6 +55,12 @@ def _error(response: Any, status: int, type_: str) -> str:
         ({"tasks": [GOOD_TASK], "builder": "nope"}, "builder: unknown builder 'nope'"),
         ({"tasks": [GOOD_TASK], "bogus": 1}, "bogus: unknown field"),
         ({"tasks": [GOOD_TASK], "timeouts": {"agent_s": -1}}, "timeouts.agent_s: Input should be"),
+        (
+            {"tasks": [GOOD_TASK], "runtime": {"reuse": True}},
+            "runtime: runtime.reuse needs runtime.warm: true",
+        ),
+        ({"tasks": [GOOD_TASK], "runtime": {"warm": "yes"}}, "runtime.warm: Input should be a"),
+        ({"tasks": [GOOD_TASK], "runtime": {"warm": True, "pool": 3}}, "runtime.pool: unknown"),
         ({}, "tasks: field required"),
         ([GOOD_TASK], "Input should be a valid dictionary"),
     ],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -10,6 +11,7 @@ from sqlalchemy import Table
 from polar_mq.config import Settings
 from polar_mq.runtimes import Runtime
 from polar_mq.runtimes.options import runtime_from_spec
+from polar_mq.runtimes.warm_pool import WarmPool, is_pooled
 from polar_mq.workers.transitions import RolloutRef
 
 
@@ -35,6 +37,47 @@ def runtime_id_for(rollout: RolloutRef) -> str:
     return f"{rollout.id.hex}-{rollout.attempt}"
 
 
+def pool_owner(rollout: RolloutRef) -> str:
+    """How the warm pool names the rollout attempt holding a runtime (the janitor's format)."""
+    return runtime_id_for(rollout)
+
+
 def open_runtime(settings: Settings, runtime_spec: dict[str, Any], rollout: RolloutRef) -> Runtime:
-    """A handle on the rollout's runtime (any kind), built from the stored job spec."""
-    return runtime_from_spec(runtime_spec, runtime_id_for(rollout), settings.runtime_root)
+    """A handle on the rollout's runtime (any kind), built from the stored job spec.
+
+    The runtime the rollout actually got is stored on it by prepare (a warm one has a pool id);
+    rollouts prepared before that have the deterministic id.
+    """
+    runtime_id = rollout.runtime_id or runtime_id_for(rollout)
+    return runtime_from_spec(runtime_spec, runtime_id, settings.runtime_root)
+
+
+def release_runtime(
+    settings: Settings,
+    pool: WarmPool,
+    runtime_spec: dict[str, Any],
+    rollout: RolloutRef,
+    *,
+    reusable: bool = False,
+) -> dict[str, Any]:
+    """Give back the rollout's runtime: recycle it into the warm pool or destroy it.
+
+    The one place a rollout's runtime ends. Recycled only when the job asks for `reuse` and the
+    caller says the rollout ended normally (`reusable`); a failed attempt's runtime is always
+    destroyed. A pooled runtime taken by a prepare that failed before storing its id is found by
+    its pool marker. Returns the detail of the `runtime_released` event (action and seconds).
+    """
+    runtime_id = rollout.runtime_id or pool.taken_by(pool_owner(rollout))
+    if is_pooled(runtime_id):
+        assert runtime_id is not None
+        handle = pool.handle(runtime_spec, runtime_id)
+        reuse = reusable and bool(runtime_spec.get("reuse"))
+        return pool.release(handle, pool_owner(rollout), reuse)
+    runtime = open_runtime(settings, runtime_spec, rollout)
+    started = time.monotonic()
+    runtime.stop()
+    return {
+        "runtime_id": runtime.runtime_id,
+        "action": "destroyed",
+        "teardown_s": round(time.monotonic() - started, 4),
+    }

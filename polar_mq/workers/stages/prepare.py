@@ -1,40 +1,80 @@
-"""Stage 1, prepare runtime: start the rollout's sandbox, write the task file, run the recipe.
+"""Stage 1, prepare runtime: get the rollout's sandbox ready, write the task file.
 
-Runs on whichever node of the pool takes the message; the node it ran on is recorded so run agent
-and evaluate are routed to the node that holds the runtime.
+Runs on whichever node of the pool takes the message; the node it ran on and the runtime it got
+are recorded so run agent and evaluate are routed to that node and open that runtime.
+
+Two ways to a runtime:
+- a job with `runtime.warm` takes one from the node's warm pool (recipe already applied, checked
+  alive on take), or builds a new pooled one when the pool has none for its spec (a cold start,
+  recyclable afterwards like any pooled runtime). The recipe must not depend on the task: it ran
+  before the task was known, so the task file is written last.
+- any other job starts a fresh runtime with the rollout's deterministic id, writes the task file
+  and runs the recipe, as before.
+
+The `finished` event's `runtime` detail records where the runtime came from and how long its start
+and recipe took (0 for a warm one: that is the point of the pool).
 """
 
 from __future__ import annotations
 
+import time
+from typing import Any
+
 import orjson
 
 from polar_mq.models import TerminationReason
+from polar_mq.runtimes import Runtime
+from polar_mq.runtimes.recipe import RecipeFailed, apply_recipe
+from polar_mq.runtimes.warm_pool import wants_warm
 from polar_mq.workers.context import WorkerContext
-from polar_mq.workers.stages.common import StageFailure, StageOutcome, open_runtime
+from polar_mq.workers.stages.common import (
+    StageFailure,
+    StageOutcome,
+    open_runtime,
+    pool_owner,
+    release_runtime,
+)
 from polar_mq.workers.transitions import Claimed
 
 TASK_FILE = "task.json"
 
 
+def _cold(ctx: WorkerContext, claimed: Claimed, timeout: float) -> tuple[Runtime, dict[str, Any]]:
+    runtime_spec = claimed.spec.get("runtime", {})
+    runtime = open_runtime(ctx.settings, runtime_spec, claimed.rollout)
+    t0 = time.monotonic()
+    runtime.start()
+    t1 = time.monotonic()
+    runtime.upload(orjson.dumps(claimed.instance, option=orjson.OPT_INDENT_2), TASK_FILE)
+    recipe_s = apply_recipe(runtime, runtime_spec.get("prepare", {}), timeout)
+    detail = {"source": "cold", "warm": False, "start_s": round(t1 - t0, 4)}
+    return runtime, {**detail, "recipe_s": round(recipe_s, 4)}
+
+
+def _warm(ctx: WorkerContext, claimed: Claimed, timeout: float) -> tuple[Runtime, dict[str, Any]]:
+    runtime_spec = claimed.spec.get("runtime", {})
+    owner = pool_owner(claimed.rollout)
+    got = ctx.warm_pool.take(runtime_spec, owner) or ctx.warm_pool.cold(
+        runtime_spec, owner, timeout
+    )
+    try:
+        got.runtime.upload(orjson.dumps(claimed.instance, option=orjson.OPT_INDENT_2), TASK_FILE)
+    except BaseException:
+        release_runtime(ctx.settings, ctx.warm_pool, runtime_spec, claimed.rollout)
+        raise
+    return got.runtime, got.detail
+
+
 def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
     spec = claimed.spec
-    runtime_spec = spec.get("runtime", {})
     timeout = float(spec.get("timeouts", {}).get("prepare_s", 300.0))
-    runtime = open_runtime(ctx.settings, runtime_spec, claimed.rollout)
-    runtime.start()
-    runtime.upload(orjson.dumps(claimed.instance, option=orjson.OPT_INDENT_2), TASK_FILE)
-    recipe = runtime_spec.get("prepare", {})
-    for path, content in recipe.get("files", {}).items():
-        runtime.upload(content.encode(), path)
-    for command in recipe.get("commands", []):
-        result = runtime.exec(command, timeout=timeout)
-        if result.exit_code != 0:
-            raise StageFailure(
-                TerminationReason.RUNTIME_ERROR,
-                f"prepare command {command!r} failed (exit {result.exit_code}, "
-                f"timed out: {result.timed_out}): {result.stderr_tail[-1000:]}",
-            )
+    get = _warm if wants_warm(spec.get("runtime", {})) else _cold
+    try:
+        runtime, detail = get(ctx, claimed, timeout)
+    except RecipeFailed as exc:
+        raise StageFailure(TerminationReason.RUNTIME_ERROR, str(exc)) from exc
+    node = ctx.settings.node_name
     return StageOutcome(
-        values={"node": ctx.settings.node_name, "runtime_id": runtime.runtime_id},
-        detail={"node": ctx.settings.node_name, "runtime_id": runtime.runtime_id},
+        values={"node": node, "runtime_id": runtime.runtime_id},
+        detail={"node": node, "runtime_id": runtime.runtime_id, "runtime": detail},
     )
