@@ -35,14 +35,16 @@ def e2e_settings(pg_url: str, tmp: Path, **overrides: object) -> Settings:
 
 
 @contextmanager
-def fake_upstream_stack(pg_url: str, tmp: Path) -> Iterator[LocalStack]:
-    """Fake vLLM-shaped upstream + proxy + one worker process per stage + API."""
+def fake_upstream_stack(pg_url: str, tmp: Path, **latency: float) -> Iterator[LocalStack]:
+    """Fake vLLM-shaped upstream + proxy + one worker process per stage + API.
+
+    `latency`: the fake's pacing options (`ttft_ms`, `token_delay_ms`)."""
     upstream_port = free_port()
     settings = e2e_settings(
         pg_url, tmp, upstream_url=f"http://127.0.0.1:{upstream_port}", served_model="fake-model"
     )
     with LocalStack(settings, tmp / "logs") as stack:
-        stack.fake_upstream(upstream_port)
+        stack.fake_upstream(upstream_port, **latency)
         stack.proxy()
         stack.workers()
         stack.api()
