@@ -15,6 +15,7 @@ from polar_mq.evaluators.registry import validate_evaluator_spec
 from polar_mq.harnesses import get_harness
 from polar_mq.runtimes.options import check_runtime_options
 from polar_mq.trajectories.registry import validate_builder_name
+from polar_mq.workers.priority import DEFAULT_PRIORITY, MAX_PRIORITY, MIN_PRIORITY
 
 MAX_TASKS = 100_000
 MAX_SAMPLES = 1024
@@ -130,6 +131,14 @@ class JobCreate(StrictModel):
     model: str | None = Field(None, description="model name the agent is told to use")
     pool: str | None = Field(
         None, pattern=r"^[A-Za-z0-9_-]{1,64}$", description="worker pool; default: the API's pool"
+    )
+    priority: int = Field(
+        DEFAULT_PRIORITY,
+        ge=MIN_PRIORITY,
+        le=MAX_PRIORITY,
+        strict=True,
+        description="0 (default, lowest) to 9 (highest): waiting stage messages of a "
+        "higher-priority job are served first (Redis and RabbitMQ; ignored by the embedded broker)",
     )
     metadata: dict[str, Any] = Field(default_factory=dict)
     idempotency_key: str | None = Field(None, min_length=1, max_length=200)

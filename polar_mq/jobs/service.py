@@ -95,5 +95,6 @@ def create_job(session: Session, spec: JobCreate, default_pool: str) -> Submitte
         ],
     )
     for rollout_id in rollout_ids:
-        defer_publish(session, StageMessage(Stage.PREPARE, rollout_id, pool, attempt=1))
+        message = StageMessage(Stage.PREPARE, rollout_id, pool, attempt=1, priority=spec.priority)
+        defer_publish(session, message)
     return SubmittedJob(job.id, rollout_ids, created=True)

@@ -57,6 +57,17 @@ def test_submit_routes_to_the_requested_pool(
     assert {m.pool for m in publisher.messages} == {"gpu-a"}
 
 
+def test_priority_goes_on_every_message_and_shows_in_the_status(
+    client: TestClient, publisher: RecordingPublisher
+) -> None:
+    urgent = _submit(client, n_tasks=1, samples=2, priority=9)
+    default = _submit(client, n_tasks=1, samples=1)
+    assert [m.priority for m in publisher.messages] == [9, 9, 0]
+    status = client.get(f"/v1/jobs/{urgent['job_id']}").json()
+    assert (status["priority"], status["spec"]["priority"]) == (9, 9)
+    assert client.get(f"/v1/jobs/{default['job_id']}").json()["priority"] == 0
+
+
 def test_idempotency_key_returns_the_existing_job(
     client: TestClient,
     publisher: RecordingPublisher,
