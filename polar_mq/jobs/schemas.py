@@ -165,9 +165,16 @@ class JobCreate(StrictModel):
         return value
 
     def stored_spec(self) -> dict[str, Any]:
-        """The part of the job every stage reads (tasks and metadata are stored apart)."""
-        return self.model_dump(
+        """The part of the job every stage reads (tasks and metadata are stored apart).
+
+        The default priority is left out, so a job stored before priorities existed and its
+        idempotent resubmission still have the same spec (readers use `job_priority`).
+        """
+        spec = self.model_dump(
             mode="json",
             exclude_none=True,
             exclude={"tasks", "metadata", "idempotency_key", "samples_per_task"},
         )
+        if spec.get("priority") == DEFAULT_PRIORITY:
+            del spec["priority"]
+        return spec

@@ -98,6 +98,17 @@ def test_idempotency_key_with_a_different_body_is_a_conflict(
     assert len(publisher.messages) == 6
 
 
+def test_idempotency_treats_the_default_priority_as_unset_and_another_as_a_change(
+    client: TestClient, publisher: RecordingPublisher
+) -> None:
+    assert client.post("/v1/jobs", json=_job(idempotency_key="p")).status_code == 201
+    same = client.post("/v1/jobs", json=_job(idempotency_key="p", priority=0))
+    assert same.status_code == 200  # jobs stored before priorities existed resubmit the same way
+    other = client.post("/v1/jobs", json=_job(idempotency_key="p", priority=5))
+    assert other.status_code == 409
+    assert len(publisher.messages) == 6
+
+
 def test_status_counts_stages_outcomes_groups_and_reward(
     client: TestClient, db_session_factory: sessionmaker[Session]
 ) -> None:
