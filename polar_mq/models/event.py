@@ -28,6 +28,8 @@ class EventKind:
     """The sweeper re-sent the message of a rollout that waited too long with an empty queue."""
     RUNTIME_RELEASED = "runtime_released"
     """The rollout's runtime was recycled into the warm pool or destroyed (with its timing)."""
+    STOPPED = "stopped"
+    """Job-level (no rollout): the job reached `stop.groups` complete groups and stopped."""
 
 
 class Event(Base):
