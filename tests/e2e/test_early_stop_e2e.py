@@ -3,7 +3,9 @@
 The agent (`early_stop_agent.py`, a command harness) makes the first `fast_samples` samples of
 each task fast and the rest sleep for `SLOW_S`, far longer than these tests may take: only the
 early stop can end them. The stack runs with a short stage lease so a cancelled agent is killed
-within about a second (its worker loses the lease at the next heartbeat).
+within two seconds (its worker loses the lease at the next heartbeat, every lease_s / 3). Not
+shorter: a heartbeat landing between a stage's commit and the end of its lease hold reads as a
+lost lease and releases the runtime (a runner race this test must not depend on).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ def stop_stack(pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         pg_url,
         tmp_path_factory.mktemp("e2e-early-stop"),
         concurrency={Stage.RUN_AGENT: 12, Stage.PREPARE: 4},
-        lease_s=1.5,
+        lease_s=6.0,
     ) as stack:
         yield stack
 
