@@ -60,6 +60,7 @@ class Options:
     pg_admin_url: str
     keep_logs: bool
     quick: bool
+    results_dir: Path
 
 
 def parse_args(argv: Sequence[str] | None = None) -> Options:
@@ -77,6 +78,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     p.add_argument("--redis-url", default="redis://127.0.0.1:6379/6")
     p.add_argument("--pg-admin-url", default="postgresql://postgres@127.0.0.1:5432/postgres")
     p.add_argument("--keep-logs", action="store_true")
+    p.add_argument("--results-dir", type=Path, default=RESULTS_DIR, help="where the JSON goes")
     ns = p.parse_args(argv)
     if ns.quick:
         ns.steps, ns.batch_groups, ns.samples = 3, 2, 2
@@ -103,6 +105,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         pg_admin_url=ns.pg_admin_url,
         keep_logs=ns.keep_logs,
         quick=ns.quick,
+        results_dir=ns.results_dir,
     )
 
 
@@ -268,15 +271,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             )  # fmt: skip
             print()
             print(render(opts, runs, ctx))
-            RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-            path = RESULTS_DIR / f"async-{started_at:%Y%m%dT%H%M%S}.json"
+            opts.results_dir.mkdir(parents=True, exist_ok=True)
+            path = opts.results_dir / f"async-{started_at:%Y%m%dT%H%M%S}.json"
             payload = {
                 "options": vars(opts),
                 "runs": [r.as_json() for r in runs],
                 "context": ctx,
             }
             path.write_text(json.dumps(payload, indent=2, default=str))
-            print(f"\nresults: {path.relative_to(REPO_ROOT)}")
+            print(f"\nresults: {path}")
             ok = not any(r.warnings for r in runs)
     except KeyboardInterrupt:
         ok = True

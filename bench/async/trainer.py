@@ -196,7 +196,7 @@ def run_sync(
                 lease_s=LEASE_S, ack="manual",
             )  # fmt: skip
             batch = next(stream, None)
-            stream.close()
+            del stream  # closes the generator: this job yields one batch
             if batch is None:
                 run.warnings.append(f"{run.name}: job {job.job_id} yielded no batch")
                 break
