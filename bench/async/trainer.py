@@ -191,14 +191,20 @@ def run_sync(
             t0 = time.perf_counter()
             job = client.submit_spec(spec(tasks[first : first + batch_groups]))
             job_ids.append(job.job_id)
-            stream = client.stream_groups(
-                job.job_id, batch_size=batch_groups, consumer=trainer.consumer,
-                lease_s=LEASE_S, ack="manual",
-            )  # fmt: skip
-            batch = next(stream, None)
-            del stream  # closes the generator: this job yields one batch
-            if batch is None:
-                run.warnings.append(f"{run.name}: job {job.job_id} yielded no batch")
+            want = len(tasks[first : first + batch_groups])
+            batch: list[dict[str, Any]] = []
+            # the job's groups, however the stream splits them (a batch may go out short when
+            # the job finishes while it is being leased; the rest follows in the next one)
+            for part in client.stream_groups(
+                job.job_id, batch_size=want, consumer=trainer.consumer, lease_s=LEASE_S,
+                ack="manual",
+            ):  # fmt: skip
+                batch += part
+                if len(batch) >= want:
+                    break
+            if len(batch) < want:
+                run.warnings.append(f"{run.name}: job {job.job_id}: {len(batch)}/{want} groups")
+            if not batch:
                 break
             run.steps.append(trainer.step(job.job_id, batch, time.perf_counter() - t0))
         run.wall_s = time.perf_counter() - started
