@@ -272,6 +272,25 @@ class Client:
                 writer.add_page(page)
             return writer.finish()
 
+    # -- policy versions (weight updates)
+
+    def policy(self) -> dict[str, Any]:
+        """{"version", "paused", "updated_at"}: the trainer's current policy version."""
+        return dict(self._request("GET", "/v1/policy"))
+
+    def set_policy(
+        self, version: int, pause: bool = False, drain_timeout_s: float = 30.0
+    ) -> dict[str, Any]:
+        """Declare policy `version`. With `pause`, LLM calls are held and the ones in flight
+        drained before this returns (load the weights, then call `resume_policy`)."""
+        body = {"version": version, "pause": pause, "drain_timeout_s": drain_timeout_s}
+        timeout = self._timeout + (drain_timeout_s if pause else 0.0)
+        return dict(self._request("POST", "/v1/policy", json=body, timeout=timeout))
+
+    def resume_policy(self) -> dict[str, Any]:
+        """The new weights are loaded: held LLM calls go ahead on the current version."""
+        return dict(self._request("POST", "/v1/policy/resume"))
+
     # -- streaming groups (leases and acknowledgements)
 
     def lease_groups(

@@ -204,6 +204,20 @@ class AsyncClient:
 
     # -- streaming groups (leases and acknowledgements); see `Client` for the semantics
 
+    async def policy(self) -> dict[str, Any]:
+        return dict(await self._request("GET", "/v1/policy"))
+
+    async def set_policy(
+        self, version: int, pause: bool = False, drain_timeout_s: float = 30.0
+    ) -> dict[str, Any]:
+        """As `Client.set_policy`."""
+        body = {"version": version, "pause": pause, "drain_timeout_s": drain_timeout_s}
+        timeout = self._timeout + (drain_timeout_s if pause else 0.0)
+        return dict(await self._request("POST", "/v1/policy", json=body, timeout=timeout))
+
+    async def resume_policy(self) -> dict[str, Any]:
+        return dict(await self._request("POST", "/v1/policy/resume"))
+
     async def lease_groups(
         self,
         job_id: str,

@@ -75,6 +75,14 @@ class Settings(BaseSettings):
     upstream_engine: str = Field("vllm", description="vllm | sglang | generic")
     served_model: str | None = Field(None, description="model name sent upstream")
     proxy_admin_token: str | None = Field(None, description="bearer token for proxy admin calls")
+    proxy_admin_urls: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="every proxy the API pauses and resumes around a weight update (JSON list or "
+        "comma-separated; default: the one proxy at proxy_host:proxy_port)",
+    )
+    policy_sync_s: float = Field(
+        2.0, gt=0, description="how often a proxy re-reads the policy version from the database"
+    )
     log_batch_size: int = Field(256, ge=1)
     log_flush_interval_s: float = Field(0.05, gt=0)
     log_queue_max: int = Field(100_000, ge=1)
@@ -133,6 +141,13 @@ class Settings(BaseSettings):
         return f"http://{self.proxy_host}:{self.proxy_port}"
 
     @property
+    def proxy_admin_bases(self) -> list[str]:
+        """Base URLs of the proxies a policy update pauses, resumes and stamps."""
+        if self.proxy_admin_urls:
+            return [url.rstrip("/") for url in self.proxy_admin_urls]
+        return [f"http://{self.proxy_host}:{self.proxy_port}"]
+
+    @property
     def proxy_spill_path(self) -> Path | None:
         """The proxy's spill directory, or None when spilling is off (max bytes 0)."""
         if self.proxy_spill_max_bytes == 0:
@@ -141,7 +156,7 @@ class Settings(BaseSettings):
             return self.proxy_spill_dir
         return Path.home() / ".cache" / "polar_mq" / "proxy-spill" / str(self.proxy_port)
 
-    @field_validator("upstream_urls", mode="before")
+    @field_validator("upstream_urls", "proxy_admin_urls", mode="before")
     @classmethod
     def _split_urls(cls, value: Any) -> Any:
         """`POLAR_MQ_UPSTREAM_URLS` as a JSON list or as comma-separated URLs."""

@@ -20,7 +20,7 @@ from polar_mq.api.auth import Authenticator
 from polar_mq.api.body_limit import BodyLimitMiddleware
 from polar_mq.api.broker_gate import BrokerGate
 from polar_mq.api.errors import install_error_handlers
-from polar_mq.api.routes import cancel, groups, health, jobs, rollouts
+from polar_mq.api.routes import cancel, groups, health, jobs, policy, rollouts
 from polar_mq.config import Settings
 from polar_mq.db import create_db_engine, make_session_factory
 from polar_mq.workers.celery_app import PolarCelery, create_celery, publish_messages
@@ -94,4 +94,5 @@ def create_app(
     app.include_router(rollouts.router)
     app.include_router(cancel.router)
     app.include_router(groups.router)
+    app.include_router(policy.router)
     return app

@@ -22,6 +22,7 @@ from starlette.responses import Response
 from polar_mq.api.responses import OrjsonResponse
 from polar_mq.jobs.deliveries import DeliveryConflict, UnknownDelivery
 from polar_mq.jobs.read_models import InvalidCursor, NotFound
+from polar_mq.policy.state import VersionWentBack
 from polar_mq.submit import IdempotencyConflict, UnstorableValue
 
 log = logging.getLogger(__name__)
@@ -182,6 +183,10 @@ async def _delivery_conflict(_request: Request, exc: Exception) -> Response:
     return error_response(409, exc.type, str(exc))
 
 
+async def _version_went_back(_request: Request, exc: Exception) -> Response:
+    return error_response(409, "policy_version_went_back", str(exc))
+
+
 async def _unstorable(_request: Request, exc: Exception) -> Response:
     assert isinstance(exc, UnstorableValue)
     details = [{"path": exc.path, "message": exc.problem}]
@@ -214,6 +219,7 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(UnstorableValue, _unstorable)
     app.add_exception_handler(UnknownDelivery, _unknown_delivery)
     app.add_exception_handler(DeliveryConflict, _delivery_conflict)
+    app.add_exception_handler(VersionWentBack, _version_went_back)
     app.add_exception_handler(DataError, _data_error)
     app.add_exception_handler(OperationalError, _database_down)
     app.add_exception_handler(Exception, _unexpected)

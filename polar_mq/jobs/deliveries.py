@@ -40,8 +40,11 @@ from polar_mq.jobs.read_models import (
     GroupResult,
 )
 from polar_mq.jobs.results import build_groups, group_id, group_query
-from polar_mq.models import GroupDelivery
+from polar_mq.models import GroupDelivery, StaleGroup
 from polar_mq.models.base import utcnow
+from polar_mq.policy.admission import admit
+from polar_mq.policy.staleness import judge_staleness, oldest_allowed, too_old_calls
+from polar_mq.policy.state import current_version
 
 CLAIM_ROUNDS = 3
 """Candidates lost to a concurrent consumer are replaced by the next ones, this many times."""
@@ -98,6 +101,7 @@ def lease_groups(
     """
     job = get_job(session, job_id)
     now = utcnow()
+    oldest = _judge_staleness(session, job, consumer)
     want = max_groups
     if max_in_flight is not None:
         want = min(want, max_in_flight - _held(session, job_id, consumer, now))
@@ -105,7 +109,7 @@ def lease_groups(
     for _ in range(CLAIM_ROUNDS):
         if want <= 0:
             break
-        candidates = _candidates(session, job_id, now, want)
+        candidates = _candidates(session, job_id, now, want, oldest)
         won = _claim(session, job_id, consumer, [c.task_index for c in candidates], now, lease_s)
         claimed.extend((c, won[c.task_index]) for c in candidates if c.task_index in won)
         want -= len(won)
@@ -115,6 +119,18 @@ def lease_groups(
     groups = build_groups(session, job_id, rows, True, include_trajectories, advantages)
     delivered = [_delivered(g, d) for g, (_, d) in zip(groups, claimed, strict=True)]
     return _lease_answer(session, job, consumer, delivered, now)
+
+
+def _judge_staleness(session: Session, job: Any, consumer: str) -> int | None:
+    """For a job with `staleness`: record the groups that became stale (freeing capacity, so
+    admit more) and return the oldest policy version a group may hold to be handed out."""
+    staleness = job.spec.get("staleness")
+    if not staleness:
+        return None
+    version = current_version(session)
+    if judge_staleness(session, job, version, worker=f"lease:{consumer}"):
+        admit(session, job.id, version, worker=f"lease:{consumer}")
+    return oldest_allowed(staleness, version)
 
 
 def _held(session: Session, job_id: uuid.UUID, consumer: str, now: datetime) -> int:
@@ -132,11 +148,20 @@ def _held(session: Session, job_id: uuid.UUID, consumer: str, now: datetime) -> 
     )
 
 
-def _candidates(session: Session, job_id: uuid.UUID, now: datetime, limit: int) -> list[Any]:
-    """Complete groups that are free to lease (never leased, or lease expired unacked)."""
+def _candidates(
+    session: Session, job_id: uuid.UUID, now: datetime, limit: int, oldest: int | None
+) -> list[Any]:
+    """Complete groups that are free to lease (never leased, or lease expired unacked), and,
+    when `oldest` is given, not stale: none of their tokens is older than that version."""
     groups = group_query(job_id, complete_only=True).subquery()
     d = GroupDelivery
     free = or_(d.task_index.is_(None), and_(d.acked_at.is_(None), d.lease_expires_at <= now))
+    if oldest is not None:
+        recorded = select(StaleGroup.task_index).where(
+            StaleGroup.job_id == job_id, StaleGroup.task_index == groups.c.task_index
+        )
+        fresh = and_(~recorded.exists(), ~too_old_calls(job_id, oldest, groups.c.task_index))
+        free = and_(free, fresh)
     query = (
         select(groups.c.task_index, groups.c.n, groups.c.n_terminal, groups.c.completed_at)
         .outerjoin(d, and_(d.job_id == job_id, d.task_index == groups.c.task_index))
@@ -218,6 +243,7 @@ def _lease_answer(
         .tuples()
         .one()
     )
+    stale = int(session.scalar(select(func.count()).where(StaleGroup.job_id == job.id)) or 0)
     return GroupLease(
         job_id=job.id,
         consumer=consumer,
@@ -226,7 +252,8 @@ def _lease_answer(
         groups_total=job.n_tasks,
         groups_acked=int(acked),
         groups_in_flight=int(flying),
-        done=finished and int(acked) >= job.n_tasks,
+        done=finished and int(acked) + stale >= job.n_tasks,
+        groups_stale=stale,
     )
 
 

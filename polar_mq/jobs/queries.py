@@ -22,10 +22,13 @@ from polar_mq.jobs.read_models import (
     JobSummary,
     NotFound,
     StageCount,
+    StalenessStatus,
     record,
 )
 from polar_mq.jobs.schemas import JobCreate
 from polar_mq.models import Job, JobTask, Rollout, RolloutStatus, TerminationReason
+from polar_mq.policy.admission import admitted_groups, capacity_groups
+from polar_mq.policy.state import current_version
 from polar_mq.workers.transitions import STAGE_OF_STATUS, STAGE_STATES
 
 MAX_PAGE = 1000
@@ -89,7 +92,7 @@ def job_status(session: Session, job_id: uuid.UUID) -> JobStatus:
     stages = {stage: {"queued": 0, "running": 0} for stage in STAGES}
     by_status: dict[str, int] = {}
     by_reason: dict[str, int] = {}
-    total = terminal = n_scored = 0
+    total = terminal = n_scored = held = 0
     reward_sum = 0.0
     last_finish: datetime | None = None
     for status, reason, count, n_rewarded, rewards, finished in rows:
@@ -101,6 +104,8 @@ def job_status(session: Session, job_id: uuid.UUID) -> JobStatus:
                 by_reason[reason] = by_reason.get(reason, 0) + count
             if finished is not None and (last_finish is None or finished > last_finish):
                 last_finish = finished
+        elif status == RolloutStatus.HELD:
+            held += count
         elif status in STAGE_OF_STATUS:
             stage, slot = STAGE_OF_STATUS[status]
             stages[stage][slot] += count
@@ -135,6 +140,26 @@ def job_status(session: Session, job_id: uuid.UUID) -> JobStatus:
         idempotency_key=job.idempotency_key,
         spec=job.spec,
         metadata=job.meta,
+        held=held,
+        staleness=_staleness_status(session, job),
+    )
+
+
+def _staleness_status(session: Session, job: Job) -> StalenessStatus | None:
+    staleness = job.spec.get("staleness")
+    if not staleness:
+        return None
+    version = current_version(session)
+    admitted, stale = admitted_groups(session, job.id)
+    return StalenessStatus(
+        max_staleness=int(staleness["max_staleness"]),
+        batch_size=int(staleness["batch_size"]),
+        on_stale=str(staleness.get("on_stale", "withhold")),
+        base_version=int(staleness.get("base_version", 0)),
+        current_version=version,
+        capacity_groups=capacity_groups(staleness, version),
+        admitted_groups=admitted,
+        stale_groups=stale,
     )
 
 
@@ -180,10 +205,15 @@ def list_jobs(session: Session, limit: int = 50, cursor: str | None = None) -> J
 def same_submission(session: Session, job_id: uuid.UUID, spec: JobCreate, pool: str) -> bool:
     """Whether `spec` asks for exactly the job already stored (an idempotent resubmission)."""
     job = get_job(session, job_id)
+    stored_spec = dict(job.spec)
+    if isinstance(stored_spec.get("staleness"), dict):  # base_version was added at submit
+        stored_spec["staleness"] = {
+            k: v for k, v in stored_spec["staleness"].items() if k != "base_version"
+        }
     if (
         job.samples_per_task != spec.samples_per_task
         or job.n_tasks != len(spec.tasks)
-        or job.spec != {**spec.stored_spec(), "pool": pool}
+        or stored_spec != {**spec.stored_spec(), "pool": pool}
         or job.meta != spec.metadata
     ):
         return False

@@ -7,7 +7,7 @@ from the served one.
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -30,6 +30,23 @@ class InvalidCursor(ValueError):
 class StageCount:
     queued: int = 0
     running: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class StalenessStatus:
+    """Where a job with `staleness` stands against its capacity rule."""
+
+    max_staleness: int
+    batch_size: int
+    on_stale: str
+    base_version: int
+    """The policy version when the job was submitted."""
+    current_version: int
+    capacity_groups: int
+    """(max_staleness + current_version - base_version + 1) * batch_size."""
+    admitted_groups: int
+    stale_groups: int
+    """Withheld or dropped as too old; they do not count against the capacity."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +74,9 @@ class JobStatus:
     idempotency_key: str | None
     spec: dict[str, Any]
     metadata: dict[str, Any]
+    held: int = 0
+    """Rollouts waiting for the job's staleness capacity (created, no message sent yet)."""
+    staleness: StalenessStatus | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +165,10 @@ class GroupResult:
     std_reward: float | None
     """Population standard deviation over usable samples."""
     samples: list[SampleResult]
+    policy_versions: PolicyVersions | None = None
+    """Over the group's samples: its oldest token's version is what staleness is judged on."""
+    stale: str | None = None
+    """withheld | dropped when the group was found too old for the trainer (never streamed)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,7 +320,7 @@ class Delivery:
 class DeliveredGroup(GroupResult):
     """A complete group as leased to a consumer: the results shape plus its delivery."""
 
-    delivery: Delivery
+    delivery: Delivery = field(kw_only=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,7 +338,9 @@ class GroupLease:
     groups_in_flight: int
     """Leased to some consumer (this one included), not acknowledged, lease not expired."""
     done: bool
-    """Job finished and every group acknowledged: nothing will ever be handed out again."""
+    """Job finished and every group acknowledged or stale: nothing will be handed out again."""
+    groups_stale: int = 0
+    """Kept out of the stream as too old for the trainer (see `staleness`); in the results."""
 
 
 @dataclass(frozen=True, slots=True)

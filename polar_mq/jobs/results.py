@@ -48,6 +48,7 @@ from polar_mq.jobs.read_models import (
 )
 from polar_mq.models import JobTask, Rollout, TrajectorySample
 from polar_mq.models.base import utcnow
+from polar_mq.policy.staleness import stale_groups
 
 RESULTS_SETTLE_S = 1.0
 
@@ -155,6 +156,7 @@ def build_groups(
         )
     ).tuples()
     tasks: dict[int, dict[str, Any]] = {index: instance for index, instance in rows}
+    stale = stale_groups(session, job_id, indexes)
     groups = []
     for row in page:
         complete = int(row.n_terminal or 0) == int(row.n)
@@ -198,9 +200,16 @@ def build_groups(
                 mean_reward=stats.mean,
                 std_reward=stats.std,
                 samples=samples,
+                policy_versions=_group_versions(samples),
+                stale=stale.get(row.task_index),
             )
         )
     return groups
+
+
+def _group_versions(samples: list[SampleResult]) -> PolicyVersions | None:
+    seen = sorted({v for s in samples if s.policy_versions for v in s.policy_versions.versions})
+    return PolicyVersions(min=seen[0], max=seen[-1], versions=seen) if seen else None
 
 
 def _rollouts(session: Session, job_id: uuid.UUID, indexes: list[int]) -> dict[int, list[Any]]:

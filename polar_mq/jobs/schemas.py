@@ -115,6 +115,26 @@ class RetrySpec(StrictModel):
     )
 
 
+class StalenessSpec(StrictModel):
+    """Asynchronous RL: how far generation may run ahead of the trainer (in policy versions).
+
+    Rollouts are admitted group by group while `admitted groups <= (max_staleness + versions since
+    submit + 1) * batch_size`, so at most `max_staleness` training steps' worth of groups are
+    generated ahead of the weights that will train on them. A group whose oldest token is more
+    than `max_staleness` versions behind the current policy is never streamed to the trainer.
+    """
+
+    max_staleness: int = Field(..., ge=0, le=1000, description="versions a sample may lag")
+    batch_size: int = Field(
+        ..., ge=1, le=MAX_TASKS, description="groups the trainer consumes per training step"
+    )
+    on_stale: Literal["withhold", "drop"] = Field(
+        "withhold",
+        description="withhold: keep stale groups out of the stream but in the results (off-policy "
+        "use); drop: also cancel their unfinished rollouts (reason stale) to free capacity",
+    )
+
+
 class JobCreate(StrictModel):
     tasks: list[dict[str, Any]] = Field(..., min_length=1, max_length=MAX_TASKS)
     samples_per_task: int = Field(1, ge=1, le=MAX_SAMPLES)
@@ -128,6 +148,9 @@ class JobCreate(StrictModel):
     timeouts: TimeoutSpec = Field(default_factory=TimeoutSpec)
     retries: RetrySpec = Field(default_factory=RetrySpec)
     model: str | None = Field(None, description="model name the agent is told to use")
+    staleness: StalenessSpec | None = Field(
+        None, description="asynchronous RL: admit rollouts by policy version (see docs/async_rl.md)"
+    )
     pool: str | None = Field(
         None, pattern=r"^[A-Za-z0-9_-]{1,64}$", description="worker pool; default: the API's pool"
     )

@@ -1,7 +1,8 @@
 """Creating jobs: rows first, messages after commit.
 
 A job, its tasks and all its rollouts are inserted in one transaction, with one `submitted` event
-per rollout; the prepare messages are deferred to after the commit (see workers.outbox).
+per rollout; the prepare messages are deferred to after the commit (see workers.outbox). A job
+with `staleness` starts with its rollouts `held` and sends only what its capacity admits.
 Resubmitting with the same idempotency key returns the existing job instead of a second one.
 """
 
@@ -17,6 +18,8 @@ from sqlalchemy.orm import Session
 from polar_mq.jobs.schemas import JobCreate
 from polar_mq.models import Event, EventKind, Job, JobTask, Rollout, RolloutStatus
 from polar_mq.models.base import utcnow
+from polar_mq.policy.admission import admit
+from polar_mq.policy.state import current_version
 from polar_mq.workers.outbox import defer_publish
 from polar_mq.workers.routing import Stage, StageMessage
 
@@ -48,12 +51,17 @@ def create_job(session: Session, spec: JobCreate, default_pool: str) -> Submitte
             return found
     pool = spec.pool or default_pool
     now = utcnow()
+    stored = {**spec.stored_spec(), "pool": pool}
+    version = current_version(session) if spec.staleness is not None else 0
+    if spec.staleness is not None:
+        stored["staleness"] = {**stored["staleness"], "base_version": version}
+    first_status = RolloutStatus.QUEUED if spec.staleness is None else RolloutStatus.HELD
     job = Job(
         id=uuid.uuid4(),
         idempotency_key=spec.idempotency_key,
         samples_per_task=spec.samples_per_task,
         n_tasks=len(spec.tasks),
-        spec={**spec.stored_spec(), "pool": pool},
+        spec=stored,
         meta=spec.metadata,
         created_at=now,
     )
@@ -71,7 +79,7 @@ def create_job(session: Session, spec: JobCreate, default_pool: str) -> Submitte
             "task_id": task_id,
             "task_index": task_index,
             "sample_index": sample,
-            "status": RolloutStatus.QUEUED,
+            "status": first_status,
             "attempt": 1,
             "created_at": now,
         }
@@ -94,6 +102,9 @@ def create_job(session: Session, spec: JobCreate, default_pool: str) -> Submitte
             for r in rollouts
         ],
     )
-    for rollout_id in rollout_ids:
-        defer_publish(session, StageMessage(Stage.PREPARE, rollout_id, pool, attempt=1))
+    if spec.staleness is not None:
+        admit(session, job.id, version)  # the rest waits for the trainer's policy updates
+    else:
+        for rollout_id in rollout_ids:
+            defer_publish(session, StageMessage(Stage.PREPARE, rollout_id, pool, attempt=1))
     return SubmittedJob(job.id, rollout_ids, created=True)

@@ -6,10 +6,12 @@ from polar_mq.models.event import Event, EventKind
 from polar_mq.models.group_delivery import GroupDelivery
 from polar_mq.models.job import Job, JobTask
 from polar_mq.models.llm_call import LlmCall
+from polar_mq.models.policy import DEFAULT_POLICY, PolicyState, StaleAction, StaleGroup
 from polar_mq.models.rollout import Rollout, RolloutStatus, TerminationReason
 from polar_mq.models.trajectory import Evaluation, TrajectorySample
 
 __all__ = [
+    "DEFAULT_POLICY",
     "ApiKey",
     "Base",
     "Evaluation",
@@ -19,8 +21,11 @@ __all__ = [
     "Job",
     "JobTask",
     "LlmCall",
+    "PolicyState",
     "Rollout",
     "RolloutStatus",
+    "StaleAction",
+    "StaleGroup",
     "TerminationReason",
     "TrajectorySample",
 ]

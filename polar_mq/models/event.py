@@ -26,6 +26,10 @@ class EventKind:
     """The rollout starts over from prepare with attempt+1 (lost worker, failed agent stage)."""
     REPUBLISHED = "republished"
     """The sweeper re-sent the message of a rollout that waited too long with an empty queue."""
+    ADMITTED = "admitted"
+    """A held rollout was admitted by its job's staleness capacity (its prepare message sent)."""
+    STALE = "stale"
+    """A group was found too old for the trainer: withheld from the stream, or dropped."""
     RUNTIME_RELEASED = "runtime_released"
     """The rollout's runtime was recycled into the warm pool or destroyed (with its timing)."""
 

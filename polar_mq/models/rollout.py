@@ -18,6 +18,8 @@ class RolloutStatus:
     redelivered or duplicated stage message a no-op.
     """
 
+    HELD = "held"
+    """Created, but not admitted yet: the job's staleness capacity is full (no message sent)."""
     QUEUED = "queued"
     PREPARING = "preparing"
     PREPARED = "prepared"
@@ -32,7 +34,7 @@ class RolloutStatus:
 
     TERMINAL = frozenset({COMPLETED, FAILED, CANCELLED})
     ALL = (
-        QUEUED, PREPARING, PREPARED, RUNNING, RAN, BUILDING, BUILT, EVALUATING,
+        HELD, QUEUED, PREPARING, PREPARED, RUNNING, RAN, BUILDING, BUILT, EVALUATING,
         COMPLETED, FAILED, CANCELLED,
     )  # fmt: skip
 
@@ -49,6 +51,7 @@ class TerminationReason:
     WORKER_LOST = "worker_lost"
     CANCELLED = "cancelled"
     STALE = "stale"
+    """Cancelled because its tokens had become too old for the trainer (on_stale: drop)."""
 
     AGENT = frozenset({COMPLETED, AGENT_ERROR, TIMEOUT, MAX_TURNS})
     INFRASTRUCTURE = frozenset({RUNTIME_ERROR, BACKEND_ERROR, WORKER_LOST, CANCELLED, STALE})

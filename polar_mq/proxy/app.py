@@ -6,10 +6,12 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import httpx
+from sqlalchemy import Engine
 from starlette.applications import Starlette
 from starlette.routing import Route
 
 from polar_mq.config import Settings
+from polar_mq.db import create_db_engine
 from polar_mq.proxy import routes
 from polar_mq.proxy.auth import RolloutAuth
 from polar_mq.proxy.backends import BackendPool, HealthChecker
@@ -18,6 +20,7 @@ from polar_mq.proxy.engines import get_engine
 from polar_mq.proxy.engines.base import RETOKENIZED
 from polar_mq.proxy.engines.retokenize import RetokenizingSink
 from polar_mq.proxy.metrics import ProxyMetrics, metrics_endpoint
+from polar_mq.proxy.policy_sync import PolicySync, db_reader
 from polar_mq.proxy.record import SeqCounter
 from polar_mq.proxy.state import ProxyState
 from polar_mq.proxy.tokenize import tokenize_routes
@@ -49,6 +52,12 @@ def create_proxy_app(
         if engine.FIDELITY == RETOKENIZED:  # ids from the backend's /tokenize, after the call
             call_sink = RetokenizingSink(call_sink, lambda name: pool.get(name).client)
         await call_sink.start()
+        policy: PolicySync | None = None
+        policy_engine: Engine | None = None
+        if sink is None:  # the proxy talks to the database: follow the recorded policy too
+            policy_engine = create_db_engine(settings.database_url, pool_size=1, max_overflow=0)
+            policy = PolicySync(pool, db_reader(policy_engine), settings.policy_sync_s)
+            await policy.start()
         app.state.proxy = ProxyState(
             backends=pool,
             sink=call_sink,
@@ -63,6 +72,10 @@ def create_proxy_app(
         try:
             yield
         finally:
+            if policy is not None:
+                await policy.stop()
+            if policy_engine is not None:
+                policy_engine.dispose()
             await health.stop()
             await pool.aclose()
             await call_sink.close()

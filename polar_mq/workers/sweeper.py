@@ -7,6 +7,8 @@ to know what is pending):
   frozen process). The build stage (database only) is resumed where it was; any other stage starts
   the rollout over from prepare with attempt+1, up to the job's `retries.max_attempts`, after
   which it fails with `worker_lost`.
+- **Held rollouts** of jobs under staleness control whose capacity grew without anyone admitting
+  them (an API process that died between the version commit and the admission): admitted.
 - **Lost messages**: a rollout waiting in a ready state (queued, prepared, ran, built) that has seen
   no event for `republish_after_s` while its queue is empty (the message was lost: a broker restart
   without persistence, a publish that failed after commit). Its message is sent again; a duplicate
@@ -32,6 +34,8 @@ from polar_mq.config import Settings
 from polar_mq.db import unit_of_work
 from polar_mq.models import Event, EventKind, Job, TerminationReason
 from polar_mq.models.base import utcnow
+from polar_mq.policy.admission import admit_all
+from polar_mq.policy.state import current_version
 from polar_mq.workers.outbox import defer_publish
 from polar_mq.workers.recovery import LostAttempt, restart, resume, retry_policy
 from polar_mq.workers.routing import Stage, StageMessage, queue_name
@@ -52,6 +56,8 @@ class SweepReport:
     failed: int = 0
     republished: int = 0
     raced: int = 0
+    admitted: int = 0
+    """Groups of staleness-controlled jobs admitted (normally done by the API; a safety net)."""
     details: list[dict[str, Any]] = field(default_factory=list)
 
     @property
@@ -81,6 +87,8 @@ class Sweeper:
             self._expired_leases(session, now, report)
         with unit_of_work(self.factory) as session:
             self._lost_messages(session, now, report)
+        with unit_of_work(self.factory) as session:
+            report.admitted = admit_all(session, current_version(session), worker=self.name)
         if report.changed:
             log.warning("sweeper: %s", report.details)
         return report

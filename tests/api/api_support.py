@@ -89,8 +89,12 @@ def complete_rollout(
     reward: float | None = 1.0,
     finished_at: datetime | None = None,
     n_calls: int = 2,
+    policy_version: int | None = None,
 ) -> None:
-    """Walk a rollout through all four stages as the workers would record it."""
+    """Walk a rollout through all four stages as the workers would record it.
+
+    `policy_version` (default 3, unnamed in the samples' meta) is stamped on the calls and, when
+    given, named in the samples' meta as the per_call builder does."""
     end = finished_at or utcnow()
     start = end - timedelta(seconds=10)
     with unit_of_work(factory) as session:
@@ -110,7 +114,7 @@ def complete_rollout(
                     model="m",
                     api_type="chat",
                     stream=False,
-                    policy_version=3,
+                    policy_version=3 if policy_version is None else policy_version,
                     status_code=200,
                     complete=True,
                     request={"messages": [{"role": "user", "content": f"q{seq}"}]},
@@ -135,7 +139,9 @@ def complete_rollout(
                     loss_mask=[1, 1],
                     logprobs=[-0.5, -0.25],
                     messages=[],
-                    meta={"calls": [seq]},
+                    meta={"calls": [seq]}
+                    if policy_version is None
+                    else {"calls": [seq], "policy_versions": [policy_version]},
                 )
             )
         session.add(

@@ -1,0 +1,94 @@
+"""Policy routes: the trainer declares weight updates here (see `polar_mq.policy.service`).
+
+Synchronous routes on purpose: a paused update waits for the proxies to drain (seconds), which
+runs in the threadpool without a database session held (the service opens its own, briefly).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict
+from datetime import datetime
+
+from fastapi import APIRouter, Depends, Request
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.responses import Response
+
+from polar_mq.api.deps import get_principal_briefly
+from polar_mq.api.responses import OrjsonResponse
+from polar_mq.api.schemas import error_responses
+from polar_mq.policy.proxies import ProxyControl, ProxyReport
+from polar_mq.policy.service import PolicyService, PolicyUpdate
+
+log = logging.getLogger(__name__)
+router = APIRouter(
+    prefix="/v1/policy",
+    tags=["policy"],
+    dependencies=[Depends(get_principal_briefly)],
+    responses=error_responses(401, 422, 503),
+)
+
+MAX_DRAIN_S = 600.0
+
+
+class PolicyRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    version: int = Field(..., ge=0, le=2**31 - 1, description="the new policy version")
+    pause: bool = Field(
+        False,
+        description="hold new LLM calls and drain the ones in flight before answering; call "
+        "/v1/policy/resume once the new weights are loaded",
+    )
+    drain_timeout_s: float = Field(
+        30.0, ge=0, le=MAX_DRAIN_S, description="pause: wait at most this long for the drain"
+    )
+
+
+class PolicyResponse(BaseModel):
+    version: int
+    paused: bool
+    updated_at: datetime | None
+
+
+class ResumeResponse(PolicyResponse):
+    proxies: list[ProxyReport]
+    """Each proxy's answer; one that did not confirm resumes from the database within seconds."""
+
+
+def _service(request: Request) -> PolicyService:
+    settings = request.app.state.settings
+    control = ProxyControl(settings.proxy_admin_bases, settings.proxy_admin_token)
+    return PolicyService(request.app.state.session_factory, control)
+
+
+@router.get("", response_model=PolicyResponse)
+def get_policy(request: Request) -> Response:
+    """The current policy version and whether generation is paused for a weight update."""
+    return OrjsonResponse(asdict(_service(request).get()))
+
+
+@router.post("", response_model=PolicyUpdate, responses=error_responses(409))
+def set_policy(body: PolicyRequest, request: Request) -> Response:
+    """Declare a new policy version (versions only go forward; repeating one is a no-op).
+
+    Capacity and staleness of every job use it at once; LLM calls are stamped with it from now
+    on (with `pause`: from the resume on, and calls in flight finish on the old weights first).
+    """
+    update = _service(request).update(body.version, body.pause, body.drain_timeout_s)
+    log.info(
+        "policy version %d -> %d (paused=%s drained=%s in_flight=%d waited %.2f s)",
+        update.previous_version, update.version, update.paused, update.drained,
+        update.in_flight, update.waited_s,
+    )  # fmt: skip
+    return OrjsonResponse(asdict(update))
+
+
+@router.post("/resume", response_model=ResumeResponse)
+def resume_policy(request: Request) -> Response:
+    """The new weights are loaded: let the held LLM calls go, served by the current version."""
+    view, reports = _service(request).resume()
+    failed = [r.url for r in reports if not r.ok]
+    if failed:
+        log.warning("resume not confirmed by %s (they resume from the database)", failed)
+    return OrjsonResponse({**asdict(view), "proxies": [asdict(r) for r in reports]})
