@@ -68,9 +68,10 @@ def grpo_advantages(group: Mapping[str, Any]) -> dict[str, float]:
 
 
 def oldest_version(group: Mapping[str, Any]) -> int | None:
-    """The oldest policy version that produced any token of the group."""
-    versions = [s["policy_versions"]["min"] for s in group["samples"] if s["policy_versions"]]
-    return min(versions) if versions else None
+    """The oldest policy version that produced any token of the group (what staleness is
+    judged on); None when no sample has tokens."""
+    versions = group.get("policy_versions")
+    return int(versions["min"]) if versions else None
 
 
 def train_loop(client: Client, args: argparse.Namespace) -> int:
@@ -127,12 +128,13 @@ def train_loop(client: Client, args: argparse.Namespace) -> int:
         )
         waited_from = done
     wall = time.perf_counter() - started
+    # too old for the trainer: kept out of the stream, still in the results for off-policy use
     withheld = [g["group_id"] for g in client.results(job.job_id) if g.get("stale")]
     print(
         f"\n{groups_total} groups, {samples_total} samples in {wall:.1f}s: "
         f"{groups_total / wall:.2f} groups/s, {samples_total / wall:.2f} samples/s"
     )
-    print(f"withheld as stale (in results with stale=true, for off-policy use): {len(withheld)}")
+    print(f"withheld or dropped as stale (see `stale` in the results): {len(withheld)}")
     print("staleness of consumed groups (version at consumption - oldest token version):")
     total = sum(staleness.values()) or 1
     for lag in sorted(staleness):

@@ -114,9 +114,9 @@ def grpo_advantages(group: Mapping[str, Any]) -> list[float]:
 
 
 def group_staleness(group: Mapping[str, Any], version: int) -> int | None:
-    """Trainer version minus the oldest policy version among the group's samples' tokens."""
-    oldest = [s["policy_versions"]["min"] for s in group["samples"] if s.get("policy_versions")]
-    return version - min(oldest) if oldest else None
+    """Trainer version minus the oldest policy version among the group's tokens."""
+    versions = group.get("policy_versions")
+    return version - int(versions["min"]) if versions else None
 
 
 class SimTrainer:
