@@ -156,6 +156,12 @@ def _settings(tag: str, db_url: str, opts: Options, tmp: Path, upstream: int) ->
     )
 
 
+def _concurrency(slots: int) -> dict[Stage, int]:
+    """Agent slots, and enough prepare/build/evaluate slots that they never hold the agents up."""
+    side = max(2, slots // 4)
+    return {Stage.RUN_AGENT: slots, Stage.PREPARE: side, Stage.BUILD: side, Stage.EVALUATE: side}
+
+
 def _interrupt(signum: int, _frame: FrameType | None) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
@@ -194,12 +200,17 @@ def render(opts: Options, runs: list[LoopRun], ctx: Mapping[str, Any]) -> str:
         "staleness of consumed groups (trainer version - oldest token version):",
     ]
     lines += [f"  {run.name:<26} {_histogram(run)}" for run in runs]
-    lines += ["", "median per step (s): wait / train / weight update (of which drain)"]
+    lines += [
+        "",
+        "median per step (s): wait for data / train / weight update = set_policy(pause) "
+        "(of which drain) + load + resume",
+    ]
     for run in runs:
         med = _medians(run)
         lines.append(
             f"  {run.name:<26} {med['wait_s']:.2f} / {med['train_s']:.2f} / "
-            f"{med['update_s']:.2f} ({med['drained_s']:.2f})"
+            f"{med['update_s']:.2f} = {med['set_policy_s']:.2f} ({med['drained_s']:.2f}) + "
+            f"{opts.load_s:.2f} + {med['resume_s']:.2f}"
         )
     for run in runs:
         lines += [f"WARNING: {w}" for w in run.warnings]
@@ -212,7 +223,7 @@ def render(opts: Options, runs: list[LoopRun], ctx: Mapping[str, Any]) -> str:
 
 
 def _medians(run: LoopRun) -> dict[str, float]:
-    keys = ("wait_s", "train_s", "update_s", "drained_s")
+    keys = ("wait_s", "train_s", "update_s", "drained_s", "set_policy_s", "resume_s")
     if not run.steps:
         return dict.fromkeys(keys, float("nan"))
     return {k: statistics.median(getattr(s, k) for s in run.steps) for k in keys}
@@ -261,7 +272,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             local = stack.enter_context(LocalStack(settings, tmp / "logs"))
             local.fake_upstream(upstream, ttft_ms=opts.call_ms)
             local.proxy()
-            local.workers(concurrency={Stage.RUN_AGENT: opts.slots})
+            local.workers(concurrency=_concurrency(opts.slots))
             local.sweeper()
             local.api()
             runs = measure(opts, f"http://{settings.api_host}:{settings.api_port}")

@@ -47,6 +47,9 @@ class Step:
     staleness: list[int]
     drained_s: float = 0.0
     """How long set_policy waited for in-flight calls to finish."""
+    set_policy_s: float = 0.0
+    """The set_policy(pause=True) call: drain, then re-judging staleness and admitting groups."""
+    resume_s: float = 0.0
     usable: int = 0
     """Samples with an agent outcome and a reward (the others carry no advantage)."""
     mean_reward: float | None = None
@@ -138,7 +141,9 @@ class SimTrainer:
         self.client.ack_groups(job_id, self.consumer, delivery_ids(batch))
         trained = time.perf_counter()
         update = self.client.set_policy(self.version + 1, pause=True)
+        paused = time.perf_counter()
         time.sleep(self.load_s)  # load the new weights into the inference engines
+        loaded = time.perf_counter()
         self.client.resume_policy()
         self.version += 1
         done = time.perf_counter()
@@ -152,6 +157,8 @@ class SimTrainer:
             step_s=wait_s + done - started,
             staleness=[s for s in staleness if s is not None],
             drained_s=float(update.get("waited_s") or 0.0),
+            set_policy_s=paused - trained,
+            resume_s=done - loaded,
             usable=sum(len(a) for a in advantages),
             mean_reward=statistics.fmean(rewards) if rewards else None,
         )
