@@ -29,6 +29,7 @@ from polar_mq.jobs.schemas import JobCreate
 from polar_mq.models import Job, JobTask, Rollout, RolloutStatus, TerminationReason
 from polar_mq.policy.admission import admitted_groups, capacity_groups
 from polar_mq.policy.state import current_version
+from polar_mq.workers.priority import job_priority
 from polar_mq.workers.transitions import STAGE_OF_STATUS, STAGE_STATES
 
 MAX_PAGE = 1000
@@ -138,6 +139,7 @@ def job_status(session: Session, job_id: uuid.UUID) -> JobStatus:
         n_scored=n_scored,
         mean_reward=reward_sum / n_scored if n_scored else None,
         idempotency_key=job.idempotency_key,
+        priority=job_priority(job.spec),
         spec=job.spec,
         metadata=job.meta,
         held=held,

@@ -72,6 +72,8 @@ class JobStatus:
     mean_reward: float | None
     """Over scored rollouts only: infrastructure failures carry no reward and never count as 0."""
     idempotency_key: str | None
+    priority: int
+    """0 (lowest, the default) to 9: higher-priority jobs' waiting stages are served first."""
     spec: dict[str, Any]
     metadata: dict[str, Any]
     held: int = 0

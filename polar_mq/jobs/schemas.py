@@ -15,6 +15,7 @@ from polar_mq.evaluators.registry import validate_evaluator_spec
 from polar_mq.harnesses import get_harness
 from polar_mq.runtimes.options import check_runtime_options
 from polar_mq.trajectories.registry import validate_builder_name
+from polar_mq.workers.priority import DEFAULT_PRIORITY, MAX_PRIORITY, MIN_PRIORITY
 
 MAX_TASKS = 100_000
 MAX_SAMPLES = 1024
@@ -154,6 +155,14 @@ class JobCreate(StrictModel):
     pool: str | None = Field(
         None, pattern=r"^[A-Za-z0-9_-]{1,64}$", description="worker pool; default: the API's pool"
     )
+    priority: int = Field(
+        DEFAULT_PRIORITY,
+        ge=MIN_PRIORITY,
+        le=MAX_PRIORITY,
+        strict=True,
+        description="0 (default, lowest) to 9 (highest): waiting stage messages of a "
+        "higher-priority job are served first (Redis and RabbitMQ; ignored by the embedded broker)",
+    )
     metadata: dict[str, Any] = Field(default_factory=dict)
     idempotency_key: str | None = Field(None, min_length=1, max_length=200)
 
@@ -179,9 +188,16 @@ class JobCreate(StrictModel):
         return value
 
     def stored_spec(self) -> dict[str, Any]:
-        """The part of the job every stage reads (tasks and metadata are stored apart)."""
-        return self.model_dump(
+        """The part of the job every stage reads (tasks and metadata are stored apart).
+
+        The default priority is left out, so a job stored before priorities existed and its
+        idempotent resubmission still have the same spec (readers use `job_priority`).
+        """
+        spec = self.model_dump(
             mode="json",
             exclude_none=True,
             exclude={"tasks", "metadata", "idempotency_key", "samples_per_task"},
         )
+        if spec.get("priority") == DEFAULT_PRIORITY:
+            del spec["priority"]
+        return spec

@@ -106,5 +106,8 @@ def create_job(session: Session, spec: JobCreate, default_pool: str) -> Submitte
         admit(session, job.id, version)  # the rest waits for the trainer's policy updates
     else:
         for rollout_id in rollout_ids:
-            defer_publish(session, StageMessage(Stage.PREPARE, rollout_id, pool, attempt=1))
+            message = StageMessage(
+                Stage.PREPARE, rollout_id, pool, attempt=1, priority=spec.priority
+            )
+            defer_publish(session, message)
     return SubmittedJob(job.id, rollout_ids, created=True)

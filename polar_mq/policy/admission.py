@@ -27,6 +27,7 @@ from sqlalchemy.orm import Session
 from polar_mq.models import Event, EventKind, Job, Rollout, RolloutStatus, StaleGroup
 from polar_mq.models.base import utcnow
 from polar_mq.workers.outbox import defer_publish
+from polar_mq.workers.priority import job_priority
 from polar_mq.workers.routing import Stage, StageMessage
 
 
@@ -92,8 +93,10 @@ def admit(session: Session, job_id: uuid.UUID, current_version: int, worker: str
             for row in rows
         ],
     )  # fmt: skip
+    priority = job_priority(job.spec)
     for row in rows:
-        defer_publish(session, StageMessage(Stage.PREPARE, row.id, pool, attempt=row.attempt))
+        message = StageMessage(Stage.PREPARE, row.id, pool, attempt=row.attempt, priority=priority)
+        defer_publish(session, message)
     return len(indexes)
 
 

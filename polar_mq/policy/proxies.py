@@ -25,6 +25,8 @@ class ProxyReport:
     ok: bool
     in_flight: int | None = None
     """Calls still running on that proxy's backends after the drain wait (pause only)."""
+    in_flight_at_pause: int | None = None
+    """Calls that were running when the pause began: the ones the drain waited for."""
     drained: bool | None = None
     error: str | None = None
 
@@ -40,6 +42,7 @@ class ProxyControl:
 
         def one(client: httpx.Client, url: str) -> ProxyReport:
             self._post(client, url, "/admin/policy_version", {"version": version})
+            first = self._post(client, url, "/admin/pause", {})
             answer = self._post(
                 client,
                 url,
@@ -47,7 +50,13 @@ class ProxyControl:
                 {},
                 params={"wait_drained": "true", "timeout_s": str(drain_timeout_s)},
             )
-            return ProxyReport(url, True, int(answer["in_flight"]), bool(answer["drained"]))
+            return ProxyReport(
+                url,
+                True,
+                in_flight=int(answer["in_flight"]),
+                drained=bool(answer["drained"]),
+                in_flight_at_pause=int(first["in_flight"]),
+            )
 
         return self._each(one, read_timeout_s=drain_timeout_s + 10)
 

@@ -38,6 +38,8 @@ class PolicyUpdate:
     """Every reachable proxy reported no call in flight (always true without a pause)."""
     in_flight: int
     """Calls still in flight across the proxies when the drain wait ended."""
+    drained_calls: int
+    """Calls that were in flight when the pause began and finished on the old weights."""
     waited_s: float
     groups_stale: int
     """Groups found too old for the trainer by this update (withheld or dropped)."""
@@ -72,6 +74,7 @@ class PolicyService:
             paused=after.paused,
             drained=all(r.drained is not False for r in reached),
             in_flight=sum(r.in_flight or 0 for r in reached),
+            drained_calls=sum(r.in_flight_at_pause or 0 for r in reached),
             waited_s=round(waited, 3),
             groups_stale=stale,
             groups_admitted=admitted,

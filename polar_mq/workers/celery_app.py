@@ -2,7 +2,9 @@
 
 Late acks with reject-on-worker-lost make delivery at-least-once (a message is only acked after its
 stage ran, and a killed pool child requeues it); prefetch 1 keeps short stages from queueing behind
-long ones. Effects are made exactly-once by the compare-and-set transitions of the stages.
+long ones, and keeps waiting messages in the broker, where job priorities order them (a message a
+worker has already reserved could not be overtaken). Effects are made exactly-once by the
+compare-and-set transitions of the stages.
 """
 
 from __future__ import annotations
@@ -15,6 +17,13 @@ from celery import Celery
 from kombu.exceptions import ChannelError
 
 from polar_mq.config import Settings
+from polar_mq.workers.priority import (
+    MAX_PRIORITY,
+    BrokerKind,
+    broker_kind,
+    broker_priority,
+    redis_priority_options,
+)
 from polar_mq.workers.routing import StageMessage, queue_name
 
 log = logging.getLogger(__name__)
@@ -25,6 +34,8 @@ class PolarCelery(Celery):
     """A Celery app that carries the polar_mq Settings it was built from."""
 
     polar_settings: Settings
+    polar_broker_kind: BrokerKind
+    """Decides how job priorities are published (see workers.priority)."""
 
 
 def redis_restore_options(visibility_timeout_s: float) -> dict[str, Any]:
@@ -47,14 +58,21 @@ def create_celery(settings: Settings) -> PolarCelery:
     broker_url = settings.broker_url
     transport_options: dict[str, Any] = redis_restore_options(settings.visibility_timeout_s)
     embedded = broker_url.startswith(EMBEDDED_PREFIX)
+    kind = BrokerKind.OTHER if embedded else broker_kind(broker_url)
+    if kind is BrokerKind.REDIS:
+        transport_options.update(redis_priority_options())
     if embedded:
         # kombu hands SQLAlchemy transport options to create_engine: configure by class instead.
         broker_url = broker_url.removeprefix(EMBEDDED_PREFIX)
         transport_options = {}
     app = PolarCelery("polar_mq", broker=broker_url, backend=settings.result_backend)
     app.polar_settings = settings
+    app.polar_broker_kind = kind
     if embedded:
         app.conf.broker_transport = "polar_mq.workers.embedded_broker:Transport"
+    if kind is BrokerKind.AMQP:
+        # RabbitMQ orders by priority only in queues declared with x-max-priority.
+        app.conf.task_queue_max_priority = MAX_PRIORITY
     app.conf.update(
         task_acks_late=True,
         task_reject_on_worker_lost=True,
@@ -76,8 +94,9 @@ def create_celery(settings: Settings) -> PolarCelery:
 
 
 def publish_messages(app: PolarCelery, messages: Sequence[StageMessage]) -> None:
-    """Send stage messages to their queues (called after commit)."""
+    """Send stage messages to their queues (called after commit), with their job's priority."""
     prefix = app.polar_settings.queue_prefix
+    kind = app.polar_broker_kind
     with app.producer_or_acquire() as producer:
         for msg in messages:
             kwargs: dict[str, Any] = {}
@@ -85,6 +104,10 @@ def publish_messages(app: PolarCelery, messages: Sequence[StageMessage]) -> None
                 kwargs["attempt"] = msg.attempt
             if msg.retries:
                 kwargs["retries"] = msg.retries
+            options: dict[str, Any] = {}
+            priority = broker_priority(msg.priority, kind)
+            if priority is not None:
+                options["priority"] = priority
             app.send_task(
                 msg.stage.task_name,
                 args=[str(msg.rollout_id)],
@@ -92,6 +115,7 @@ def publish_messages(app: PolarCelery, messages: Sequence[StageMessage]) -> None
                 queue=queue_name(prefix, msg.stage, msg.pool, msg.node),
                 producer=producer,
                 countdown=msg.countdown,
+                **options,
             )
 
 

@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session
 from polar_mq.models import EventKind, RolloutStatus, TerminationReason
 from polar_mq.models.base import utcnow
 from polar_mq.workers.outbox import defer_publish
+from polar_mq.workers.priority import DEFAULT_PRIORITY, job_priority
 from polar_mq.workers.routing import Stage, StageMessage
 from polar_mq.workers.transitions import (
     EVENTS,
@@ -51,6 +52,8 @@ class LostAttempt:
     lease_owner: str | None
     pool: str
     max_attempts: int
+    priority: int = DEFAULT_PRIORITY
+    """The job's priority, carried by the message that sends the rollout on again."""
 
 
 def retry_policy(spec: dict[str, Any]) -> tuple[int, int]:
@@ -172,7 +175,10 @@ def restart(
         reason=reason, error=error[-1000:], previous_attempt=lost.attempt,
     )  # fmt: skip
     defer_publish(
-        session, StageMessage(Stage.PREPARE, lost.id, lost.pool, attempt=lost.attempt + 1)
+        session,
+        StageMessage(
+            Stage.PREPARE, lost.id, lost.pool, attempt=lost.attempt + 1, priority=lost.priority
+        ),
     )
     return "requeued"
 
@@ -195,7 +201,10 @@ def resume(session: Session, lost: LostAttempt, stage: Stage, worker: str) -> st
         session, lost.id, lost.job_id, stage.value, EventKind.REQUEUED, lost.attempt, worker,
         reason=TerminationReason.WORKER_LOST, resumed=True,
     )  # fmt: skip
-    defer_publish(session, StageMessage(stage, lost.id, lost.pool, attempt=lost.attempt))
+    defer_publish(
+        session,
+        StageMessage(stage, lost.id, lost.pool, attempt=lost.attempt, priority=lost.priority),
+    )
     return "resumed"
 
 
@@ -211,5 +220,6 @@ def restart_claimed(session: Session, claimed: Claimed, pool: str, reason: str, 
         claimed.owner,
         pool,
         max_attempts,
+        job_priority(claimed.spec),
     )
     return restart(session, lost, reason, error, claimed.owner, claimed.stage.value)

@@ -11,6 +11,8 @@ import uuid
 from dataclasses import dataclass
 from enum import StrEnum
 
+from polar_mq.workers.priority import DEFAULT_PRIORITY
+
 
 class Stage(StrEnum):
     PREPARE = "prepare"
@@ -49,6 +51,9 @@ class StageMessage:
     """In-place retries of this stage so far (bounded by the job's `retries.stage_retries`)."""
     countdown: float | None = None
     """Seconds to wait before the stage runs (retry backoff)."""
+    priority: int = DEFAULT_PRIORITY
+    """The job's priority, 0..9, higher served sooner (workers.priority maps it per broker).
+    Every message built for a rollout must carry it, or the rollout falls back to the lowest."""
 
 
 def queue_name(prefix: str, stage: Stage, pool: str, node: str | None) -> str:

@@ -22,6 +22,7 @@ from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_ex
 from polar_mq.db import unit_of_work
 from polar_mq.models import RolloutStatus, TerminationReason
 from polar_mq.workers.context import WorkerContext
+from polar_mq.workers.priority import job_priority
 from polar_mq.workers.recovery import backoff_s, restart_claimed, retry_in_place, retry_policy
 from polar_mq.workers.routing import NEXT_STAGE, Stage, StageMessage
 from polar_mq.workers.stages import build, evaluate, prepare, run_agent
@@ -78,7 +79,10 @@ def _next_message(
         return None
     node = outcome.values.get("node") or claimed.rollout.node
     pool = str(claimed.spec.get("pool", ctx.settings.pool))
-    return StageMessage(nxt, claimed.rollout.id, pool, node, attempt=claimed.rollout.attempt)
+    return StageMessage(
+        nxt, claimed.rollout.id, pool, node,
+        attempt=claimed.rollout.attempt, priority=job_priority(claimed.spec),
+    )  # fmt: skip
 
 
 _retry_db = retry(
@@ -188,6 +192,7 @@ def _unexpected(ctx: WorkerContext, claimed: Claimed, retries: int, error: str) 
         message = StageMessage(
             claimed.stage, claimed.rollout.id, pool, claimed.rollout.node,
             attempt=claimed.rollout.attempt, retries=retries + 1, countdown=delay,
+            priority=job_priority(claimed.spec),
         )  # fmt: skip
         _commit(ctx, lambda session: retry_in_place(session, claimed, message, error, delay))
         return f"retry:{retries + 1}"

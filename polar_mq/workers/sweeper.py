@@ -37,6 +37,7 @@ from polar_mq.models.base import utcnow
 from polar_mq.policy.admission import admit_all
 from polar_mq.policy.state import current_version
 from polar_mq.workers.outbox import defer_publish
+from polar_mq.workers.priority import job_priority
 from polar_mq.workers.recovery import LostAttempt, restart, resume, retry_policy
 from polar_mq.workers.routing import Stage, StageMessage, queue_name
 from polar_mq.workers.transitions import EVENTS, STAGE_STATES, R
@@ -107,7 +108,7 @@ class Sweeper:
             max_attempts, _ = retry_policy(row.spec)
             lost = LostAttempt(
                 row.id, row.job_id, row.status, row.attempt, row.lease_owner,
-                self._pool(row.spec), max_attempts,
+                self._pool(row.spec), max_attempts, job_priority(row.spec),
             )  # fmt: skip
             stage = BUSY[row.status]
             if stage is Stage.BUILD:
@@ -131,7 +132,10 @@ class Sweeper:
         depths: dict[str, int | None] = {}
         for row in rows:
             stage = READY[row.status]
-            message = StageMessage(stage, row.id, self._pool(row.spec), row.node, row.attempt)
+            message = StageMessage(
+                stage, row.id, self._pool(row.spec), row.node, row.attempt,
+                priority=job_priority(row.spec),
+            )  # fmt: skip
             try:
                 queue = queue_name(self.settings.queue_prefix, stage, message.pool, row.node)
             except ValueError:  # a node-local stage without a node: only a restart can help

@@ -92,6 +92,8 @@ def test_default_app_writes_postgres_and_publishes_to_redis(
     assert row_counts(db_session_factory)["rollouts"] == 3
     conn = redis.Redis.from_url(f"{REDIS_URL}/0")
     try:
-        assert conn.llen(f"{redis_queue_prefix}.prepare.cpu") == 3
+        # Default priority 0 is the lowest: kombu's list for step 9 (separator "\x06\x16").
+        assert conn.llen(f"{redis_queue_prefix}.prepare.cpu\x06\x169") == 3
+        assert conn.llen(f"{redis_queue_prefix}.prepare.cpu") == 0
     finally:
         conn.close()

@@ -57,6 +57,17 @@ def test_submit_routes_to_the_requested_pool(
     assert {m.pool for m in publisher.messages} == {"gpu-a"}
 
 
+def test_priority_goes_on_every_message_and_shows_in_the_status(
+    client: TestClient, publisher: RecordingPublisher
+) -> None:
+    urgent = _submit(client, n_tasks=1, samples=2, priority=9)
+    default = _submit(client, n_tasks=1, samples=1)
+    assert [m.priority for m in publisher.messages] == [9, 9, 0]
+    status = client.get(f"/v1/jobs/{urgent['job_id']}").json()
+    assert (status["priority"], status["spec"]["priority"]) == (9, 9)
+    assert client.get(f"/v1/jobs/{default['job_id']}").json()["priority"] == 0
+
+
 def test_idempotency_key_returns_the_existing_job(
     client: TestClient,
     publisher: RecordingPublisher,
@@ -84,6 +95,17 @@ def test_idempotency_key_with_a_different_body_is_a_conflict(
     assert response.json()["error"]["type"] == "idempotency_conflict"
     assert "'k'" in response.json()["error"]["message"]
     assert row_counts(db_session_factory)["rollouts"] == 6
+    assert len(publisher.messages) == 6
+
+
+def test_idempotency_treats_the_default_priority_as_unset_and_another_as_a_change(
+    client: TestClient, publisher: RecordingPublisher
+) -> None:
+    assert client.post("/v1/jobs", json=_job(idempotency_key="p")).status_code == 201
+    same = client.post("/v1/jobs", json=_job(idempotency_key="p", priority=0))
+    assert same.status_code == 200  # jobs stored before priorities existed resubmit the same way
+    other = client.post("/v1/jobs", json=_job(idempotency_key="p", priority=5))
+    assert other.status_code == 409
     assert len(publisher.messages) == 6
 
 

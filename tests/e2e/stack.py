@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -12,6 +12,7 @@ from polar_mq.config import Settings
 from polar_mq.devstack import LocalStack
 from polar_mq.inference import local_vllm
 from polar_mq.processes import free_port
+from polar_mq.workers.routing import Stage
 
 REDIS_E2E_URL = "redis://127.0.0.1:6379/3"
 
@@ -35,16 +36,23 @@ def e2e_settings(pg_url: str, tmp: Path, **overrides: object) -> Settings:
 
 
 @contextmanager
-def fake_upstream_stack(pg_url: str, tmp: Path) -> Iterator[LocalStack]:
-    """Fake vLLM-shaped upstream + proxy + one worker process per stage + API."""
+def fake_upstream_stack(
+    pg_url: str,
+    tmp: Path,
+    concurrency: Mapping[Stage, int] | None = None,
+    **latency: float,
+) -> Iterator[LocalStack]:
+    """Fake vLLM-shaped upstream + proxy + one worker process per stage + API.
+
+    `latency`: the fake's pacing options (`ttft_ms`, `token_delay_ms`)."""
     upstream_port = free_port()
     settings = e2e_settings(
         pg_url, tmp, upstream_url=f"http://127.0.0.1:{upstream_port}", served_model="fake-model"
     )
     with LocalStack(settings, tmp / "logs") as stack:
-        stack.fake_upstream(upstream_port)
+        stack.fake_upstream(upstream_port, **latency)
         stack.proxy()
-        stack.workers()
+        stack.workers(concurrency=concurrency)
         stack.api()
         yield stack
 

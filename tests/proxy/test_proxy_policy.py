@@ -34,6 +34,7 @@ def test_control_drains_in_flight_calls_and_stamps_the_new_version_after_resume(
             list(lines)
         (report,) = pausing.result(30)
         assert (report.ok, report.drained, report.in_flight) == (True, True, 0)
+        assert report.in_flight_at_pause == 1
         assert not held.done()
         for fake in fakes:
             fake.token_delay_s = 0.0
