@@ -123,7 +123,8 @@ def train_loop(client: Client, args: argparse.Namespace) -> int:
             f"step {step:3d} v{version - 1}->v{version}: {len(batch)} groups {n_samples} samples"
             f" | {len(batch) / step_s:5.2f} groups/s {n_samples / step_s:6.2f} samples/s"
             f" | step {step_s:5.2f}s waited {wait_s:5.2f}s train {trained - got:5.2f}s"
-            f" update {done - trained:5.2f}s (drain {float(update.get('waited_s') or 0):.2f}s)"
+            f" update {done - trained:5.2f}s (drained {update['drained_calls']} calls"
+            f" in {update['waited_s']:.2f}s)"
             f" | mean reward {mean_reward:.2f}"
         )
         waited_from = done

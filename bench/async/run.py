@@ -203,14 +203,14 @@ def render(opts: Options, runs: list[LoopRun], ctx: Mapping[str, Any]) -> str:
     lines += [
         "",
         "median per step (s): wait for data / train / weight update = set_policy(pause) "
-        "(of which drain) + load + resume",
+        "(of which drain) + load + resume; LLM calls in flight at the pause",
     ]
     for run in runs:
         med = _medians(run)
         lines.append(
             f"  {run.name:<26} {med['wait_s']:.2f} / {med['train_s']:.2f} / "
             f"{med['update_s']:.2f} = {med['set_policy_s']:.2f} ({med['drained_s']:.2f}) + "
-            f"{opts.load_s:.2f} + {med['resume_s']:.2f}"
+            f"{opts.load_s:.2f} + {med['resume_s']:.2f}; {med['drained_calls']:.0f} calls"
         )
     for run in runs:
         lines += [f"WARNING: {w}" for w in run.warnings]
@@ -223,7 +223,9 @@ def render(opts: Options, runs: list[LoopRun], ctx: Mapping[str, Any]) -> str:
 
 
 def _medians(run: LoopRun) -> dict[str, float]:
-    keys = ("wait_s", "train_s", "update_s", "drained_s", "set_policy_s", "resume_s")
+    keys = (
+        "wait_s", "train_s", "update_s", "drained_s", "set_policy_s", "resume_s", "drained_calls",
+    )  # fmt: skip
     if not run.steps:
         return dict.fromkeys(keys, float("nan"))
     return {k: statistics.median(getattr(s, k) for s in run.steps) for k in keys}

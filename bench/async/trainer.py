@@ -47,6 +47,8 @@ class Step:
     staleness: list[int]
     drained_s: float = 0.0
     """How long set_policy waited for in-flight calls to finish."""
+    drained_calls: int = 0
+    """LLM calls in flight when the pause began (they finished on the old weights)."""
     set_policy_s: float = 0.0
     """The set_policy(pause=True) call: drain, then re-judging staleness and admitting groups."""
     resume_s: float = 0.0
@@ -157,6 +159,7 @@ class SimTrainer:
             step_s=wait_s + done - started,
             staleness=[s for s in staleness if s is not None],
             drained_s=float(update.get("waited_s") or 0.0),
+            drained_calls=int(update.get("drained_calls") or 0),
             set_policy_s=paused - trained,
             resume_s=done - loaded,
             usable=sum(len(a) for a in advantages),
