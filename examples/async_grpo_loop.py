@@ -83,7 +83,11 @@ def train_loop(client: Client, args: argparse.Namespace) -> int:
         harness={"type": "reference"},
         evaluator={"name": "exact_match", "extract": "last_number"},
         sampling={"temperature": 0.8, "max_tokens": 64},
-        staleness={"max_staleness": args.max_staleness, "batch_size": args.batch_size},
+        staleness={
+            "max_staleness": args.max_staleness,
+            "batch_size": args.batch_size,
+            "on_stale": args.on_stale,
+        },
         metadata={"example": "async_grpo_loop"},
     )
     print(
@@ -130,12 +134,15 @@ def train_loop(client: Client, args: argparse.Namespace) -> int:
         waited_from = done
     wall = time.perf_counter() - started
     # too old for the trainer: kept out of the stream, still in the results for off-policy use
-    withheld = [g["group_id"] for g in client.results(job.job_id) if g.get("stale")]
+    stale = Counter(g["stale"] for g in client.results(job.job_id) if g.get("stale"))
     print(
         f"\n{groups_total} groups, {samples_total} samples in {wall:.1f}s: "
         f"{groups_total / wall:.2f} groups/s, {samples_total / wall:.2f} samples/s"
     )
-    print(f"withheld or dropped as stale (see `stale` in the results): {len(withheld)}")
+    print(
+        f"withheld or dropped as stale (see `stale` in the results): {sum(stale.values())}"
+        f" {dict(stale)}"
+    )
     print("staleness of consumed groups (version at consumption - oldest token version):")
     total = sum(staleness.values()) or 1
     for lag in sorted(staleness):
@@ -189,6 +196,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--samples", type=int, default=4, help="samples per task (GRPO group size)")
     p.add_argument("--batch-size", type=int, default=4, help="groups per training step")
     p.add_argument("--max-staleness", type=int, default=1, help="policy versions a group may lag")
+    p.add_argument(
+        "--on-stale",
+        choices=("withhold", "drop"),
+        default="withhold",
+        help="too-old groups: keep them in the results, or also cancel their unfinished rollouts",
+    )
     p.add_argument("--step-s", type=float, default=1.0, help="simulated optimizer step")
     p.add_argument("--load-s", type=float, default=0.3, help="simulated weight load")
     p.add_argument("--drain-timeout-s", type=float, default=30.0)
