@@ -477,6 +477,37 @@ def demo(
     raise typer.Exit(run_demo(use_fake=fake, n_tasks=tasks, samples=samples))
 
 
+@app.command()
+def policy(
+    version: Annotated[
+        int | None, typer.Argument(help="set this policy version (omit to show the current one)")
+    ] = None,
+    pause: Annotated[
+        bool, typer.Option(help="hold new LLM calls and drain the ones in flight first")
+    ] = False,
+    resume: Annotated[bool, typer.Option(help="let held LLM calls go (weights loaded)")] = False,
+    drain_timeout: Annotated[float, typer.Option(help="seconds to wait for the drain")] = 30.0,
+    url: Annotated[str | None, typer.Option(help="API base URL")] = None,
+    api_key: Annotated[str | None, typer.Option(envvar="POLAR_MQ_API_KEY")] = None,
+) -> None:
+    """Show or set the trainer's policy version (weight updates; see docs/async_rl.md)."""
+    from polar_mq.client import PolarMQError
+
+    if resume and (version is not None or pause):
+        raise _fail("--resume takes no version and no --pause")
+    client = _client(url, api_key)
+    try:
+        if resume:
+            answer = client.resume_policy()
+        elif version is not None:
+            answer = client.set_policy(version, pause=pause, drain_timeout_s=drain_timeout)
+        else:
+            answer = client.policy()
+    except PolarMQError as exc:
+        raise _fail(str(exc)) from exc
+    sys.stdout.write(json.dumps(answer, default=str) + "\n")
+
+
 def main() -> None:
     try:
         app()

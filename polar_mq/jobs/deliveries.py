@@ -46,6 +46,8 @@ from polar_mq.policy.admission import admit
 from polar_mq.policy.staleness import judge_staleness, oldest_allowed, too_old_calls
 from polar_mq.policy.state import current_version
 
+JUDGE_PER_LEASE = 256
+"""Free complete groups whose staleness one lease call records (the next calls do the rest)."""
 CLAIM_ROUNDS = 3
 """Candidates lost to a concurrent consumer are replaced by the next ones, this many times."""
 
@@ -101,7 +103,7 @@ def lease_groups(
     """
     job = get_job(session, job_id)
     now = utcnow()
-    oldest = _judge_staleness(session, job, consumer)
+    oldest = _judge_staleness(session, job, consumer, now)
     want = max_groups
     if max_in_flight is not None:
         want = min(want, max_in_flight - _held(session, job_id, consumer, now))
@@ -121,14 +123,16 @@ def lease_groups(
     return _lease_answer(session, job, consumer, delivered, now)
 
 
-def _judge_staleness(session: Session, job: Any, consumer: str) -> int | None:
-    """For a job with `staleness`: record the groups that became stale (freeing capacity, so
-    admit more) and return the oldest policy version a group may hold to be handed out."""
+def _judge_staleness(session: Session, job: Any, consumer: str, now: datetime) -> int | None:
+    """For a job with `staleness`: record which of the next groups to hand out became stale
+    (freeing capacity, so admit more) and return the oldest policy version a group may hold to
+    be handed out (the candidates query enforces it, whatever was recorded)."""
     staleness = job.spec.get("staleness")
     if not staleness:
         return None
     version = current_version(session)
-    if judge_staleness(session, job, version, worker=f"lease:{consumer}"):
+    waiting = [c.task_index for c in _candidates(session, job.id, now, JUDGE_PER_LEASE, None)]
+    if judge_staleness(session, job, version, worker=f"lease:{consumer}", only=waiting):
         admit(session, job.id, version, worker=f"lease:{consumer}")
     return oldest_allowed(staleness, version)
 
@@ -151,17 +155,17 @@ def _held(session: Session, job_id: uuid.UUID, consumer: str, now: datetime) -> 
 def _candidates(
     session: Session, job_id: uuid.UUID, now: datetime, limit: int, oldest: int | None
 ) -> list[Any]:
-    """Complete groups that are free to lease (never leased, or lease expired unacked), and,
-    when `oldest` is given, not stale: none of their tokens is older than that version."""
+    """Complete groups that are free to lease (never leased, or lease expired unacked), never
+    recorded stale, and when `oldest` is given, none of whose tokens is older than that."""
     groups = group_query(job_id, complete_only=True).subquery()
     d = GroupDelivery
     free = or_(d.task_index.is_(None), and_(d.acked_at.is_(None), d.lease_expires_at <= now))
+    recorded = select(StaleGroup.task_index).where(
+        StaleGroup.job_id == job_id, StaleGroup.task_index == groups.c.task_index
+    )
+    free = and_(free, ~recorded.exists())
     if oldest is not None:
-        recorded = select(StaleGroup.task_index).where(
-            StaleGroup.job_id == job_id, StaleGroup.task_index == groups.c.task_index
-        )
-        fresh = and_(~recorded.exists(), ~too_old_calls(job_id, oldest, groups.c.task_index))
-        free = and_(free, fresh)
+        free = and_(free, ~too_old_calls(job_id, oldest, groups.c.task_index))
     query = (
         select(groups.c.task_index, groups.c.n, groups.c.n_terminal, groups.c.completed_at)
         .outerjoin(d, and_(d.job_id == job_id, d.task_index == groups.c.task_index))

@@ -18,6 +18,7 @@ judged when a group is handed out, and a trainer may train on what it was handed
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import and_, func, insert, not_, select, update
@@ -64,9 +65,14 @@ def too_old_calls(job_id: uuid.UUID, oldest: int, task_index: Any) -> Any:
 
 
 def _stale_candidates(
-    session: Session, job_id: uuid.UUID, oldest: int, complete_only: bool, now: Any
+    session: Session,
+    job_id: uuid.UUID,
+    oldest: int,
+    complete_only: bool,
+    now: Any,
+    only: Sequence[int] | None,
 ) -> list[tuple[int, int]]:
-    """(task_index, oldest version) of the groups to judge that are stale now."""
+    """(task_index, oldest version) of the groups to judge (all, or `only`) that are stale now."""
     d, s = GroupDelivery, StaleGroup
     held_or_acked = (
         select(d.task_index)
@@ -86,6 +92,7 @@ def _stale_candidates(
             LlmCall.purpose == "agent",
             not_(held_or_acked),
             not_(recorded.exists()),
+            *([Rollout.task_index.in_(only)] if only is not None else []),
         )
         .group_by(Rollout.task_index)
         .having(func.min(LlmCall.policy_version) < oldest)
@@ -103,15 +110,26 @@ def _stale_candidates(
     return sorted(stale.items())
 
 
-def judge_staleness(session: Session, job: Job, current_version: int, worker: str = "api") -> int:
-    """Record (and with `drop`, cut short) the job's groups that are stale now; how many."""
+def judge_staleness(
+    session: Session,
+    job: Job,
+    current_version: int,
+    worker: str = "api",
+    only: Sequence[int] | None = None,
+) -> int:
+    """Record (and with `drop`, cut short) the job's groups that are stale now; how many.
+
+    `only` limits the judgement to those groups (a lease judges the few it could hand out, so
+    its cost follows the groups waiting for a trainer, not the size of the job)."""
+    if only is not None and not only:
+        return 0
     staleness = job.spec.get("staleness")
     if not staleness:
         return 0
     drop = staleness.get("on_stale", "withhold") == "drop"
     oldest = oldest_allowed(staleness, current_version)
     now = utcnow()
-    found = _stale_candidates(session, job.id, oldest, complete_only=not drop, now=now)
+    found = _stale_candidates(session, job.id, oldest, not drop, now, only)
     if not found:
         return 0
     action = StaleAction.DROPPED if drop else StaleAction.WITHHELD

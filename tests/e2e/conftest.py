@@ -10,8 +10,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from sqlalchemy import delete
+from sqlalchemy.orm import Session, sessionmaker
 
 from polar_mq.devstack import LocalStack
+from polar_mq.models import PolicyState
 from tests.e2e.stack import fake_upstream_stack
 
 
@@ -20,3 +23,14 @@ def fake_stack(pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     """Fake vLLM-shaped upstream + proxy + one worker process per stage + API."""
     with fake_upstream_stack(pg_url, tmp_path_factory.mktemp("e2e-fake")) as stack:
         yield stack
+
+
+@pytest.fixture()
+def fresh_policy(db_session_factory: sessionmaker[Session]) -> Iterator[None]:
+    """Policy version 0, not paused, before and after: the policy state lives in the session's
+    database and every proxy follows it, so a test that moves it must put it back."""
+    with db_session_factory.begin() as session:
+        session.execute(delete(PolicyState))
+    yield
+    with db_session_factory.begin() as session:
+        session.execute(delete(PolicyState))

@@ -12,30 +12,17 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import delete
 from sqlalchemy.orm import Session, sessionmaker
 
 from polar_mq.inference import local_vllm
-from polar_mq.models import PolicyState
 from tests.e2e.async_loop import check_loop, run_loop
 from tests.e2e.stack import client_of, fake_upstream_stack, real_vllm_stack
 from tests.e2e.test_stream_groups_e2e import batches, start_consumer
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture()
-def fresh_policy(db_session_factory: sessionmaker[Session]) -> Iterator[None]:
-    """Policy version 0, not paused, before and after (the state is shared by the database)."""
-    with db_session_factory.begin() as session:
-        session.execute(delete(PolicyState))
-    yield
-    with db_session_factory.begin() as session:
-        session.execute(delete(PolicyState))
 
 
 def test_five_policy_updates_with_staleness_one_across_a_consumer_crash(

@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from polar_mq.devstack import LocalStack
+from polar_mq.devstack import LocalStack, settings_env
 from polar_mq.models import ApiKey, Rollout, TrajectorySample
 
 pytestmark = pytest.mark.e2e
@@ -157,3 +157,23 @@ def test_export_errors_are_clear_messages(fake_stack: LocalStack, tmp_path: Path
     assert bad.returncode == 2 and "unknown export format 'csv'" in bad.stdout
     for output in (missing, bad):
         assert "Traceback" not in output.stdout + output.stderr
+
+
+def test_policy_show_set_pause_resume_and_refuse_going_back(
+    fake_stack: LocalStack, fresh_policy: None
+) -> None:
+    env = settings_env(fake_stack.settings)
+    shown = polar_mq("policy", env=env)
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["version"] == 0
+    paused = polar_mq("policy", "3", "--pause", "--drain-timeout", "5", env=env)
+    assert paused.returncode == 0, paused.stderr
+    answer = json.loads(paused.stdout)
+    assert (answer["version"], answer["paused"], answer["drained"]) == (3, True, True)
+    assert [p["ok"] for p in answer["proxies"]] == [True]  # the stack's proxy was paused
+    resumed = polar_mq("policy", "--resume", env=env)
+    assert resumed.returncode == 0 and json.loads(resumed.stdout)["paused"] is False
+    back = polar_mq("policy", "2", env=env)
+    said = " ".join((back.stdout + back.stderr).split())  # the console wraps long lines
+    assert back.returncode == 1 and "older than the current version 3" in said
+    assert "Traceback" not in said
