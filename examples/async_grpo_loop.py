@@ -27,6 +27,7 @@ import argparse
 import contextlib
 import os
 import random
+import shutil
 import signal
 import statistics
 import sys
@@ -154,7 +155,7 @@ def train_loop(client: Client, args: argparse.Namespace) -> int:
 @contextlib.contextmanager
 def local_stack() -> Iterator[str]:
     """A throwaway stack like `polar-mq demo --fake`: SQLite, embedded broker, fake model,
-    proxy, API and one Celery worker per stage. Yields the API URL."""
+    proxy, API and one Celery worker per stage. Yields the API URL; removed after a clean run."""
     from polar_mq.config import Settings
     from polar_mq.devstack import LocalStack
     from polar_mq.migrate import upgrade
@@ -183,6 +184,7 @@ def local_stack() -> Iterator[str]:
         stack.sweeper()
         stack.api()
         yield f"http://{settings.api_host}:{settings.api_port}"
+    shutil.rmtree(root, ignore_errors=True)  # kept (logs and database) when the loop failed
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
