@@ -46,6 +46,30 @@ def cancel(
         if session.get(Rollout, rollout_id) is None:
             raise NotFound("rollout", rollout_id)
         scope = R.id == rollout_id
+    cancelled = [c.id for c in cancel_where(session, scope, worker="api")]
+    terminal = session.scalar(
+        select(func.count())
+        .select_from(ROLLOUTS)
+        .where(scope, R.status.in_(list(RolloutStatus.TERMINAL)))
+    )
+    return CancelResult(cancelled, int(terminal or 0) - len(cancelled))
+
+
+@dataclass(frozen=True, slots=True)
+class Cancelled:
+    id: uuid.UUID
+    task_index: int
+
+
+def cancel_where(
+    session: Session, scope: Any, worker: str, detail: dict[str, Any] | None = None
+) -> list[Cancelled]:
+    """Cancel the non-terminal rollouts matching `scope` (a SQL condition); the ones it took.
+
+    One conditional UPDATE: a rollout that ended meanwhile (or that a concurrent cancel took) is
+    left alone, so concurrent callers never cancel a rollout twice nor write two events for it.
+    `detail` goes into each `cancelled` event (e.g. why an early stop cancelled it).
+    """
     now = utcnow()
     rows = session.execute(
         update(ROLLOUTS)
@@ -58,7 +82,7 @@ def cancel(
             lease_owner=None,
             lease_expires_at=None,
         )
-        .returning(R.id, R.job_id, R.attempt)
+        .returning(R.id, R.job_id, R.attempt, R.task_index)
     ).all()
     if rows:
         events: list[dict[str, Any]] = [
@@ -68,16 +92,11 @@ def cancel(
                 "stage": "cancel",
                 "kind": EventKind.CANCELLED,
                 "attempt": row.attempt,
-                "worker": "api",
+                "worker": worker,
                 "at": now,
-                "detail": {},
+                "detail": detail or {},
             }
             for row in rows
         ]
         session.execute(insert(Event), events)
-    terminal = session.scalar(
-        select(func.count())
-        .select_from(ROLLOUTS)
-        .where(scope, R.status.in_(list(RolloutStatus.TERMINAL)))
-    )
-    return CancelResult([row.id for row in rows], int(terminal or 0) - len(rows))
+    return [Cancelled(row.id, row.task_index) for row in rows]

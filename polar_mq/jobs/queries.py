@@ -12,10 +12,12 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import case, func, select, tuple_
+from sqlalchemy import func, select, tuple_
 from sqlalchemy.orm import Session
 
+from polar_mq.jobs.completeness import group_query, terminal_flag
 from polar_mq.jobs.cursors import decode_cursor, encode_cursor
+from polar_mq.jobs.early_stop import STOPPED, stop_status
 from polar_mq.jobs.read_models import (
     JobPage,
     JobStatus,
@@ -35,7 +37,6 @@ from polar_mq.workers.transitions import STAGE_OF_STATUS, STAGE_STATES
 MAX_PAGE = 1000
 
 STAGES: tuple[str, ...] = tuple(stage.value for stage in STAGE_STATES)
-_TERMINAL = tuple(RolloutStatus.TERMINAL)
 
 
 def clamp_limit(limit: int) -> int:
@@ -52,11 +53,9 @@ def get_job(session: Session, job_id: uuid.UUID) -> Job:
 def job_state(job: Job, total: int, terminal: int) -> str:
     if job.cancelled_at is not None or job.status == "cancelled":
         return "cancelled"
+    if job.status == STOPPED:
+        return STOPPED
     return "completed" if total and terminal == total else "running"
-
-
-def terminal_flag() -> Any:
-    return case((Rollout.status.in_(_TERMINAL), 1), else_=0)
 
 
 def rollout_totals(session: Session, job_id: uuid.UUID) -> tuple[int, int]:
@@ -113,13 +112,7 @@ def job_status(session: Session, job_id: uuid.UUID) -> JobStatus:
         if n_rewarded and is_scored(reason):
             n_scored += n_rewarded
             reward_sum += float(rewards or 0.0)
-    per_group = (
-        select(Rollout.task_index)
-        .where(Rollout.job_id == job_id)
-        .group_by(Rollout.task_index)
-        .having(func.sum(terminal_flag()) == func.count())
-        .subquery()
-    )
+    per_group = group_query(job_id, complete_only=True).subquery()
     groups_complete = session.scalar(select(func.count()).select_from(per_group)) or 0
     return JobStatus(
         job_id=job.id,
@@ -144,6 +137,7 @@ def job_status(session: Session, job_id: uuid.UUID) -> JobStatus:
         metadata=job.meta,
         held=held,
         staleness=_staleness_status(session, job),
+        stop=stop_status(session, job),
     )
 
 

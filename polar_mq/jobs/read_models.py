@@ -53,7 +53,7 @@ class StalenessStatus:
 class JobStatus:
     job_id: uuid.UUID
     state: str
-    """running | completed | cancelled"""
+    """running | completed | cancelled | stopped (`stop.groups` reached, see `stop`)"""
     created_at: datetime
     cancelled_at: datetime | None
     finished_at: datetime | None
@@ -79,6 +79,27 @@ class JobStatus:
     held: int = 0
     """Rollouts waiting for the job's staleness capacity (created, no message sent yet)."""
     staleness: StalenessStatus | None = None
+    stop: StopStatus | None = None
+    """Present for a job with `stop`: its rule and, once applied, what the job stop did."""
+
+
+@dataclass(frozen=True, slots=True)
+class StopStatus:
+    """A job's early-stop rule (`stop`) and what it has done so far."""
+
+    usable_samples_per_group: int | None
+    groups: int | None
+    stragglers: str
+    """cancel | withhold"""
+    stopped: bool
+    """The job reached `groups` complete groups and stopped."""
+    stopped_at: datetime | None
+    groups_complete_at_stop: int | None
+    """Complete groups when the job stopped (at least `groups`)."""
+    groups_stopped: int | None
+    """Groups cut short by the stop: their unfinished rollouts were cancelled."""
+    rollouts_cancelled: int | None
+    """Rollouts the job stop cancelled (stragglers cancelled per group are not counted here)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,7 +164,10 @@ class SampleResult:
     policy_versions: PolicyVersions | None
     """From the training samples of the current attempt; null before build."""
     trajectories: list[TrajectoryTokens] | None
-    """Present only when asked for (include_trajectories)."""
+    """Present only when asked for (include_trajectories); never for a straggler."""
+    straggler: bool = False
+    """Not yet terminal when its group completed early (`stop.usable_samples_per_group`): kept
+    out of the group (never usable, no advantage) whatever it ends with."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,10 +177,12 @@ class GroupResult:
     task_index: int
     task: dict[str, Any]
     complete: bool
-    """Every rollout is terminal: the group will not change any more."""
+    """Every rollout is terminal, or `stop.usable_samples_per_group` of them ended usable: its
+    usable samples will not change any more."""
     incomplete: bool
-    """Complete, but with fewer usable samples than rollouts (infrastructure failures, or
-    rollouts the evaluator could not score): the trainer decides whether to train on the rest."""
+    """Complete, but with fewer usable samples than rollouts (or than
+    `stop.usable_samples_per_group`): infrastructure failures, rollouts the evaluator could not
+    score, or a group cut short by a job stop. The trainer decides whether to train on the rest."""
     completed_at: datetime | None
     cursor: str
     """Resume position just after this group."""

@@ -6,10 +6,13 @@ cursor so a poller can resume from any of them. Timestamps are taken before comm
 land out of timestamp order: while a job still runs, a group is only listed once its completion is
 `RESULTS_SETTLE_S` old, which keeps a cursor from moving past a group whose commit was in flight.
 
-A group is *complete* when every rollout is terminal. A rollout the sweeper sends back for another
-attempt is not terminal, so its group is not complete until the retry ends. A complete group with
-infrastructure failures is delivered with `incomplete: true`; its statistics and advantages cover
-the usable samples only (see `group_stats`).
+A group is *complete* when every rollout is terminal, or, for a job with
+`stop.usable_samples_per_group: N`, as soon as N of its rollouts ended usable (the one definition is
+`completeness.group_query`). A rollout the sweeper sends back for another attempt is not terminal,
+so its group is not complete until the retry ends. A complete group with fewer usable samples than
+it should have (all of its rollouts, or N) is delivered with `incomplete: true`; its statistics and
+advantages cover the usable samples only (see `group_stats`). Stragglers of an early-complete group
+(rollouts not yet terminal when it completed) are listed with `straggler: true` and never count.
 """
 
 from __future__ import annotations
@@ -20,9 +23,10 @@ from dataclasses import fields
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Select, and_, func, or_, select
+from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import Session
 
+from polar_mq.jobs.completeness import group_query, is_straggler
 from polar_mq.jobs.cursors import decode_cursor, encode_cursor
 from polar_mq.jobs.group_stats import (
     ADVANTAGE_KINDS,
@@ -31,13 +35,7 @@ from polar_mq.jobs.group_stats import (
     public_reward,
     reward_stats,
 )
-from polar_mq.jobs.queries import (
-    clamp_limit,
-    get_job,
-    job_state,
-    rollout_totals,
-    terminal_flag,
-)
+from polar_mq.jobs.queries import clamp_limit, get_job, job_state, rollout_totals
 from polar_mq.jobs.read_models import (
     GroupResult,
     PolicyVersions,
@@ -46,7 +44,7 @@ from polar_mq.jobs.read_models import (
     TrajectoryTokens,
     record,
 )
-from polar_mq.models import JobTask, Rollout, TrajectorySample
+from polar_mq.models import Job, JobTask, Rollout, TrajectorySample
 from polar_mq.models.base import utcnow
 from polar_mq.policy.staleness import stale_groups
 
@@ -56,25 +54,6 @@ RESULTS_SETTLE_S = 1.0
 def group_id(job_id: uuid.UUID, task_index: int) -> str:
     """The stable id of a group: the same for every page, poll and export of a job."""
     return f"{job_id}:{task_index}"
-
-
-def group_query(job_id: uuid.UUID, complete_only: bool) -> Select[Any]:
-    """(task_index, n, n_terminal, completed_at) per group of a job; shared with the leases of
-    `polar_mq.jobs.deliveries`, so both read paths agree on what a complete group is."""
-    groups = (
-        select(
-            Rollout.task_index.label("task_index"),
-            func.count().label("n"),
-            func.sum(terminal_flag()).label("n_terminal"),
-            func.max(func.coalesce(Rollout.finished_at, Rollout.created_at)).label("completed_at"),
-        )
-        .where(Rollout.job_id == job_id)
-        .group_by(Rollout.task_index)
-    )
-    if complete_only:
-        groups = groups.having(func.sum(terminal_flag()) == func.count())
-    sub = groups.subquery()
-    return select(sub.c.task_index, sub.c.n, sub.c.n_terminal, sub.c.completed_at)
 
 
 def _group_cursor(complete_only: bool, task_index: int, completed_at: datetime) -> str:
@@ -157,15 +136,20 @@ def build_groups(
     ).tuples()
     tasks: dict[int, dict[str, Any]] = {index: instance for index, instance in rows}
     stale = stale_groups(session, job_id, indexes)
+    needed = _usable_needed(session, job_id)
     groups = []
     for row in page:
-        complete = int(row.n_terminal or 0) == int(row.n)
+        complete = True if complete_only else bool(row.complete)
         members = rollouts.get(row.task_index, [])
-        usable = [is_usable(r.status, r.termination_reason, r.reward) for r in members]
+        late = [is_straggler(complete, row.completed_at, r.status, r.finished_at) for r in members]
+        usable = [
+            not straggler and is_usable(r.status, r.termination_reason, r.reward)
+            for r, straggler in zip(members, late, strict=True)
+        ]
         stats = reward_stats([r.reward for r, ok in zip(members, usable, strict=True) if ok])
         gid = group_id(job_id, row.task_index)
         samples = []
-        for r, ok in zip(members, usable, strict=True):
+        for r, ok, straggler in zip(members, usable, late, strict=True):
             advantage = None
             if advantages == "grpo" and complete and ok:
                 advantage = grpo_advantage(r.reward, stats)
@@ -183,7 +167,8 @@ def build_groups(
                     attempt=r.attempt,
                     n_llm_calls=r.n_llm_calls,
                     policy_versions=_policy_versions(p.meta for p in own),
-                    trajectories=own if include_trajectories else None,
+                    trajectories=own if include_trajectories and not straggler else None,
+                    straggler=straggler,
                 )
             )
         groups.append(
@@ -192,7 +177,7 @@ def build_groups(
                 task_index=row.task_index,
                 task=tasks.get(row.task_index, {}),
                 complete=complete,
-                incomplete=complete and stats.n_usable < len(members),
+                incomplete=complete and stats.n_usable < (needed or len(members)),
                 completed_at=row.completed_at if complete else None,
                 cursor=_group_cursor(complete_only, row.task_index, row.completed_at),
                 n_samples=len(members),
@@ -212,6 +197,14 @@ def _group_versions(samples: list[SampleResult]) -> PolicyVersions | None:
     return PolicyVersions(min=seen[0], max=seen[-1], versions=seen) if seen else None
 
 
+def _usable_needed(session: Session, job_id: uuid.UUID) -> int | None:
+    """`stop.usable_samples_per_group` of the job (already in the session's identity map)."""
+    job = session.get(Job, job_id)
+    stop = job.spec.get("stop") if job is not None else None
+    needed = stop.get("usable_samples_per_group") if isinstance(stop, dict) else None
+    return int(needed) if needed else None
+
+
 def _rollouts(session: Session, job_id: uuid.UUID, indexes: list[int]) -> dict[int, list[Any]]:
     if not indexes:
         return {}
@@ -219,6 +212,7 @@ def _rollouts(session: Session, job_id: uuid.UUID, indexes: list[int]) -> dict[i
     columns = (
         Rollout.id, Rollout.task_index, Rollout.sample_index, Rollout.status,
         Rollout.termination_reason, Rollout.reward, Rollout.attempt, Rollout.n_llm_calls,
+        Rollout.finished_at,
     )  # fmt: skip
     for r in session.execute(
         select(*columns)

@@ -105,6 +105,38 @@ class TimeoutSpec(StrictModel):
     )
 
 
+class StopSpec(StrictModel):
+    """Over-provisioning: ask for more rollouts than needed and stop once enough are usable.
+
+    Usable = ended with an agent outcome (completed, agent_error, timeout, max_turns) and scored;
+    infrastructure failures never count.
+    """
+
+    usable_samples_per_group: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_SAMPLES,
+        description="a group is complete as soon as this many of its samples ended usable",
+    )
+    groups: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_TASKS,
+        description="stop the job once this many groups are complete: cancel the other groups",
+    )
+    stragglers: Literal["cancel", "withhold"] = Field(
+        "cancel",
+        description="unfinished samples of a group completed early: cancel them, or let them "
+        "run but keep them out of the group (listed with straggler: true, never counted)",
+    )
+
+    @model_validator(mode="after")
+    def _one_rule(self) -> StopSpec:
+        if self.usable_samples_per_group is None and self.groups is None:
+            raise ValueError("stop needs usable_samples_per_group, groups, or both")
+        return self
+
+
 class RetrySpec(StrictModel):
     """How often polar_mq retries infrastructure failures before giving a rollout up."""
 
@@ -146,6 +178,9 @@ class JobCreate(StrictModel):
         "per_call", description="per_call, prefix_merge, or an import path 'package.module:attr'"
     )
     sampling: dict[str, Any] = Field(default_factory=dict, description="temperature, max_tokens")
+    stop: StopSpec | None = Field(
+        None, description="over-provisioning: complete groups early and/or stop the job early"
+    )
     timeouts: TimeoutSpec = Field(default_factory=TimeoutSpec)
     retries: RetrySpec = Field(default_factory=RetrySpec)
     model: str | None = Field(None, description="model name the agent is told to use")
@@ -174,6 +209,23 @@ class JobCreate(StrictModel):
             if not isinstance(instruction, str) or not instruction.strip():
                 raise ValueError(f"tasks[{i}] needs a non-empty string 'instruction'")
         return tasks
+
+    @model_validator(mode="after")
+    def _stop_fits_job(self) -> JobCreate:
+        """The stop rule must be reachable: never more usable samples or groups than exist."""
+        if self.stop is None:
+            return self
+        needed = self.stop.usable_samples_per_group
+        if needed is not None and needed > self.samples_per_task:
+            raise ValueError(
+                f"stop.usable_samples_per_group ({needed}) exceeds samples_per_task "
+                f"({self.samples_per_task})"
+            )
+        if self.stop.groups is not None and self.stop.groups > len(self.tasks):
+            raise ValueError(
+                f"stop.groups ({self.stop.groups}) exceeds the number of tasks ({len(self.tasks)})"
+            )
+        return self
 
     @field_validator("evaluator")
     @classmethod

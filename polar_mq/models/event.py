@@ -32,6 +32,8 @@ class EventKind:
     """A group was found too old for the trainer: withheld from the stream, or dropped."""
     RUNTIME_RELEASED = "runtime_released"
     """The rollout's runtime was recycled into the warm pool or destroyed (with its timing)."""
+    STOPPED = "stopped"
+    """Job-level (no rollout): the job reached `stop.groups` complete groups and stopped."""
 
 
 class Event(Base):

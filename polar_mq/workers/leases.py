@@ -8,7 +8,9 @@ expired lease within `lease_s` and restarts the rollout.
 
 A renewal that matches no row means the rollout was taken from this worker: cancelled, or
 restarted by the sweeper after a stall. The keeper then calls the stage's `on_lost` (e.g. kill the
-agent's process tree) so a cancelled agent stops burning GPU time right away.
+agent's process tree) so a cancelled agent stops burning GPU time right away. Once the stage
+`settle()`s (its work done, its outcome being committed) a miss is its own commit and is ignored:
+a heartbeat racing the commit must not tear down what the next stage needs.
 """
 
 from __future__ import annotations
@@ -50,6 +52,13 @@ class Held:
     owner: str
     on_lost: Callable[[], None] | None
     lost: threading.Event = field(default_factory=threading.Event)
+    settling: threading.Event = field(default_factory=threading.Event)
+    """Set once the stage's work is done and its outcome is being committed. From then on a
+    renewal that finds the rollout moved on is that very commit, not a loss: `on_lost` must not
+    run (it would kill the agent of, or destroy the runtime needed by, the next stage)."""
+
+    def settle(self) -> None:
+        self.settling.set()
 
 
 class LeaseKeeper:
@@ -108,7 +117,7 @@ class LeaseKeeper:
                 if _rowcount(conn.execute(_RENEW, params)) != 1:
                     lost.append(held)
         for held in lost:
-            if held.lost.is_set():
+            if held.lost.is_set() or held.settling.is_set():
                 continue
             held.lost.set()
             log.warning("rollout %s was taken from %s (cancelled or restarted)", *_ids(held))

@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from polar_mq.db import unit_of_work
+from polar_mq.jobs.early_stop import after_rollout_ended
 from polar_mq.models import RolloutStatus, TerminationReason
 from polar_mq.workers.context import WorkerContext
 from polar_mq.workers.priority import job_priority
@@ -131,11 +132,14 @@ def run_stage(
         try:
             outcome = STAGE_FUNCTIONS[stage](ctx, claimed)
         except StageFailure as exc:
+            held.settle()
             return _failed(ctx, claimed, exc.reason, str(exc))
         except Exception:
+            held.settle()
             if held.lost.is_set():
                 return "lease_lost"
             return _unexpected(ctx, claimed, retries, traceback.format_exc())
+        held.settle()  # from here on a heartbeat missing the row is our own commit
         outcome.detail["duration_s"] = round(time.monotonic() - started, 4)
         try:
             next_message = _next_message(ctx, claimed, outcome)
@@ -152,7 +156,36 @@ def run_stage(
             return "lease_lost"
     if STAGE_STATES[stage][2] in RolloutStatus.TERMINAL:
         _release_runtime(ctx, claimed, reusable=True)
+        _rollout_ended(ctx, claimed)
     return "done"
+
+
+def _rollout_ended(ctx: WorkerContext, claimed: Claimed) -> None:
+    """Apply the job's early-stop rule (`stop`), in its own transaction.
+
+    Only once the rollout's terminal state is committed: that ordering is what keeps two rollouts
+    of a group ending at once from both missing the stop (see `jobs.early_stop`). A failure here is
+    only logged: the next rollout of the job to end repeats the check.
+    """
+    if not claimed.spec.get("stop"):
+        return
+    rollout = claimed.rollout
+    try:
+        applied = _commit(
+            ctx,
+            lambda session: after_rollout_ended(
+                session, rollout.job_id, rollout.task_index, claimed.spec, claimed.owner
+            ),
+        )
+    except Exception:
+        log.exception("early-stop check after rollout %s failed", rollout.id)
+        return
+    if applied.stragglers_cancelled or applied.job_stopped:
+        log.info(
+            "early stop after %s: %d stragglers cancelled, job stopped: %s (%d cancelled)",
+            rollout.id, len(applied.stragglers_cancelled), applied.job_stopped,
+            len(applied.rollouts_cancelled),
+        )  # fmt: skip
 
 
 def _failed(ctx: WorkerContext, claimed: Claimed, reason: str, message: str) -> str:
@@ -166,6 +199,7 @@ def _failed(ctx: WorkerContext, claimed: Claimed, reason: str, message: str) -> 
         log.warning("%s of %s: lease lost before recording the failure", *_ids(claimed))
     if claimed.stage in RUNTIME_STAGES:
         _release_runtime(ctx, claimed)
+    _rollout_ended(ctx, claimed)
     return f"failed:{reason}"
 
 
@@ -185,6 +219,8 @@ def _unexpected(ctx: WorkerContext, claimed: Claimed, retries: int, error: str) 
             result = _commit(
                 ctx, lambda session: restart_claimed(session, claimed, pool, reason, error)
             )
+            if result == "failed":  # attempts used up: the rollout ended
+                _rollout_ended(ctx, claimed)
             return f"restart:{result}"
         if retries >= stage_retries:
             return _failed(ctx, claimed, reason, f"failed after {retries} retries: {error}")

@@ -32,6 +32,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from polar_mq.config import Settings
 from polar_mq.db import unit_of_work
+from polar_mq.jobs.early_stop import after_rollout_ended
 from polar_mq.models import Event, EventKind, Job, TerminationReason
 from polar_mq.models.base import utcnow
 from polar_mq.policy.admission import admit_all
@@ -85,7 +86,8 @@ class Sweeper:
         now = now or utcnow()
         report = SweepReport()
         with unit_of_work(self.factory) as session:
-            self._expired_leases(session, now, report)
+            ended = self._expired_leases(session, now, report)
+        self._early_stops(ended)
         with unit_of_work(self.factory) as session:
             self._lost_messages(session, now, report)
         with unit_of_work(self.factory) as session:
@@ -97,9 +99,11 @@ class Sweeper:
     def _pool(self, spec: dict[str, Any]) -> str:
         return str(spec.get("pool", self.settings.pool))
 
-    def _expired_leases(self, session: Session, now: datetime, report: SweepReport) -> None:
+    def _expired_leases(self, session: Session, now: datetime, report: SweepReport) -> list[Any]:
+        """Restart or resume what lost its worker; the rows of the rollouts it gave up (failed)."""
+        ended = []
         rows = session.execute(
-            select(R.id, R.job_id, R.status, R.attempt, R.lease_owner, Job.spec)
+            select(R.id, R.job_id, R.task_index, R.status, R.attempt, R.lease_owner, Job.spec)
             .join(Job, Job.id == R.job_id)
             .where(R.status.in_(list(BUSY)), R.lease_expires_at < now)
             .limit(self.batch)
@@ -119,6 +123,20 @@ class Sweeper:
                     f"lease of {row.lease_owner} expired during {stage}", self.name, stage.value,
                 )  # fmt: skip
             _count(report, outcome, rollout=str(row.id), stage=stage.value, owner=row.lease_owner)
+            if outcome == "failed":
+                ended.append(row)
+        return ended
+
+    def _early_stops(self, ended: list[Any]) -> None:
+        """The early-stop check of each rollout given up on, after that was committed."""
+        for row in ended:
+            if not row.spec.get("stop"):
+                continue
+            try:
+                with unit_of_work(self.factory) as session:
+                    after_rollout_ended(session, row.job_id, row.task_index, row.spec, self.name)
+            except Exception:
+                log.exception("early-stop check after rollout %s failed", row.id)
 
     def _lost_messages(self, session: Session, now: datetime, report: SweepReport) -> None:
         last_event = select(func.max(Event.at)).where(Event.rollout_id == R.id).scalar_subquery()

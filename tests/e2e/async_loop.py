@@ -78,7 +78,10 @@ def check_loop(
         stale = session.scalars(select(StaleGroup).where(StaleGroup.job_id == job)).all()
         n_tasks = len(set(session.scalars(select(Rollout.task_index).where(Rollout.job_id == job))))
     # a pause never cut a call: every call ran to its end
-    assert all(c.status_code == 200 and c.complete for c in calls)
+    cut = [(c.task_index, c.status_code, c.complete, c.created_at) for c in calls]
+    assert all(c.status_code == 200 and c.complete for c in calls), [
+        x for x in cut if x[1] != 200 or not x[2]
+    ]
     # each call carries the version that served it: old before a pause, new after the resume
     for update in record.updates:
         before = [c for c in calls if c.created_at < update.paused_at]

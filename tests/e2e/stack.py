@@ -40,17 +40,19 @@ def fake_upstream_stack(
     pg_url: str,
     tmp: Path,
     concurrency: Mapping[Stage, int] | None = None,
-    **latency: float,
+    latency: Mapping[str, float] | None = None,
+    **overrides: object,
 ) -> Iterator[LocalStack]:
     """Fake vLLM-shaped upstream + proxy + one worker process per stage + API.
 
-    `latency`: the fake's pacing options (`ttft_ms`, `token_delay_ms`)."""
+    `latency`: the fake's pacing options (`ttft_ms`, `token_delay_ms`); `overrides`: settings."""
     upstream_port = free_port()
     settings = e2e_settings(
-        pg_url, tmp, upstream_url=f"http://127.0.0.1:{upstream_port}", served_model="fake-model"
-    )
+        pg_url, tmp, upstream_url=f"http://127.0.0.1:{upstream_port}", served_model="fake-model",
+        **overrides,
+    )  # fmt: skip
     with LocalStack(settings, tmp / "logs") as stack:
-        stack.fake_upstream(upstream_port, **latency)
+        stack.fake_upstream(upstream_port, **(latency or {}))
         stack.proxy()
         stack.workers(concurrency=concurrency)
         stack.api()

@@ -29,7 +29,7 @@ def test_five_policy_updates_with_staleness_one_across_a_consumer_crash(
     pg_url: str, tmp_path: Path, db_session_factory: sessionmaker[Session], fresh_policy: None
 ) -> None:
     tasks = [{"instruction": f"What is {i}+{i}?", "answer": str(2 * i)} for i in range(14)]
-    with fake_upstream_stack(pg_url, tmp_path, token_delay_ms=120) as stack:
+    with fake_upstream_stack(pg_url, tmp_path, latency={"token_delay_ms": 120}) as stack:
         client = client_of(stack)
         url = f"http://{stack.settings.api_host}:{stack.settings.api_port}"
         job_id = client.submit(
