@@ -1,0 +1,1 @@
+"""bench/async: synchronous vs asynchronous (staleness-bounded) consumption of rollout groups."""
