@@ -103,6 +103,10 @@ def lease_groups(
     """
     job = get_job(session, job_id)
     now = utcnow()
+    # Read before the candidates: a job seen finished here has every group complete for the
+    # query below, so `job_finished` never goes out with a group still left behind it.
+    total, terminal = rollout_totals(session, job_id)
+    finished = total > 0 and terminal == total
     oldest = _judge_staleness(session, job, consumer, now)
     want = max_groups
     if max_in_flight is not None:
@@ -120,7 +124,7 @@ def lease_groups(
     rows = [row for row, _ in claimed]
     groups = build_groups(session, job_id, rows, True, include_trajectories, advantages)
     delivered = [_delivered(g, d) for g, (_, d) in zip(groups, claimed, strict=True)]
-    return _lease_answer(session, job, consumer, delivered, now)
+    return _lease_answer(session, job, consumer, delivered, now, finished)
 
 
 def _judge_staleness(session: Session, job: Any, consumer: str, now: datetime) -> int | None:
@@ -232,10 +236,13 @@ def _delivered(group: GroupResult, delivery: Delivery) -> DeliveredGroup:
 
 
 def _lease_answer(
-    session: Session, job: Any, consumer: str, groups: list[DeliveredGroup], now: datetime
+    session: Session,
+    job: Any,
+    consumer: str,
+    groups: list[DeliveredGroup],
+    now: datetime,
+    finished: bool,
 ) -> GroupLease:
-    total, terminal = rollout_totals(session, job.id)
-    finished = total > 0 and terminal == total
     d = GroupDelivery
     in_flight = case((and_(d.acked_at.is_(None), d.lease_expires_at > now), 1), else_=0)
     acked, flying = (
