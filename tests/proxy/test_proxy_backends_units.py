@@ -169,7 +169,7 @@ class ByHost(httpx.AsyncBaseTransport):
 
 @asynccontextmanager
 async def proxy_over(
-    transport: ByHost, urls: list[str]
+    transport: httpx.AsyncBaseTransport, urls: list[str]
 ) -> AsyncIterator[tuple[httpx.AsyncClient, MemoryCallSink, BackendPool]]:
     """The proxy in-process with `transport` as every backend's network."""
     sink = MemoryCallSink()
@@ -218,3 +218,38 @@ async def test_when_every_backend_fails_the_agent_gets_the_failure_once(refuse: 
         (row,) = sink.rows
         assert (row["backend"], row["complete"]) == ("http://bad.test", False)
         assert pool.backends["http://bad.test"].in_flight == 0
+
+
+class StaleOnce(httpx.AsyncBaseTransport):
+    """The fake engine, except that the first `stale` calls fail as a keep-alive connection the
+    server had closed does (`ReadError` before any byte of the response)."""
+
+    def __init__(self, stale: int) -> None:
+        self.fake = httpx.ASGITransport(create_fake_vllm_app())
+        self.stale = stale
+        self.calls = 0
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/health":
+            return httpx.Response(200)
+        self.calls += 1
+        if self.calls <= self.stale:
+            raise httpx.ReadError("connection reset by peer", request=request)
+        return await self.fake.handle_async_request(request)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_stale_keepalive_connection_is_retried_once_on_the_only_backend(
+    stream: bool,
+) -> None:
+    transport = StaleOnce(stale=1)
+    async with proxy_over(transport, ["http://only.test"]) as (client, _, pool):
+        body = {**BODY, "stream": stream}
+        response = await client.post("/v1/chat/completions", json=body, headers=headers())
+        assert response.status_code == 200 and transport.calls == 2
+        assert pool.backends["http://only.test"].breaker.state == CLOSED
+        twice = StaleOnce(stale=2)  # a second failure in a row is the backend's, not the pool's
+    async with proxy_over(twice, ["http://only.test"]) as (client, _, pool):
+        response = await client.post("/v1/chat/completions", json=BODY, headers=headers())
+        assert response.status_code == 502 and twice.calls == 2

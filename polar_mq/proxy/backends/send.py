@@ -27,6 +27,12 @@ from polar_mq.proxy.record import CallContext
 
 logger = logging.getLogger(__name__)
 
+STALE_CONNECTION_ERRORS = (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
+"""What a pooled keep-alive connection that the engine closed meanwhile raises before any byte
+of the response: the call is sent once more, to the same backend if it is the only one, before
+it counts as that backend's failure (the engine may see the request twice; nothing of the first
+reached the agent)."""
+
 UPSTREAM_HEADERS = {"content-type": "application/json", "accept-encoding": "identity"}
 
 
@@ -92,7 +98,8 @@ async def send_call(
     content = orjson.dumps(body)
     tried: tuple[Backend, ...] = ()
     last: httpx.Response | httpx.HTTPError | None = None
-    for _ in range(pool.max_attempts):
+    stale_retried = False
+    for _ in range(pool.max_attempts + 1):
         try:
             backend = await pool.choose(call.rollout_id, tried)
         except BackendUnavailable:
@@ -103,6 +110,12 @@ async def send_call(
         call.policy_version = backend.policy_version
         try:
             response = await _attempt(pool, backend, path, content, read)
+        except STALE_CONNECTION_ERRORS as exc:
+            last = exc
+            if not stale_retried:  # a pooled keep-alive connection the engine had closed
+                stale_retried = True
+                logger.info("backend %s: retrying on a new connection: %r", backend.name, exc)
+                continue
         except httpx.TransportError as exc:
             last = exc
         except BaseException:
