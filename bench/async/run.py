@@ -30,9 +30,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from bench.pipeline.infra import cleanup_redis, fresh_database
+from bench.pipeline.infra import cleanup_redis, fresh_database, stack_settings
 from polar_mq.client import Client
-from polar_mq.config import Settings
 from polar_mq.devstack import LocalStack
 from polar_mq.processes import free_port
 from polar_mq.workers.routing import Stage
@@ -135,25 +134,6 @@ def job_spec(opts: Options, label: str) -> Callable[[Sequence[Mapping[str, Any]]
         }
 
     return spec
-
-
-def _settings(tag: str, db_url: str, opts: Options, tmp: Path, upstream: int) -> Settings:
-    return Settings(
-        database_url=db_url,
-        broker_url=opts.redis_url,
-        queue_prefix=f"bench{tag}",
-        pool="bench",
-        node_name=f"bench-{tag}",
-        proxy_port=free_port(),
-        api_port=free_port(),
-        upstream_url=f"http://127.0.0.1:{upstream}",
-        served_model="fake-model",
-        runtime_root=tmp / "runtimes",
-        secret_key=f"bench-secret-{uuid.uuid4().hex}",
-        proxy_admin_token=f"bench-admin-{uuid.uuid4().hex}",
-        visibility_timeout_s=7200,
-        max_agent_timeout_s=600,
-    )
 
 
 def _concurrency(slots: int) -> dict[Stage, int]:
@@ -270,7 +250,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             stack.callback(lambda: cleanup_redis(opts.redis_url, tag))
             db_url, db_name = stack.enter_context(fresh_database(opts.pg_admin_url))
             upstream = free_port()
-            settings = _settings(tag, db_url, opts, tmp, upstream)
+            settings = stack_settings(
+                tag, db_url, opts.redis_url, tmp, upstream,
+                proxy_admin_token=f"bench-admin-{uuid.uuid4().hex}",
+            )  # fmt: skip
             local = stack.enter_context(LocalStack(settings, tmp / "logs"))
             local.fake_upstream(upstream, ttft_ms=opts.call_ms)
             local.proxy()

@@ -1,16 +1,45 @@
-"""The bench's own PostgreSQL database and Redis keys: created for one run, removed after it."""
+"""The bench's own PostgreSQL database and Redis keys (created for one run, removed after it),
+and the settings of a local stack on them (shared by every bench that starts one)."""
 
 from __future__ import annotations
 
 import contextlib
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import redis
 from sqlalchemy import text
 
+from polar_mq.config import Settings
 from polar_mq.db import create_db_engine
 from polar_mq.migrate import upgrade
+from polar_mq.processes import free_port
+
+
+def stack_settings(
+    tag: str, db_url: str, redis_url: str, tmp: Path, upstream: int, **extra: Any
+) -> Settings:
+    """One run's stack: own queues (prefix `bench<tag>`), ports, runtime root and secret, a fake
+    vLLM-shaped upstream on port `upstream`; `extra` overrides any setting."""
+    values: dict[str, Any] = {
+        "database_url": db_url,
+        "broker_url": redis_url,
+        "queue_prefix": f"bench{tag}",
+        "pool": "bench",
+        "node_name": f"bench-{tag}",
+        "proxy_port": free_port(),
+        "api_port": free_port(),
+        "upstream_url": f"http://127.0.0.1:{upstream}",
+        "served_model": "fake-model",
+        "runtime_root": tmp / "runtimes",
+        "secret_key": f"bench-secret-{uuid.uuid4().hex}",
+        "visibility_timeout_s": 7200,
+        "max_agent_timeout_s": 600,
+        **extra,
+    }
+    return Settings(**values)
 
 
 def database_url(admin_url: str, name: str) -> str:

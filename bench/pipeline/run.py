@@ -22,6 +22,7 @@ from typing import Any
 import redis
 
 from bench.pipeline import baseline, cpu, profile, report
+from bench.pipeline.infra import stack_settings
 from bench.pipeline.measure import (
     AGENT_CALLS,
     NOOP_HARNESS,
@@ -31,7 +32,6 @@ from bench.pipeline.measure import (
     run_pipeline,
     trivial_agent_harness,
 )
-from polar_mq.config import Settings
 from polar_mq.db import create_db_engine
 from polar_mq.devstack import LocalStack
 from polar_mq.processes import ManagedProcess, free_port
@@ -130,24 +130,6 @@ def _stopping(processes: list[ManagedProcess]) -> Iterator[list[ManagedProcess]]
             proc.stop()
 
 
-def _stack_settings(tag: str, db_url: str, opts: Options, tmp: Path, upstream: int) -> Settings:
-    return Settings(
-        database_url=db_url,
-        broker_url=opts.redis_url,
-        queue_prefix=f"bench{tag}",
-        pool="bench",
-        node_name=f"bench-{tag}",
-        proxy_port=free_port(),
-        api_port=free_port(),
-        upstream_url=f"http://127.0.0.1:{upstream}",
-        served_model="fake-model",
-        runtime_root=tmp / "runtimes",
-        secret_key=f"bench-secret-{uuid.uuid4().hex}",
-        visibility_timeout_s=7200,
-        max_agent_timeout_s=600,
-    )
-
-
 def main(argv: list[str] | None = None) -> int:
     opts = parse_args(argv)
     signal.signal(signal.SIGTERM, _raise_interrupt)
@@ -165,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
             stack.callback(baseline_cleanup, opts.redis_url, tag)
             db_url, db_name = stack.enter_context(_fresh_database_announced(opts.pg_admin_url))
             upstream_port = free_port()
-            settings = _stack_settings(tag, db_url, opts, tmp, upstream_port)
+            settings = stack_settings(tag, db_url, opts.redis_url, tmp, upstream_port)
             local = stack.enter_context(LocalStack(settings, tmp / "logs"))
             print(
                 "starting fake upstream, proxy, 4 stage workers, 4 baseline workers …", flush=True

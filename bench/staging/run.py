@@ -30,11 +30,10 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from bench.pipeline.infra import cleanup_redis, fresh_database
+from bench.pipeline.infra import cleanup_redis, fresh_database, stack_settings
 from bench.pipeline.measure import AGENT_CALLS
 from bench.staging import latency
 from bench.staging.measure import Run, Workload, sequential, staged
-from polar_mq.config import Settings
 from polar_mq.db import create_db_engine
 from polar_mq.devstack import LocalStack
 from polar_mq.processes import ManagedProcess, free_port
@@ -107,25 +106,6 @@ def parse_args(argv: list[str] | None = None) -> Options:
 
 def _interrupt(signum: int, _frame: FrameType | None) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
-
-
-def _settings(tag: str, db_url: str, opts: Options, tmp: Path, upstream: int) -> Settings:
-    return Settings(
-        database_url=db_url,
-        broker_url=opts.redis_url,
-        queue_prefix=f"bench{tag}",
-        pool="bench",
-        node_name=f"bench-{tag}",
-        proxy_port=free_port(),
-        api_port=free_port(),
-        upstream_url=f"http://127.0.0.1:{upstream}",
-        served_model="fake-model",
-        runtime_root=tmp / "runtimes",
-        secret_key=f"bench-secret-{uuid.uuid4().hex}",
-        visibility_timeout_s=7200,
-        max_agent_timeout_s=600,
-        warm_pool_refill_interval_s=0.25,
-    )
 
 
 def _swap_workers(
@@ -224,7 +204,9 @@ def main(argv: list[str] | None = None) -> int:
             stack.callback(lambda: cleanup_redis(opts.redis_url, tag))
             db_url, db_name = stack.enter_context(fresh_database(opts.pg_admin_url))
             upstream = free_port()
-            settings = _settings(tag, db_url, opts, tmp, upstream)
+            settings = stack_settings(
+                tag, db_url, opts.redis_url, tmp, upstream, warm_pool_refill_interval_s=0.25
+            )
             local = stack.enter_context(LocalStack(settings, tmp / "logs"))
             ttft_ms = 1000.0 * opts.agent_s / AGENT_CALLS
             local.fake_upstream(upstream, ttft_ms=ttft_ms)

@@ -62,13 +62,18 @@ class Cancelled:
 
 
 def cancel_where(
-    session: Session, scope: Any, worker: str, detail: dict[str, Any] | None = None
+    session: Session,
+    scope: Any,
+    worker: str,
+    detail: dict[str, Any] | None = None,
+    reason: str = TerminationReason.CANCELLED,
 ) -> list[Cancelled]:
     """Cancel the non-terminal rollouts matching `scope` (a SQL condition); the ones it took.
 
     One conditional UPDATE: a rollout that ended meanwhile (or that a concurrent cancel took) is
     left alone, so concurrent callers never cancel a rollout twice nor write two events for it.
-    `detail` goes into each `cancelled` event (e.g. why an early stop cancelled it).
+    `detail` goes into each `cancelled` event (e.g. why an early stop cancelled it); `reason` is
+    the termination reason (`stale` when the trainer's policy moved past the rollout).
     """
     now = utcnow()
     rows = session.execute(
@@ -76,7 +81,7 @@ def cancel_where(
         .where(scope, R.status.not_in(list(RolloutStatus.TERMINAL)))
         .values(
             status=RolloutStatus.CANCELLED,
-            termination_reason=TerminationReason.CANCELLED,
+            termination_reason=reason,
             reward=None,
             finished_at=now,
             lease_owner=None,

@@ -21,10 +21,11 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import and_, func, insert, not_, select, update
+from sqlalchemy import and_, func, insert, not_, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
+from polar_mq.jobs.cancel import cancel_where
 from polar_mq.jobs.queries import terminal_flag
 from polar_mq.models import (
     Event,
@@ -33,7 +34,6 @@ from polar_mq.models import (
     Job,
     LlmCall,
     Rollout,
-    RolloutStatus,
     StaleAction,
     StaleGroup,
     TerminationReason,
@@ -168,44 +168,18 @@ def judge_staleness(
         ],
     )  # fmt: skip
     if drop:
-        _cancel_unfinished(session, job.id, indexes, worker, now)
+        _cancel_unfinished(session, job.id, indexes, worker)
     return len(recorded)
 
 
 def _cancel_unfinished(
-    session: Session, job_id: uuid.UUID, indexes: list[int], worker: str, now: Any
+    session: Session, job_id: uuid.UUID, indexes: list[int], worker: str
 ) -> None:
     """Cancel the unfinished rollouts of dropped groups with reason `stale`. Running stages see
     the change at their next heartbeat and stop (their fenced commits then find nothing)."""
-    rows = session.execute(
-        update(Rollout)
-        .where(
-            Rollout.job_id == job_id,
-            Rollout.task_index.in_(indexes),
-            Rollout.status.not_in(list(RolloutStatus.TERMINAL)),
-        )
-        .values(
-            status=RolloutStatus.CANCELLED,
-            termination_reason=TerminationReason.STALE,
-            reward=None,
-            finished_at=now,
-            lease_owner=None,
-            lease_expires_at=None,
-        )
-        .returning(Rollout.id, Rollout.attempt)
-    ).all()
-    if rows:
-        session.execute(
-            insert(Event),
-            [
-                {
-                    "job_id": job_id, "rollout_id": row.id, "stage": "policy",
-                    "kind": EventKind.CANCELLED, "attempt": row.attempt, "worker": worker,
-                    "at": now, "detail": {"reason": TerminationReason.STALE},
-                }
-                for row in rows
-            ],
-        )  # fmt: skip
+    scope = and_(Rollout.job_id == job_id, Rollout.task_index.in_(indexes))
+    detail = {"reason": TerminationReason.STALE}
+    cancel_where(session, scope, worker, detail, reason=TerminationReason.STALE)
 
 
 def stale_groups(session: Session, job_id: uuid.UUID, indexes: list[int]) -> dict[int, str]:
