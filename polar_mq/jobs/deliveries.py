@@ -254,7 +254,9 @@ def _lease_answer(
         .tuples()
         .one()
     )
-    stale = int(session.scalar(select(func.count()).where(StaleGroup.job_id == job.id)) or 0)
+    stale = 0
+    if job.spec.get("staleness"):  # only such jobs ever have stale groups
+        stale = int(session.scalar(select(func.count()).where(StaleGroup.job_id == job.id)) or 0)
     return GroupLease(
         job_id=job.id,
         consumer=consumer,

@@ -26,7 +26,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from polar_mq.jobs.cancel import cancel_where
-from polar_mq.jobs.queries import terminal_flag
+from polar_mq.jobs.completeness import group_query
 from polar_mq.models import (
     Event,
     EventKind,
@@ -98,14 +98,11 @@ def _stale_candidates(
         .having(func.min(LlmCall.policy_version) < oldest)
     )
     stale = {int(i): int(v) for i, v in session.execute(query).tuples()}
-    if complete_only and stale:
-        complete = session.execute(
-            select(Rollout.task_index)
-            .where(Rollout.job_id == job_id, Rollout.task_index.in_(stale))
-            .group_by(Rollout.task_index)
-            .having(func.sum(terminal_flag()) == func.count())
-        ).scalars()
-        keep = set(complete)
+    if complete_only and stale:  # complete as results and leases define it
+        groups = group_query(job_id, complete_only=True).subquery()
+        keep: set[int] = set(
+            session.scalars(select(groups.c.task_index).where(groups.c.task_index.in_(stale)))
+        )
         stale = {i: v for i, v in stale.items() if i in keep}
     return sorted(stale.items())
 
