@@ -41,8 +41,13 @@ def added(runs: Runs, side: str, mode: str, pct: str) -> list[float]:
     return [getattr(p, pct) - getattr(d, pct) for d, p in zip(direct, proxied, strict=False)]
 
 
+FAMILY_SIDES = ("polar_mq_messages", "polar_mq_responses")
+"""Anthropic Messages and OpenAI Responses through polar_mq's proxy (translated to chat)."""
+
+
 def render(opts: Options, runs: Runs, ctx: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    sides = ["polar_mq"] + (["litellm"] if ctx["litellm"] else [])
+    families = [side for side in FAMILY_SIDES if f"{side}/json" in runs.load]
+    sides = ["polar_mq", *families] + (["litellm"] if ctx["litellm"] else [])
     load = "/".join(f"{x:.1f}" for x in ctx["load_before"])
     lines = [
         f"polar_mq proxy benchmark — {opts.repeats} interleaved repeat(s), medians (then each run)",
@@ -99,6 +104,16 @@ def render(opts: Options, runs: Runs, ctx: dict[str, Any]) -> tuple[str, dict[st
         f"  target ≤ {TARGET_CPU_US:g} µs per non-streaming request → "
         f"{_verdict(ours_cpu <= TARGET_CPU_US)}"
     )
+    for family in families:
+        for mode, label in MODES.items():
+            chat = summary[f"polar_mq/{mode}"]["cpu_us_per_request"]
+            theirs = summary[f"{family}/{mode}"]["cpu_us_per_request"]
+            lines.append(
+                f"  {family.removeprefix('polar_mq_')} vs chat, {label}: CPU {theirs:.0f} vs "
+                f"{chat:.0f} µs/request ({theirs / chat:.2f}x), added p50 "
+                f"{summary[f'{family}/{mode}']['added_p50_ms']:.2f} vs "
+                f"{summary[f'polar_mq/{mode}']['added_p50_ms']:.2f} ms"
+            )
     lines += ["", "(c) LiteLLM side by side"]
     if ctx["litellm"]:
         for mode, label in MODES.items():

@@ -23,7 +23,7 @@ import httpx
 
 from bench.pipeline.cpu import tree_cpu
 from bench.pipeline.infra import fresh_database
-from bench.proxy import report, targets, writer_rate
+from bench.proxy import families, report, targets, writer_rate
 from bench.proxy.wrk import LoadResult, require_wrk, run_wrk
 from polar_mq.devstack import LocalStack
 from polar_mq.processes import ManagedProcess, free_port
@@ -95,6 +95,23 @@ def _body(stream: bool, content: str = QUESTION) -> dict[str, Any]:
     return {"model": "agent", "stream": stream, "messages": [{"role": "user", "content": content}]}
 
 
+def _messages_body(stream: bool) -> dict[str, Any]:
+    """Anthropic Messages asking the same question (the proxy translates it to the same chat)."""
+    return {**_body(stream), "model": "claude-sonnet-4-5", "max_tokens": 64}
+
+
+def _responses_body(stream: bool) -> dict[str, Any]:
+    """OpenAI Responses asking the same question, history sent whole (`store: false`, as Codex)."""
+    return {"model": "gpt-5-codex", "stream": stream, "store": False, "input": QUESTION}
+
+
+FAMILIES = {
+    "polar_mq_messages": ("/v1/messages", _messages_body),
+    "polar_mq_responses": ("/v1/responses", _responses_body),
+}
+"""API families measured through polar_mq's proxy next to chat: side -> (path, body)."""
+
+
 def _upstream_body(body: dict[str, Any]) -> dict[str, Any]:
     """What polar_mq's proxy sends the engine for `body` (served model, token ids, logprobs)."""
     return {**body, "model": targets.MODEL, "return_token_ids": True, "logprobs": True}
@@ -105,9 +122,14 @@ def _cpu_s(proc: ManagedProcess | None) -> float:
 
 
 def _load(
-    opts: Options, url: str, body: dict[str, Any], headers: dict[str, str], seconds: float
+    opts: Options,
+    url: str,
+    body: dict[str, Any],
+    headers: dict[str, str],
+    seconds: float,
+    path: str = "/v1/chat/completions",
 ) -> LoadResult:
-    return run_wrk(f"{url}/v1/chat/completions", body, headers, opts.clients, seconds)
+    return run_wrk(f"{url}{path}", body, headers, opts.clients, seconds)
 
 
 def _flush_stats(url: str) -> dict[str, Any]:
@@ -141,6 +163,8 @@ def measure(opts: Options, tmp: Path, database_url: str) -> tuple[Runs, dict[str
         for _, url, auth, _ in sides:  # warm-up: connections, lazy imports
             _load(opts, url, _body(False), auth, 2)
             _load(opts, url, _body(True), auth, 1)
+        for path, family_body in FAMILIES.values():
+            _load(opts, polar_url, family_body(False), polar_auth, 1, path)
         for repeat in range(opts.repeats):
             print(f"repeat {repeat + 1}/{opts.repeats} ...", flush=True)
             for stream in (False, True):
@@ -154,6 +178,12 @@ def measure(opts: Options, tmp: Path, database_url: str) -> tuple[Runs, dict[str
                     before = _cpu_s(proc)
                     result = _load(opts, url, body, auth, opts.duration_s)
                     runs.add(f"{name}/{mode}", result, _cpu_s(proc) - before)
+                for name, (path, family_body) in FAMILIES.items():
+                    before = _cpu_s(proxy)
+                    result = _load(
+                        opts, polar_url, family_body(stream), polar_auth, opts.duration_s, path
+                    )
+                    runs.add(f"{name}/{mode}", result, _cpu_s(proxy) - before)
             long_body = _body(False, ("Tell me more. " * 80)[:LONG_PROMPT_CHARS] + QUESTION)
             runs.add(
                 "direct/long", _load(opts, upstream, _upstream_body(long_body), {}, opts.duration_s)
@@ -188,7 +218,9 @@ def main(argv: list[str] | None = None) -> int:
     ctx["load_before"] = load_before
     ctx["load_after"] = _loadavg()
     text, data = report.render(opts, runs, ctx)
-    print(text)
+    translation = families.measure()
+    data["summary"]["translation_us"] = translation
+    print(text + "\n\n" + "\n".join(families.render(translation)))
     path = report.write_json(opts.results_dir, started_at, data)
     print(f"\nfigures written to {path.relative_to(REPO_ROOT)}")
     return 0

@@ -19,6 +19,10 @@ PROXY_ENV_VARS = frozenset(
         "OPENAI_API_KEY",
         "ANTHROPIC_BASE_URL",
         "ANTHROPIC_API_KEY",
+        "ANTHROPIC_AUTH_TOKEN",
+        "GEMINI_API_KEY",
+        "GOOGLE_API_KEY",
+        "GOOGLE_GEMINI_BASE_URL",
         "POLAR_ROLLOUT_ID",
         "POLAR_INSTRUCTION",
         "POLAR_TASK_FILE",
@@ -50,14 +54,22 @@ class AgentContext:
 
 
 def proxy_env(ctx: AgentContext) -> dict[str, str]:
-    """The variables that point OpenAI- and Anthropic-SDK agents at the proxy for this rollout."""
+    """The variables that point OpenAI-, Anthropic- and Gemini-style agents at the proxy.
+
+    Anthropic and Gemini clients append their own paths (`/v1/messages`, `/v1beta/models/...`)
+    to the proxy's root; OpenAI clients take the `/v1` base. Every key is the rollout's token.
+    """
     openai_base = ctx.proxy_base_url.rstrip("/")
-    anthropic_base = openai_base.removesuffix("/v1")
+    root = openai_base.removesuffix("/v1")
     return {
         "OPENAI_BASE_URL": openai_base,
         "OPENAI_API_KEY": ctx.api_key,
-        "ANTHROPIC_BASE_URL": anthropic_base,
+        "ANTHROPIC_BASE_URL": root,
         "ANTHROPIC_API_KEY": ctx.api_key,
+        "ANTHROPIC_AUTH_TOKEN": ctx.api_key,
+        "GEMINI_API_KEY": ctx.api_key,
+        "GOOGLE_API_KEY": ctx.api_key,
+        "GOOGLE_GEMINI_BASE_URL": root,
         "POLAR_ROLLOUT_ID": ctx.rollout_id,
         "POLAR_INSTRUCTION": ctx.instruction,
         "POLAR_TASK_FILE": ctx.task_file,

@@ -309,6 +309,9 @@ class LlmCallRecord:
     completion_ids: list[int] | None
     logprobs: list[float] | None
     request: dict[str, Any]
+    """The agent's request, in its API family's shape."""
+    engine_request: dict[str, Any] | None
+    """The chat request a translated family's call became (None for chat/completions calls)."""
     response: dict[str, Any] | None
     purpose: str
     """`agent` (training data) or `judge` (an llm_judge scoring the rollout; never trained on)."""

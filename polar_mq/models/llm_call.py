@@ -30,12 +30,15 @@ class LlmCall(Base):
     backend: Mapped[str] = mapped_column(String(200))
     model: Mapped[str | None] = mapped_column(String(200))
     api_type: Mapped[str] = mapped_column(String(30))
-    """chat | completions"""
+    """chat | completions | anthropic_messages | responses | gemini"""
     stream: Mapped[bool] = mapped_column(Boolean, default=False)
     policy_version: Mapped[int] = mapped_column(Integer, default=0)
     status_code: Mapped[int] = mapped_column(Integer)
     complete: Mapped[bool] = mapped_column(Boolean, default=True)
     request: Mapped[dict[str, Any]] = mapped_column(JsonDoc)
+    """The agent's request as it sent it (in its API family's shape)."""
+    engine_request: Mapped[dict[str, Any] | None] = mapped_column(JsonDoc, nullable=True)
+    """The chat request a translated family's call became (None: `request` was sent as is)."""
     response: Mapped[dict[str, Any] | None] = mapped_column(JsonDoc)
     prompt_ids: Mapped[list[int] | None] = mapped_column(PackedInt32)
     completion_ids: Mapped[list[int] | None] = mapped_column(PackedInt32)

@@ -13,6 +13,7 @@ from starlette.routing import Route
 from polar_mq.config import Settings
 from polar_mq.db import create_db_engine
 from polar_mq.proxy import routes
+from polar_mq.proxy.apis.registry import family_routes
 from polar_mq.proxy.auth import RolloutAuth
 from polar_mq.proxy.backends import BackendPool, HealthChecker
 from polar_mq.proxy.backends.admin import admin_routes
@@ -85,9 +86,13 @@ def create_proxy_app(
         ("/v1/completions", routes.completions, "POST"),
         ("/v1/models", routes.models, "GET"),
         *[(path, fn, "POST") for path, fn in tokenize_routes()],
+        *family_routes(),
+        ("/", routes.root, "GET"),
     ]
     app_routes = [Route(path, fn, methods=[method]) for path, fn, method in api]
-    app_routes += [Route("/r/{token}" + path, fn, methods=[method]) for path, fn, method in api]
+    app_routes += [
+        Route("/r/{token}" + path.rstrip("/"), fn, methods=[method]) for path, fn, method in api
+    ]
     app_routes += [
         Route("/healthz", routes.healthz, methods=["GET"]),
         Route("/metrics", metrics_endpoint, methods=["GET"]),

@@ -1,7 +1,8 @@
 """Rollout authentication: which rollout a call belongs to, decided from headers alone.
 
-The capability token reaches us as the agent's API key (`Authorization: Bearer`, or `x-api-key`
-for Anthropic-style clients) or inside its base URL (`/r/{token}/v1/...`, for harnesses whose API
+The capability token reaches us as the agent's API key (`Authorization: Bearer`, `x-api-key`
+for Anthropic-style clients, `x-goog-api-key` or `?key=` for Gemini-style ones) or inside its
+base URL (`/r/{token}/v1/...`, for harnesses whose API
 key we cannot set). Verification is an HMAC, no database round trip; verified tokens are cached
 (their expiry is still checked on every call) so the hot path does not re-hash on each request.
 The claim also carries the token's signed purpose (`agent` or `judge`), which the proxy stamps on
@@ -67,9 +68,13 @@ def _candidates(request: Request) -> list[str]:
         scheme, _, value = authorization.partition(" ")
         if scheme.lower() == "bearer" and value.strip():
             found.append(value.strip())
-    api_key = headers.get("x-api-key")
-    if api_key:
-        found.append(api_key.strip())
+    for name in ("x-api-key", "x-goog-api-key"):  # Anthropic- and Gemini-style clients
+        api_key = headers.get(name)
+        if api_key:
+            found.append(api_key.strip())
+    query_key = request.query_params.get("key")  # Gemini's `?key=`
+    if query_key:
+        found.append(query_key.strip())
     return found
 
 

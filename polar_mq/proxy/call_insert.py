@@ -33,6 +33,7 @@ PG_ARRAY_TYPES = {
     "status_code": "int4",
     "complete": "bool",
     "request": "text",
+    "engine_request": "text",
     "response": "text",
     "prompt_ids": "bytea",
     "completion_ids": "bytea",
@@ -46,8 +47,8 @@ PG_ARRAY_TYPES = {
 }
 """Every `llm_calls` column and the array type it travels in (a test keeps it in sync)."""
 
-_JSON_COLUMNS = ("request", "response")
-_MISSING = {"purpose": "agent", "attempt": 1}
+_JSON_COLUMNS = ("request", "engine_request", "response")
+_MISSING: dict[str, Any] = {"purpose": "agent", "attempt": 1, "engine_request": None}
 """Values of columns a row may lack (rows spilled by an older proxy, before the column existed)."""
 _PACKERS = {"prompt_ids": pack_int32, "completion_ids": pack_int32, "logprobs": pack_float32}
 _YIELD_EVERY = 32

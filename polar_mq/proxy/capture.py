@@ -19,6 +19,7 @@ import orjson
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from polar_mq.proxy.apis.base import StreamTranslator
 from polar_mq.proxy.backends import BackendUnavailable, send_call
 from polar_mq.proxy.errors import bad_gateway
 from polar_mq.proxy.record import CallContext, call_row
@@ -95,7 +96,7 @@ async def forward_json(
         data = None
     if not isinstance(data, dict):
         return _passthrough(state, call, upstream.status_code, raw, ctype)
-    capture = state.engine.extract_response(call.api_type, data)
+    capture = state.engine.extract_response(call.engine_api, data)
     row = call_row(
         call,
         call.backend,
@@ -105,7 +106,16 @@ async def forward_json(
         capture=capture,
     )
     state.sink.submit(row)
-    body = orjson.dumps(state.engine.visible(data, call.view))
+    if call.translated is not None:
+        family, translation = call.translated.family, call.translated.translation
+        try:
+            answer = family.render(data, translation)
+        except Exception as exc:  # an engine answer the family cannot express: never a 500
+            logger.exception("%s could not render the engine's answer", family.NAME)
+            return bad_gateway(f"the engine's answer could not be translated ({exc})")
+    else:
+        answer = state.engine.visible(data, call.view)
+    body = orjson.dumps(answer)
     response = Response(body, upstream.status_code, media_type="application/json")
     state.metrics.observe(row, time.perf_counter() - call.started - upstream_s, upstream_s)
     return response
@@ -151,7 +161,12 @@ class CapturedStream(Response):
     ) -> None:
         self.status_code = upstream.status_code
         self.background = None
-        ctype = upstream.headers.get("content-type", "text/event-stream")
+        self._translator: StreamTranslator | None = None
+        if call.translated is not None:
+            self._translator = call.translated.family.stream(call.translated.translation)
+            ctype = self._translator.media_type
+        else:
+            ctype = upstream.headers.get("content-type", "text/event-stream")
         self.raw_headers = [
             (b"content-type", ctype.encode("latin-1")),
             (b"cache-control", b"no-cache"),
@@ -159,10 +174,15 @@ class CapturedStream(Response):
         self._state = state
         self._call = call
         self._upstream = upstream
-        self._capture = state.engine.stream_capture(call.api_type)
+        self._capture = state.engine.stream_capture(call.engine_api)
         self._strip = state.engine.strip
         self._added_s = added_s
-        self._relay = SseRelay(self._on_event)
+        if self._translator is None:
+            self._relay = SseRelay(self._on_event)
+        else:
+            self._relay = SseRelay(
+                self._on_event, render=self._translator.chunk, on_done=self._translator.done
+            )
         self._first_token_at: float | None = None
         self._started = False
         self._ended = False
@@ -172,7 +192,8 @@ class CapturedStream(Response):
     def _on_event(self, chunk: dict[str, Any]) -> None:
         if self._capture.feed(chunk):
             self._first_token_at = time.perf_counter()
-        self._strip(chunk, self._call.view, False)
+        if self._translator is None:
+            self._strip(chunk, self._call.view, False)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         pump = asyncio.ensure_future(self._pump(send))
@@ -206,15 +227,17 @@ class CapturedStream(Response):
                 if out:
                     await send({"type": "http.response.body", "body": out, "more_body": True})
             tail = self._relay.flush()
+            if self._translator is not None and not self._relay.done:
+                tail += self._translator.fail("upstream inference server ended the stream early")
         except httpx.HTTPError as exc:
             logger.warning("upstream %s broke off a stream: %r", self._call.backend, exc)
             self._status = 502
-            error = {
-                "message": "upstream inference server broke off the stream",
-                "type": "upstream_error",
-                "code": "bad_gateway",
-            }
-            tail = self._relay.flush() + b"data: " + orjson.dumps({"error": error}) + b"\n\n"
+            message = "upstream inference server broke off the stream"
+            if self._translator is not None:
+                tail = self._relay.flush() + self._translator.fail(message)
+            else:
+                error = {"message": message, "type": "upstream_error", "code": "bad_gateway"}
+                tail = self._relay.flush() + b"data: " + orjson.dumps({"error": error}) + b"\n\n"
         self._ended = True
         await send({"type": "http.response.body", "body": tail, "more_body": False})
 

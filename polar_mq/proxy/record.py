@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from polar_mq.proxy.apis.base import TranslatedCall
 from polar_mq.proxy.engines.vllm import Capture, View
 from polar_mq.tokens import AGENT
 
@@ -60,6 +61,13 @@ class CallContext:
     """That backend's policy version when the call was dispatched."""
     attempt: int = 1
     """The rollout attempt the token was issued for (1 for tokens without one)."""
+    engine_api: str = ""
+    """The engine-side API (`chat` for every translated family; else `api_type` itself)."""
+    engine_request: dict[str, Any] | None = None
+    """What was sent to the engine, kept only when it differs in kind from `request` (a family's
+    request translated to chat); chat and completions calls store their request alone."""
+    translated: TranslatedCall | None = None
+    """How to answer in the agent's API family (None: the engine's own shape)."""
 
 
 def new_call(
@@ -77,7 +85,8 @@ def new_call(
         rollout_id=rollout_id,
         seq=seq,
         api_type=api_type,
-        stream=bool(request.get("stream")),
+        engine_api=api_type,
+        stream=bool(upstream_body.get("stream")),
         request=request,
         model=model[:200] if isinstance(model, str) else None,
         view=view,
@@ -113,6 +122,7 @@ def call_row(
         "status_code": status_code,
         "complete": complete,
         "request": call.request,
+        "engine_request": call.engine_request,
         "response": response,
         "prompt_ids": capture.prompt_ids,
         "completion_ids": capture.completion_ids,

@@ -70,6 +70,11 @@ async def models(request: Request) -> Response:
     return Response(upstream.content, upstream.status_code, headers={"content-type": ctype})
 
 
+async def root(request: Request) -> Response:
+    """`GET`/`HEAD /`: some harnesses (Claude Code) probe the base URL before their first call."""
+    return _json({"status": "ok", "service": "polar_mq proxy"})
+
+
 async def healthz(request: Request) -> Response:
     return _json({"status": "ok"})
 

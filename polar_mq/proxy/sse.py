@@ -16,8 +16,20 @@ DONE = b"[DONE]"
 
 
 class SseRelay:
-    def __init__(self, on_event: Callable[[dict[str, Any]], object]) -> None:
+    """`on_event` sees each JSON event (and may change it in place); by default the event is
+    re-serialized as it is. A translated API family passes `render` (the bytes to send for an
+    event, possibly none) and `on_done` (the bytes to send for `[DONE]`); then nothing of the
+    engine's own framing (comments, `[DONE]`, non-JSON data) reaches the agent."""
+
+    def __init__(
+        self,
+        on_event: Callable[[dict[str, Any]], object],
+        render: Callable[[dict[str, Any]], bytes] | None = None,
+        on_done: Callable[[], bytes] | None = None,
+    ) -> None:
         self._on_event = on_event
+        self._render = render
+        self._on_done = on_done
         self._buffer = b""
         self.done = False
         """True once `data: [DONE]` went through."""
@@ -40,17 +52,20 @@ class SseRelay:
         return self._event(rest) if rest.strip() else b""
 
     def _event(self, raw: bytes) -> bytes:
+        verbatim = raw + b"\n\n" if raw and self._render is None else b""
         if not raw.startswith(b"data:") or b"\n" in raw:
-            return raw + b"\n\n" if raw else b""
+            return verbatim
         payload = raw[5:].strip()
         if payload == DONE:
             self.done = True
-            return b"data: [DONE]\n\n"
+            return self._on_done() if self._on_done is not None else b"data: [DONE]\n\n"
         try:
             obj = orjson.loads(payload)
         except orjson.JSONDecodeError:
-            return raw + b"\n\n"
+            return verbatim
         if not isinstance(obj, dict):
-            return raw + b"\n\n"
+            return verbatim
         self._on_event(obj)
+        if self._render is not None:
+            return self._render(obj)
         return b"data: " + orjson.dumps(obj) + b"\n\n"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from polar_mq.proxy.apis.response_store import ResponseStore
 from polar_mq.proxy.auth import RolloutAuth
 from polar_mq.proxy.backends import BackendPool
 from polar_mq.proxy.engines import vllm
@@ -26,3 +27,5 @@ class ProxyState:
     engine: Engine = vllm
     """Token capture of the upstream engine (`engines.get_engine(settings.upstream_engine)`)."""
     metrics: ProxyMetrics = field(default_factory=ProxyMetrics)
+    responses: ResponseStore = field(default_factory=ResponseStore)
+    """OpenAI Responses this process answered (for `previous_response_id`)."""

@@ -46,7 +46,7 @@ def load_calls(ctx: WorkerContext, claimed: Claimed) -> list[CapturedCall]:
                 finish_reason=row.finish_reason,
                 policy_version=row.policy_version,
                 status_code=row.status_code,
-                request=row.request,
+                request=row.engine_request or row.request,  # a family call: its chat form
                 response=row.response,
             )
             for row in rows

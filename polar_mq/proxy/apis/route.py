@@ -1,0 +1,134 @@
+"""The one hot path every API family shares: authenticate, translate, forward, capture, answer.
+
+A family's route is `family_endpoint(module)`: the agent's body is turned into the engine's chat
+request by the family, rewritten by the engine layer exactly as a chat call, sent through the
+backend pool and captured by `polar_mq.proxy.capture`; the stored call keeps the family's name
+(`api_type`), the agent's original request and the engine request it became
+(`engine_request`), and the engine's response with its token ids. Errors produced on the shared
+path (OpenAI-shaped) are re-shaped into the family's error format here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+
+from polar_mq.proxy.abort import unless_client_leaves
+from polar_mq.proxy.apis.base import (
+    AUTHENTICATION,
+    ApiFamily,
+    FamilyError,
+    FamilyRequest,
+    TranslatedCall,
+    kind_of_status,
+)
+from polar_mq.proxy.body import read_json_object
+from polar_mq.proxy.capture import forward_json, forward_stream
+from polar_mq.proxy.engines.base import CHAT
+from polar_mq.proxy.record import new_call
+from polar_mq.proxy.state import ProxyState
+
+CHAT_PATH = "/v1/chat/completions"
+KEPT_HEADERS = ("retry-after",)
+ERROR_MESSAGE_MAX = 2000
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def error_message(response: Response) -> str:
+    """The message of an OpenAI-shaped (or any) error response body."""
+    raw = bytes(response.body) if getattr(response, "body", None) else b""
+    try:
+        data = orjson.loads(raw) if raw else None
+    except orjson.JSONDecodeError:
+        data = None
+    if isinstance(data, dict):
+        error = data.get("error")
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            return error["message"]
+        if isinstance(error, str):
+            return error
+        if isinstance(data.get("message"), str):
+            return str(data["message"])
+        if isinstance(data.get("detail"), str):
+            return str(data["detail"])
+    text = raw.decode("utf-8", "replace").strip()
+    return text[:ERROR_MESSAGE_MAX] or f"request failed with status {response.status_code}"
+
+
+def reshape_error(response: Response, family: ApiFamily) -> Response:
+    """An error response of the shared path (or the engine's) in the family's shape."""
+    if response.status_code < 400 or not getattr(response, "body", b""):
+        return response  # a success, or a 499 with no body (nobody is listening)
+    status = response.status_code
+    out = family.error_response(status, kind_of_status(status), error_message(response))
+    for name in KEPT_HEADERS:
+        if name in response.headers:
+            out.headers[name] = response.headers[name]
+    return out
+
+
+async def forward_family(request: Request, family: ApiFamily) -> Response:
+    """The family's whole hot path (the chat route's, with a translation on each side)."""
+    state: ProxyState = request.app.state.proxy
+    claim = state.auth.authenticate(request)
+    if isinstance(claim, str):
+        return state.metrics.refused(family.NAME, family.error_response(401, AUTHENTICATION, claim))
+    body = await read_json_object(request, state.max_body_bytes)
+    if isinstance(body, Response):
+        return state.metrics.refused(family.NAME, reshape_error(body, family))
+    asked = FamilyRequest(
+        rollout_id=claim.rollout_id,
+        path_params=dict(request.path_params),
+        query=dict(request.query_params),
+        responses=state.responses,
+    )
+    try:
+        translation = family.to_chat(body, asked)
+    except FamilyError as exc:
+        refusal = family.error_response(exc.status, exc.kind, exc.message)
+        return state.metrics.refused(family.NAME, refusal)
+    upstream_body, view = state.engine.rewrite_request(CHAT, translation.chat, state.served_model)
+    seq = state.seqs.next(claim.rollout_id)
+    call = new_call(
+        claim.rollout_id, seq, family.NAME, body, upstream_body, view, claim.purpose, claim.attempt
+    )
+    call.engine_api = CHAT
+    call.engine_request = upstream_body
+    call.translated = TranslatedCall(family, translation)
+    if call.stream:
+        response = await forward_stream(state, call, CHAT_PATH, upstream_body)
+    else:
+        forward = forward_json(state, call, CHAT_PATH, upstream_body)
+        response = await unless_client_leaves(state, call, request.receive, forward)
+    return reshape_error(response, family)
+
+
+def family_endpoint(family: ApiFamily) -> Handler:
+    async def endpoint(request: Request) -> Response:
+        return await forward_family(request, family)
+
+    endpoint.__name__ = f"{family.NAME}_endpoint"
+    return endpoint
+
+
+def family_error_endpoint(family: ApiFamily, status: int, kind: str, message: str) -> Handler:
+    """A route that only refuses (e.g. an unsupported action), in the family's shape."""
+
+    async def endpoint(request: Request) -> Response:
+        return family.error_response(status, kind, message)
+
+    return endpoint
+
+
+__all__ = [
+    "FamilyError",
+    "error_message",
+    "family_endpoint",
+    "family_error_endpoint",
+    "forward_family",
+    "reshape_error",
+]
