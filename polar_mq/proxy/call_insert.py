@@ -10,6 +10,7 @@ embedded SQLite default) use SQLAlchemy's executemany ("insertmanyvalues") on th
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any, cast
 
@@ -68,8 +69,26 @@ def _pg_sql() -> str:
 PG_INSERT_SQL = _pg_sql()
 
 
+_ESCAPED_NUL = re.compile(rb"(?<!\\)((?:\\\\)*)\\u0000")
+"""A `\\u0000` escape in JSON text (not an escaped backslash followed by `u0000`)."""
+_TEXT_COLUMNS = ("backend", "model", "api_type", "finish_reason", "purpose")
+
+
 def _json_or_none(value: Any) -> str | None:
-    return None if value is None else orjson.dumps(value).decode()
+    """JSON text PostgreSQL accepts: `jsonb` refuses the NUL character (`\\u0000`), which an
+    agent's prompt or an engine's answer may hold; it is stored as U+FFFD instead of losing the
+    call (the token ids, stored apart, are untouched)."""
+    if value is None:
+        return None
+    raw = orjson.dumps(value)
+    if b"\\u0000" in raw:
+        raw = _ESCAPED_NUL.sub(rb"\1\\ufffd", raw)
+    return raw.decode()
+
+
+def _text(value: Any) -> Any:
+    """PostgreSQL text cannot hold NUL either (e.g. in a model name an agent sent)."""
+    return value.replace("\x00", "\ufffd") if isinstance(value, str) and "\x00" in value else value
 
 
 def pg_columns(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
@@ -80,6 +99,8 @@ def pg_columns(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
             value = row.get(name, _MISSING.get(name))
             if name in _JSON_COLUMNS:
                 value = _json_or_none(value)
+            elif name in _TEXT_COLUMNS:
+                value = _text(value)
             elif name in _PACKERS and value is not None:
                 value = _PACKERS[name](value)
             values.append(value)

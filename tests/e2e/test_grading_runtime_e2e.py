@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shlex
 import sys
+import time
 from typing import Any
 
 from sqlalchemy import select
@@ -76,5 +77,10 @@ def test_hidden_test_in_a_prewarmed_grading_runtime(
             assert grading["eval_runtime_id"] == f"{rollout.id.hex}-{rollout.attempt}-eval"
     root = fake_stack.settings.runtime_root
     runtime_ids = {f"{r.id.hex}-{r.attempt}{suffix}" for r in rollouts for suffix in ("", "-eval")}
+    # The runner stops the runtimes just after the result is committed (the rollout is visible
+    # as completed a moment before): removed within a bound, not at the instant of the status.
+    deadline = time.monotonic() + 15
+    while [rid for rid in runtime_ids if (root / rid).exists()] and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert not [rid for rid in runtime_ids if (root / rid).exists()], "both runtimes removed"
     assert not [rid for rid in runtime_ids if LocalRuntime(rid, root).alive_processes()]

@@ -194,6 +194,30 @@ async def test_a_refused_row_does_not_block_its_batch(
     assert count(db_session_factory) == 2
 
 
+async def test_nul_characters_are_stored_not_dropped(
+    writer: DbCallWriter, db_session_factory: sessionmaker[Session]
+) -> None:
+    """PostgreSQL refuses NUL in jsonb and text; the call is kept with U+FFFD in its place."""
+    content = "a\x00b, a literal \\u0000 and \\\x00"
+    row = call_row(
+        request={"messages": [{"role": "user", "content": content}]},
+        response={"choices": [{"message": {"content": "\x00"}}]},
+        engine_request={"messages": [{"role": "user", "content": content}]},
+        model="m\x00",
+    )
+    writer.submit(row)
+    assert await writer.flush() == 1
+    assert writer.stats()["failed"] == 0
+    with db_session_factory() as session:
+        stored = session.scalars(select(LlmCall)).one()
+    kept = "a\ufffdb, a literal \\u0000 and \\\ufffd"
+    assert stored.request == {"messages": [{"role": "user", "content": kept}]}
+    assert stored.engine_request == stored.request
+    assert stored.response == {"choices": [{"message": {"content": "\ufffd"}}]}
+    assert stored.model == "m\ufffd"
+    assert stored.prompt_ids == row["prompt_ids"] and stored.logprobs == row["logprobs"]
+
+
 async def test_replayed_rows_are_ignored(
     writer: DbCallWriter, db_session_factory: sessionmaker[Session]
 ) -> None:
