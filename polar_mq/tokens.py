@@ -14,7 +14,12 @@ Formats (purpose and attempt are inside the signed payload, so they cannot be sw
 - agent: `pmq_<rollout uuid hex>_<expiry unix seconds>_<signature hex>` (the original format,
   so tokens issued before purposes existed keep working and agent tokens stay as short);
 - other purposes: `pmq_<rollout uuid hex>_<expiry>_<purpose>_<signature hex>`;
-- with an attempt: `pmq_<rollout uuid hex>_<expiry>_<purpose>_<attempt>_<signature hex>`.
+- with an attempt: `pmq_<rollout uuid hex>_<expiry>_<purpose>_<attempt>_<signature hex>`;
+- with a sampling policy (`polar_mq.sampling`, enforced by the proxy on every call):
+  `pmq_<rollout uuid hex>_<expiry>_<purpose>_<attempt or empty>_<policy>_<signature hex>`, the
+  policy being the hex of the JSON `{field code: [mode code, value]}` (codes: `t` temperature,
+  `p` top_p, `k` top_k, `m` max_tokens; `o` override, `c` clamp), e.g. 60 characters for a
+  temperature override and a max_tokens clamp. Tokens without a policy keep the formats above.
 """
 
 from __future__ import annotations
@@ -24,7 +29,11 @@ import hmac
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
+
+import orjson
+
+from polar_mq.sampling import CLAMP, OVERRIDE, SamplingPolicy, SamplingRule, is_number
 
 PREFIX = "pmq"
 AGENT: Final = "agent"
@@ -44,10 +53,41 @@ class RolloutClaim:
     purpose: str = AGENT
     attempt: int | None = None
     """The rollout attempt the token was issued for (None: tokens issued without one)."""
+    sampling: SamplingPolicy | None = None
+    """The job's sampling policy the proxy enforces (None: tokens issued without one)."""
+
+
+FIELD_CODES: Final = {"temperature": "t", "top_p": "p", "top_k": "k", "max_tokens": "m"}
+MODE_CODES: Final = {OVERRIDE: "o", CLAMP: "c"}
+_FIELDS_OF = {code: field for field, code in FIELD_CODES.items()}
+_MODES_OF = {code: mode for mode, code in MODE_CODES.items()}
 
 
 def _sign(secret: str, payload: str) -> str:
     return hmac.new(secret.encode(), payload.encode(), hashlib.sha256).hexdigest()[:32]
+
+
+def encode_policy(policy: SamplingPolicy) -> str:
+    """The token segment of a non-empty policy (hex: no `_`, safe in URLs and headers)."""
+    doc = {FIELD_CODES[rule.field]: [MODE_CODES[rule.mode], rule.value] for rule in policy}
+    return orjson.dumps(doc).hex()
+
+
+def decode_policy(segment: str) -> SamplingPolicy:
+    """The policy of a token segment; raises `InvalidToken` when it is not one we write."""
+    try:
+        doc: Any = orjson.loads(bytes.fromhex(segment))
+    except ValueError as exc:  # bad hex or bad JSON (orjson.JSONDecodeError is a ValueError)
+        raise InvalidToken("malformed rollout token") from exc
+    if not isinstance(doc, dict) or not doc:
+        raise InvalidToken("malformed rollout token")
+    rules = []
+    for code, rule in doc.items():
+        ok = code in _FIELDS_OF and isinstance(rule, list) and len(rule) == 2
+        if not ok or rule[0] not in _MODES_OF or not is_number(rule[1]):
+            raise InvalidToken("malformed rollout token")
+        rules.append(SamplingRule(_FIELDS_OF[code], _MODES_OF[rule[0]], rule[1]))
+    return SamplingPolicy(tuple(rules))
 
 
 def issue_rollout_token(
@@ -56,14 +96,22 @@ def issue_rollout_token(
     ttl_s: int,
     purpose: str = AGENT,
     attempt: int | None = None,
+    sampling: SamplingPolicy | None = None,
 ) -> str:
-    """A token for `rollout_id` valid for `ttl_s` seconds, for calls made with `purpose`."""
+    """A token for `rollout_id` valid for `ttl_s` seconds, for calls made with `purpose`.
+
+    A non-empty `sampling` policy is signed into the token; without one the token is as short as
+    before policies existed.
+    """
     if purpose not in PURPOSES:
         raise ValueError(f"unknown token purpose {purpose!r}; known: {', '.join(sorted(PURPOSES))}")
     if attempt is not None and attempt < 1:
         raise ValueError(f"attempt must be >= 1, got {attempt}")
     payload = f"{PREFIX}_{rollout_id.hex}_{int(time.time()) + ttl_s}"
-    if attempt is not None:
+    if sampling:
+        attempt_part = "" if attempt is None else str(attempt)
+        payload = f"{payload}_{purpose}_{attempt_part}_{encode_policy(sampling)}"
+    elif attempt is not None:
         payload = f"{payload}_{purpose}_{attempt}"
     elif purpose != AGENT:
         payload = f"{payload}_{purpose}"
@@ -73,7 +121,7 @@ def issue_rollout_token(
 def verify_rollout_token(secret: str, token: str, now: float | None = None) -> RolloutClaim:
     """The claim a genuine, unexpired token carries; raises `InvalidToken` otherwise."""
     parts = token.split("_")
-    if len(parts) not in (4, 5, 6) or parts[0] != PREFIX:
+    if len(parts) not in (4, 5, 6, 7) or parts[0] != PREFIX:
         raise InvalidToken("malformed rollout token")
     payload = "_".join(parts[:-1])
     if not hmac.compare_digest(_sign(secret, payload), parts[-1]):
@@ -84,11 +132,12 @@ def verify_rollout_token(secret: str, token: str, now: float | None = None) -> R
     try:
         rollout_id = uuid.UUID(hex=parts[1])
         expires_at = int(parts[2])
-        attempt = int(parts[4]) if len(parts) == 6 else None
+        attempt = int(parts[4]) if len(parts) == 6 or (len(parts) == 7 and parts[4]) else None
     except ValueError as exc:
         raise InvalidToken("malformed rollout token") from exc
+    sampling = decode_policy(parts[5]) if len(parts) == 7 else None
     if expires_at < (time.time() if now is None else now):
         raise InvalidToken("rollout token expired")
     if attempt is not None and attempt < 1:
         raise InvalidToken("malformed rollout token")
-    return RolloutClaim(rollout_id, expires_at, purpose, attempt)
+    return RolloutClaim(rollout_id, expires_at, purpose, attempt, sampling)

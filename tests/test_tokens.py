@@ -1,4 +1,5 @@
-"""Rollout tokens: purposes are signed, agent tokens keep their original format."""
+"""Rollout tokens: purposes, attempts and sampling policies are signed; agent tokens keep their
+original format."""
 
 from __future__ import annotations
 
@@ -12,11 +13,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from polar_mq.proxy.auth import RolloutAuth
+from polar_mq.sampling import SamplingPolicy, SamplingRule
 from polar_mq.tokens import (
     AGENT,
     JUDGE,
     InvalidToken,
     RolloutClaim,
+    encode_policy,
     issue_rollout_token,
     verify_rollout_token,
 )
@@ -112,3 +115,73 @@ def test_attempt_is_signed_and_round_trips() -> None:
     assert verify_rollout_token("s3cret", plain).attempt is None
     with pytest.raises(ValueError):
         issue_rollout_token("s3cret", rollout, 60, attempt=0)
+
+
+POLICY = SamplingPolicy(
+    (SamplingRule("temperature", "override", 0.9), SamplingRule("max_tokens", "clamp", 64))
+)
+
+
+@pytest.mark.parametrize("attempt", [None, 2])
+@pytest.mark.parametrize("purpose", [AGENT, JUDGE])
+def test_a_sampling_policy_is_signed_and_round_trips(purpose: str, attempt: int | None) -> None:
+    token = issue_rollout_token(SECRET, ROLLOUT, 600, purpose, attempt, sampling=POLICY)
+    claim = verify_rollout_token(SECRET, token)
+    assert (claim.purpose, claim.attempt, claim.sampling) == (purpose, attempt, POLICY)
+    assert claim.sampling is not None and claim.sampling.as_dict() == {
+        "temperature": ["override", 0.9],
+        "max_tokens": ["clamp", 64],
+    }
+    assert token.count("_") == 6 and len(token) < 200
+    assert RolloutAuth(SECRET).verify(token).sampling == POLICY
+
+
+def test_tokens_without_a_policy_keep_their_format() -> None:
+    for policy in (None, SamplingPolicy()):
+        plain = issue_rollout_token(SECRET, ROLLOUT, 600, sampling=policy)
+        assert plain.count("_") == 3
+        assert verify_rollout_token(SECRET, plain).sampling is None
+        with_attempt = issue_rollout_token(SECRET, ROLLOUT, 600, attempt=1, sampling=policy)
+        assert with_attempt.count("_") == 5
+    expires = int(time.time()) + 600
+    legacy = signed(f"pmq_{ROLLOUT.hex}_{expires}_agent_3")  # as issued before policies existed
+    assert verify_rollout_token(SECRET, legacy) == RolloutClaim(ROLLOUT, expires, AGENT, 3)
+
+
+def test_the_policy_segment_cannot_be_changed_added_or_removed() -> None:
+    token = issue_rollout_token(SECRET, ROLLOUT, 600, attempt=1, sampling=POLICY)
+    parts = token.split("_")
+    looser = encode_policy(SamplingPolicy((SamplingRule("max_tokens", "clamp", 32000),)))
+    with pytest.raises(InvalidToken, match="signature"):
+        verify_rollout_token(SECRET, "_".join([*parts[:5], looser, parts[6]]))
+    with pytest.raises(InvalidToken, match="signature"):  # dropped: the old 6-part format
+        verify_rollout_token(SECRET, "_".join([*parts[:5], parts[6]]))
+    plain = issue_rollout_token(SECRET, ROLLOUT, 600, attempt=1).split("_")
+    with pytest.raises(InvalidToken, match="signature"):  # added to a token issued without one
+        verify_rollout_token(SECRET, "_".join([*plain[:5], parts[5], plain[5]]))
+
+
+@pytest.mark.parametrize(
+    "segment",
+    [
+        "zz",
+        b"[1]".hex(),
+        b"{}".hex(),
+        b'{"x":["o",1]}'.hex(),
+        b'{"t":["x",1]}'.hex(),
+        b'{"t":["o","1"]}'.hex(),
+        b'{"t":["o",true]}'.hex(),
+        b'{"t":["o"]}'.hex(),
+    ],
+)
+def test_signed_but_unreadable_policies_are_refused(segment: str) -> None:
+    token = signed(f"pmq_{ROLLOUT.hex}_{int(time.time()) + 600}_agent_1_{segment}")
+    with pytest.raises(InvalidToken, match="malformed"):
+        verify_rollout_token(SECRET, token)
+    assert (
+        verify_rollout_token(
+            SECRET,
+            signed(f"pmq_{ROLLOUT.hex}_{int(time.time()) + 600}_agent__{encode_policy(POLICY)}"),
+        ).sampling
+        == POLICY
+    )

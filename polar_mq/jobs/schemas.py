@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, 
 from polar_mq.evaluators.registry import validate_evaluator_spec
 from polar_mq.harnesses import get_harness
 from polar_mq.runtimes.options import check_runtime_options
+from polar_mq.sampling import validate_sampling
 from polar_mq.trajectories.registry import validate_builder_name
 from polar_mq.workers.priority import DEFAULT_PRIORITY, MAX_PRIORITY, MIN_PRIORITY
 
@@ -177,7 +178,12 @@ class JobCreate(StrictModel):
     builder: str = Field(
         "per_call", description="per_call, prefix_merge, or an import path 'package.module:attr'"
     )
-    sampling: dict[str, Any] = Field(default_factory=dict, description="temperature, max_tokens")
+    sampling: dict[str, Any] = Field(
+        default_factory=dict,
+        description="temperature, top_p, top_k, max_tokens…, and enforce: override | clamp | off, "
+        "or {field: mode} (default: override temperature and top_p, clamp max_tokens), how the "
+        "proxy applies them to the agent's calls",
+    )
     stop: StopSpec | None = Field(
         None, description="over-provisioning: complete groups early and/or stop the job early"
     )
@@ -226,6 +232,12 @@ class JobCreate(StrictModel):
                 f"stop.groups ({self.stop.groups}) exceeds the number of tasks ({len(self.tasks)})"
             )
         return self
+
+    @field_validator("sampling")
+    @classmethod
+    def _sampling_enforceable(cls, value: dict[str, Any]) -> dict[str, Any]:
+        validate_sampling(value)
+        return value
 
     @field_validator("evaluator")
     @classmethod

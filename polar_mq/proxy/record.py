@@ -64,8 +64,9 @@ class CallContext:
     engine_api: str = ""
     """The engine-side API (`chat` for every translated family; else `api_type` itself)."""
     engine_request: dict[str, Any] | None = None
-    """What was sent to the engine, kept only when it differs in kind from `request` (a family's
-    request translated to chat); chat and completions calls store their request alone."""
+    """What was sent to the engine, kept only when it differs from `request` in kind (a family's
+    request translated to chat) or in sampling (the job's policy changed the agent's values);
+    other chat and completions calls store their request alone."""
     translated: TranslatedCall | None = None
     """How to answer in the agent's API family (None: the engine's own shape)."""
 

@@ -13,6 +13,7 @@ from polar_mq.proxy.capture import forward_json, forward_stream
 from polar_mq.proxy.engines.base import CHAT, COMPLETIONS
 from polar_mq.proxy.errors import bad_gateway, unauthorized
 from polar_mq.proxy.record import new_call
+from polar_mq.proxy.sampling import enforce
 from polar_mq.proxy.state import ProxyState
 from polar_mq.proxy.writer import CallsNotStored
 
@@ -34,11 +35,15 @@ async def _generate(request: Request, api_type: str, path: str) -> Response:
     body = await read_json_object(request, state.max_body_bytes)
     if isinstance(body, Response):
         return state.metrics.refused(api_type, body)
-    upstream_body, view = state.engine.rewrite_request(api_type, body, state.served_model)
+    enforced = enforce(claim.sampling, body)  # the job's sampling policy, from the token
+    sent = body if enforced is None else enforced[0]
+    upstream_body, view = state.engine.rewrite_request(api_type, sent, state.served_model)
     seq = state.seqs.next(claim.rollout_id)
     call = new_call(
         claim.rollout_id, seq, api_type, body, upstream_body, view, claim.purpose, claim.attempt
     )
+    if enforced is not None:  # stored with the call: the values the engine used
+        call.engine_request = upstream_body
     if call.stream:
         return await forward_stream(state, call, path, upstream_body)
     forward = forward_json(state, call, path, upstream_body)

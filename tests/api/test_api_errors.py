@@ -66,6 +66,18 @@ def _error(response: Any, status: int, type_: str) -> str:
         ({"tasks": [GOOD_TASK], "priority": "5"}, "priority: Input should be a valid integer"),
         ({"tasks": [GOOD_TASK], "priority": True}, "priority: Input should be a valid integer"),
         ({"tasks": [GOOD_TASK], "priority": 2.5}, "priority: Input should be a valid integer"),
+        (
+            {"tasks": [GOOD_TASK], "sampling": {"enforce": "always"}},
+            "sampling: enforce: unknown mode 'always'",
+        ),
+        (
+            {"tasks": [GOOD_TASK], "sampling": {"enforce": {"seed": "clamp"}}},
+            "sampling: enforce: unknown field 'seed'",
+        ),
+        (
+            {"tasks": [GOOD_TASK], "sampling": {"max_tokens": "512"}},
+            "sampling: max_tokens: expected an integer to enforce",
+        ),
         ({}, "tasks: field required"),
         ([GOOD_TASK], "Input should be a valid dictionary"),
     ],

@@ -2,7 +2,8 @@
 
 A family's route is `family_endpoint(module)`: the agent's body is turned into the engine's chat
 request by the family, rewritten by the engine layer exactly as a chat call, sent through the
-backend pool and captured by `polar_mq.proxy.capture`; the stored call keeps the family's name
+backend pool and captured by `polar_mq.proxy.capture` (the job's sampling policy is enforced on the
+chat request first, `polar_mq.proxy.sampling`); the stored call keeps the family's name
 (`api_type`), the agent's original request and the engine request it became
 (`engine_request`), and the engine's response with its token ids. Errors produced on the shared
 path (OpenAI-shaped) are re-shaped into the family's error format here.
@@ -29,6 +30,7 @@ from polar_mq.proxy.body import read_json_object
 from polar_mq.proxy.capture import forward_json, forward_stream
 from polar_mq.proxy.engines.base import CHAT
 from polar_mq.proxy.record import new_call
+from polar_mq.proxy.sampling import enforce
 from polar_mq.proxy.state import ProxyState
 
 CHAT_PATH = "/v1/chat/completions"
@@ -91,7 +93,9 @@ async def forward_family(request: Request, family: ApiFamily) -> Response:
     except FamilyError as exc:
         refusal = family.error_response(exc.status, exc.kind, exc.message)
         return state.metrics.refused(family.NAME, refusal)
-    upstream_body, view = state.engine.rewrite_request(CHAT, translation.chat, state.served_model)
+    enforced = enforce(claim.sampling, translation.chat)  # the job's sampling policy
+    chat = translation.chat if enforced is None else enforced[0]
+    upstream_body, view = state.engine.rewrite_request(CHAT, chat, state.served_model)
     seq = state.seqs.next(claim.rollout_id)
     call = new_call(
         claim.rollout_id, seq, family.NAME, body, upstream_body, view, claim.purpose, claim.attempt

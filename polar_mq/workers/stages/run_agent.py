@@ -1,9 +1,10 @@
 """Stage 2, run agent: the harness command inside the runtime, the proxy wired in through env vars.
 
 The agent gets a capability token for this rollout as its API key, so every LLM call it makes is
-attributed to the rollout by the proxy. A wall-clock timeout and an optional inactivity watchdog
-kill the whole process tree. After the agent exits the proxy's log writer is flushed, so the build
-stage sees every call the agent made.
+attributed to the rollout by the proxy; the token also carries the job's sampling policy, which the
+proxy enforces on those calls (`polar_mq.sampling`). A wall-clock timeout and an optional inactivity
+watchdog kill the whole process tree. After the agent exits the proxy's log writer is flushed, so
+the build stage sees every call the agent made.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from tenacity import retry, stop_after_attempt, wait_exponential
 from polar_mq.harnesses import AgentContext, get_harness
 from polar_mq.models import LlmCall, Rollout, TerminationReason
 from polar_mq.models.base import utcnow
+from polar_mq.sampling import sampling_policy
 from polar_mq.tokens import issue_rollout_token
 from polar_mq.workers.context import WorkerContext
 from polar_mq.workers.stages.common import StageFailure, StageOutcome, open_runtime
@@ -89,6 +91,7 @@ def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
             claimed.rollout.id,
             settings.rollout_token_ttl_s,
             attempt=claimed.rollout.attempt,
+            sampling=sampling_policy(spec.get("sampling")),  # enforced by the proxy
         ),
         model=spec.get("model") or settings.served_model or "default",
         python=runtime.python,

@@ -1,0 +1,44 @@
+"""The job's sampling policy applied to a call, before the engine layer rewrites it.
+
+The policy comes from the rollout token (`polar_mq.sampling`, `polar_mq.tokens`), so enforcing it
+costs no lookup. It is applied to the chat or completions request the engine will get (for the
+other API families: the chat request they were translated to). `max_tokens` also governs
+`max_completion_tokens` when the agent uses that field; when the agent sent neither, the job's
+value is added as `max_tokens`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from polar_mq.sampling import SamplingPolicy, is_number
+
+TOKEN_FIELDS = ("max_tokens", "max_completion_tokens")
+
+
+def enforce(
+    policy: SamplingPolicy | None, body: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """`(the enforced shallow copy of body, {field: [asked, used]})`, or None if nothing changed.
+
+    `asked` is None when the agent did not send the field. `body` itself is never modified.
+    """
+    if not policy:
+        return None
+    changes: dict[str, Any] = {}
+    for rule in policy:
+        if rule.field == "max_tokens":
+            keys = [key for key in TOKEN_FIELDS if body.get(key) is not None] or ["max_tokens"]
+        else:
+            keys = [rule.field]
+        for key in keys:
+            asked = body.get(key)
+            used = rule.apply(asked)
+            if not is_number(asked) or used != asked:  # 1 and 1.0 are the same to the engine
+                changes[key] = [asked, used]
+    if not changes:
+        return None
+    out = dict(body)
+    for key, (_, used) in changes.items():
+        out[key] = used
+    return out, changes

@@ -1,0 +1,73 @@
+"""The run-agent stage hands the agent a token carrying the job's sampling policy."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from polar_mq.config import Settings
+from polar_mq.runtimes.base import ExecResult
+from polar_mq.tokens import verify_rollout_token
+from polar_mq.workers.stages import run_agent
+
+SECRET = "run-agent-secret"
+
+
+class FakeRuntime:
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.python = "python3"
+        self.runtime_id = "rt-test"
+        self.env: dict[str, str] = {}
+
+    def exec(self, command: Any, *, env: dict[str, str], **_: Any) -> ExecResult:
+        self.env = dict(env)
+        return ExecResult(0, "", "", False, False, 0.01)
+
+
+class FakeHttp:
+    def post(self, url: str, headers: dict[str, str]) -> Any:
+        return SimpleNamespace(raise_for_status=lambda: None, json=lambda: {"written": 0})
+
+
+def _agent_env(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spec: dict[str, Any]
+) -> dict[str, str]:
+    runtime = FakeRuntime(tmp_path)
+    monkeypatch.setattr(run_agent, "open_runtime", lambda *args: runtime)
+    settings = Settings(secret_key=SECRET, runtime_root=tmp_path)
+    ctx = SimpleNamespace(settings=settings, http=FakeHttp())
+    rollout = SimpleNamespace(id=uuid.uuid4(), attempt=2)
+    claimed = SimpleNamespace(rollout=rollout, spec=spec, instance={"instruction": "do it"})
+    outcome = run_agent.run(ctx, claimed)  # type: ignore[arg-type]
+    assert outcome.values["agent_exit_code"] == 0
+    return runtime.env
+
+
+def test_the_agent_token_carries_the_jobs_policy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sampling = {"temperature": 0.9, "max_tokens": 64, "enforce": {"max_tokens": "clamp"}}
+    env = _agent_env(tmp_path, monkeypatch, {"sampling": sampling})
+    claim = verify_rollout_token(SECRET, env["OPENAI_API_KEY"])
+    assert claim.attempt == 2 and claim.sampling is not None
+    assert claim.sampling.as_dict() == {
+        "temperature": ["override", 0.9],
+        "max_tokens": ["clamp", 64],
+    }
+    assert env["ANTHROPIC_API_KEY"] == env["OPENAI_API_KEY"]
+    assert env["POLAR_AGENT_TEMPERATURE"] == "0.9"  # still exported for harnesses that read it
+
+
+@pytest.mark.parametrize("sampling", [None, {}, {"temperature": 0.9, "enforce": "off"}])
+def test_no_policy_keeps_the_short_token(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sampling: dict[str, Any] | None
+) -> None:
+    env = _agent_env(tmp_path, monkeypatch, {} if sampling is None else {"sampling": sampling})
+    token = env["OPENAI_API_KEY"]
+    assert token.count("_") == 5
+    assert verify_rollout_token(SECRET, token).sampling is None
