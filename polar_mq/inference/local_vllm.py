@@ -32,6 +32,11 @@ from types import FrameType, TracebackType
 from polar_mq.processes import ManagedProcess
 
 SERVED_MODEL = "SmolLM2-135M-Instruct"
+TOOL_CALL_PARSER = "hermes"
+"""Tool calling on (`--enable-auto-tool-choice`): without it vLLM answers every request carrying
+`tool_choice: "auto"` (what almost every agent harness sends) with a 400. SmolLM2 writes tool calls,
+when it does, as `<tool_call>{json}</tool_call>`, the Hermes format (its chat template does not
+render the tool list, so the small model rarely calls one; what matters is that harnesses run)."""
 SETUP_HINT = "run `bash scripts/setup_vllm.sh` from the polar_mq repository to install it"
 
 
@@ -94,6 +99,7 @@ class LocalVllmServer:
         log_path: Path | None = None,
         *,
         served_model_name: str = SERVED_MODEL,
+        tool_call_parser: str | None = TOOL_CALL_PARSER,
         extra_args: Sequence[str] = (),
         stop_grace_s: float = 20.0,
     ) -> None:
@@ -103,6 +109,7 @@ class LocalVllmServer:
         self.max_model_len = max_model_len
         self.log_path = log_path or cache_root() / "logs" / f"vllm-{host}-{port}.log"
         self.served_model_name = served_model_name
+        self.tool_call_parser = tool_call_parser
         self.extra_args = list(extra_args)
         self.stop_grace_s = stop_grace_s
         self._process: ManagedProcess | None = None
@@ -119,6 +126,9 @@ class LocalVllmServer:
         return self.proc.pid if self.proc is not None else None
 
     def command(self) -> list[str]:
+        tools = []
+        if self.tool_call_parser:
+            tools = ["--enable-auto-tool-choice", "--tool-call-parser", self.tool_call_parser]
         return [
             str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server",
             "--model", str(model_dir()),
@@ -127,6 +137,7 @@ class LocalVllmServer:
             "--port", str(self.port),
             "--enforce-eager",
             "--max-model-len", str(self.max_model_len),
+            *tools,
             *self.extra_args,
         ]  # fmt: skip
 
@@ -228,6 +239,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--kv-cache-gb", type=int, default=2)
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--served-model-name", default=SERVED_MODEL)
+    parser.add_argument(
+        "--tool-call-parser",
+        default=TOOL_CALL_PARSER,
+        help="vLLM tool-call parser ('' turns tool calling off)",
+    )
     parser.add_argument("--log", type=Path, default=None, help="log file of the server")
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for ready")
     args = parser.parse_args(argv)
@@ -237,7 +253,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     server = LocalVllmServer(
         args.port, args.host, args.kv_cache_gb, args.max_model_len, args.log,
-        served_model_name=args.served_model_name,
+        served_model_name=args.served_model_name, tool_call_parser=args.tool_call_parser or None,
     )  # fmt: skip
     with _sigterm_as_interrupt():
         try:

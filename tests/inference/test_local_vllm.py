@@ -151,6 +151,41 @@ def test_completions_accept_a_token_id_prompt(client: httpx.Client) -> None:
     assert _detokenize(client, text_ids) == choice["text"]
 
 
+def test_tool_choice_auto_is_served_with_token_ids(client: httpx.Client) -> None:
+    """Started with tool calling on: a harness's `tool_choice: "auto"` is not a 400 any more."""
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "calculator",
+            "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}},
+        },
+    }
+    history: list[Any] = [{"role": "user", "content": "What is 17 + 25?"}]
+    for turn in range(2):
+        response = client.post(
+            "/v1/chat/completions",
+            json={
+                "model": SERVED_MODEL,
+                "messages": history,
+                "tools": [tool],
+                "tool_choice": "auto",
+                "return_token_ids": True,
+                "temperature": 0,
+                "max_tokens": 12,
+            },
+        )
+        assert response.status_code == 200, response.text
+        data = response.json()
+        assert data["prompt_token_ids"] and data["choices"][0]["token_ids"]
+        if turn == 0:  # a tool-call turn (content null) and its result render with this template
+            call = {"id": "call_1", "type": "function", "function": {"name": "calculator",
+                    "arguments": '{"expression": "17 + 25"}'}}  # fmt: skip
+            history += [
+                {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "42"},
+            ]
+
+
 def test_stop_leaves_no_process_behind(server: LocalVllmServer) -> None:
     """Runs last: it stops the module's server (the fixture's own stop is then a no-op)."""
     assert server.pid is not None and server.alive()
