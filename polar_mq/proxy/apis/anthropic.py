@@ -36,7 +36,7 @@ from polar_mq.proxy.apis.base import (
     Translation,
     reasoning_of,
 )
-from polar_mq.proxy.apis.route import Handler, family_endpoint, reshape_error
+from polar_mq.proxy.apis.route import Handler, count_prompt_tokens, family_endpoint, reshape_error
 from polar_mq.proxy.body import read_json_object
 from polar_mq.proxy.state import ProxyState
 
@@ -341,26 +341,9 @@ async def count_tokens(request: Request) -> Response:
         _need(isinstance(model, str) and bool(model), "model: Field required")
         chat: dict[str, Any] = {"messages": _messages(body)}
         _tools(body, chat)
+        count = await count_prompt_tokens(state, chat, model)
     except FamilyError as exc:
         return error_response(exc.status, exc.kind, exc.message)
-    tokenize: dict[str, Any] = {
-        "model": state.served_model or model,
-        "messages": chat["messages"],
-        "add_generation_prompt": True,
-    }
-    if "tools" in chat:
-        tokenize["tools"] = chat["tools"]
-    try:
-        upstream = await state.backends.primary.client.post(
-            "/tokenize",
-            content=orjson.dumps(tokenize),
-            headers={"content-type": "application/json"},
-        )
-    except Exception as exc:  # httpx errors: the agent only needs to know it failed
-        return error_response(502, "upstream", f"upstream unavailable ({type(exc).__name__})")
-    if upstream.status_code != 200:
-        return error_response(upstream.status_code, INVALID_REQUEST, upstream.text[:2000])
-    count = upstream.json().get("count")
     return Response(orjson.dumps({"input_tokens": count}), 200, media_type="application/json")
 
 

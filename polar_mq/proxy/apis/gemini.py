@@ -24,7 +24,6 @@ from starlette.responses import Response
 from polar_mq.proxy.apis.base import (
     AUTHENTICATION,
     NOT_FOUND,
-    UNAVAILABLE,
     ApiFamily,
     FamilyError,
     FamilyRequest,
@@ -42,7 +41,12 @@ from polar_mq.proxy.apis.gemini_request import (
 )
 from polar_mq.proxy.apis.gemini_response import GeminiStream, error_document
 from polar_mq.proxy.apis.gemini_response import render as render_response
-from polar_mq.proxy.apis.route import Handler, error_message, family_endpoint, reshape_error
+from polar_mq.proxy.apis.route import (
+    Handler,
+    count_prompt_tokens,
+    family_endpoint,
+    reshape_error,
+)
 from polar_mq.proxy.body import read_json_object
 from polar_mq.proxy.state import ProxyState
 
@@ -125,27 +129,10 @@ async def count_tokens(request: Request) -> Response:
         chat = chat_request(source, "")
     except FamilyError as exc:
         return state.metrics.refused(NAME, error_response(exc.status, exc.kind, exc.message))
-    asked: dict[str, Any] = {"messages": chat["messages"]}
-    if "tools" in chat:
-        asked["tools"] = chat["tools"]
-    if state.served_model is not None:
-        asked["model"] = state.served_model
     try:
-        upstream = await state.backends.primary.client.post(
-            "/tokenize", content=orjson.dumps(asked), headers=JSON_HEADERS
-        )
-    except Exception as exc:  # httpx errors: the agent only needs to know it failed
-        message = f"upstream inference server unavailable ({type(exc).__name__})"
-        return error_response(502, UNAVAILABLE, message)
-    if upstream.status_code != 200:
-        raw = Response(upstream.content, upstream.status_code)
-        return error_response(upstream.status_code, UNAVAILABLE, error_message(raw))
-    try:
-        count = orjson.loads(upstream.content).get("count")
-    except (orjson.JSONDecodeError, AttributeError):
-        count = None
-    if not isinstance(count, int):
-        return error_response(502, UNAVAILABLE, "the engine's /tokenize gave no token count")
+        count = await count_prompt_tokens(state, chat)
+    except FamilyError as exc:
+        return error_response(exc.status, exc.kind, exc.message)
     return Response(orjson.dumps({"totalTokens": count}), 200, headers=JSON_HEADERS)
 
 

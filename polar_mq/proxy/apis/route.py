@@ -12,6 +12,7 @@ path (OpenAI-shaped) are re-shaped into the family's error format here.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import orjson
 from starlette.requests import Request
@@ -20,6 +21,7 @@ from starlette.responses import Response
 from polar_mq.proxy.abort import unless_client_leaves
 from polar_mq.proxy.apis.base import (
     AUTHENTICATION,
+    UPSTREAM,
     ApiFamily,
     FamilyError,
     FamilyRequest,
@@ -34,6 +36,7 @@ from polar_mq.proxy.sampling import enforce
 from polar_mq.proxy.state import ProxyState
 
 CHAT_PATH = "/v1/chat/completions"
+JSON_HEADERS = {"content-type": "application/json"}
 KEPT_HEADERS = ("retry-after",)
 ERROR_MESSAGE_MAX = 2000
 
@@ -119,20 +122,46 @@ def family_endpoint(family: ApiFamily) -> Handler:
     return endpoint
 
 
-def family_error_endpoint(family: ApiFamily, status: int, kind: str, message: str) -> Handler:
-    """A route that only refuses (e.g. an unsupported action), in the family's shape."""
+async def count_prompt_tokens(
+    state: ProxyState, chat: dict[str, Any], agent_model: str | None = None
+) -> int:
+    """The prompt length of a translated chat request by the engine's own tokenizer and template.
 
-    async def endpoint(request: Request) -> Response:
-        return family.error_response(status, kind, message)
-
-    return endpoint
+    For the families' token-counting routes: nothing is generated, so nothing is logged; the
+    first backend answers (all serve the same model). Raises `FamilyError` when the engine cannot
+    be reached or does not count.
+    """
+    asked: dict[str, Any] = {"messages": chat["messages"], "add_generation_prompt": True}
+    if "tools" in chat:
+        asked["tools"] = chat["tools"]
+    model = state.served_model or agent_model
+    if model is not None:
+        asked["model"] = model
+    try:
+        upstream = await state.backends.primary.client.post(
+            "/tokenize", content=orjson.dumps(asked), headers=JSON_HEADERS
+        )
+    except Exception as exc:  # httpx errors: the agent only needs to know it failed
+        message = f"upstream inference server unavailable ({type(exc).__name__})"
+        raise FamilyError(message, 502, UPSTREAM) from exc
+    if upstream.status_code != 200:
+        raw = Response(upstream.content, upstream.status_code)
+        status = upstream.status_code
+        raise FamilyError(error_message(raw), status, kind_of_status(status))
+    try:
+        count = orjson.loads(upstream.content).get("count")
+    except (orjson.JSONDecodeError, AttributeError):
+        count = None
+    if not isinstance(count, int):
+        raise FamilyError("the engine's /tokenize gave no token count", 502, UPSTREAM)
+    return count
 
 
 __all__ = [
     "FamilyError",
+    "count_prompt_tokens",
     "error_message",
     "family_endpoint",
-    "family_error_endpoint",
     "forward_family",
     "reshape_error",
 ]
