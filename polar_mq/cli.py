@@ -13,12 +13,14 @@ import typer
 from rich.console import Console
 
 from polar_mq.config import Settings, get_settings
+from polar_mq.harness_cli import harness_app
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 db_app = typer.Typer(no_args_is_help=True, help="Database schema.")
 keys_app = typer.Typer(no_args_is_help=True, help="REST API keys.")
 app.add_typer(db_app, name="db")
 app.add_typer(keys_app, name="keys")
+app.add_typer(harness_app, name="harness")
 console = Console()
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1"}
 DEFAULT_DRAIN_TIMEOUT_S = 600.0

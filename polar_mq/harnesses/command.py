@@ -10,7 +10,9 @@ import re
 import shlex
 from collections.abc import Mapping
 
-from polar_mq.harnesses.base import PROXY_ENV_VARS, AgentContext, Harness
+from polar_mq.harnesses.auxiliary import AuxiliaryRule
+from polar_mq.harnesses.base import AgentContext, Harness
+from polar_mq.harnesses.env import check_user_env
 
 PLACEHOLDERS = ("instruction", "task_file", "workdir", "rollout_id", "model", "python")
 _PLACEHOLDER = re.compile(r"\{(" + "|".join(PLACEHOLDERS) + r")\}")
@@ -47,18 +49,19 @@ class CommandHarness(Harness):
 
     type = "command"
 
-    def __init__(self, command: str, env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        command: str,
+        env: Mapping[str, str] | None = None,
+        auxiliary_rules: tuple[AuxiliaryRule, ...] = (),
+        artifacts: Mapping[str, str] | None = None,
+    ) -> None:
         if not isinstance(command, str) or not command.strip():
             raise ValueError("command harness needs a non-empty 'command' string")
-        user_env = dict(env or {})
-        for key, value in user_env.items():
-            if not isinstance(key, str) or not isinstance(value, str):
-                raise ValueError(f"harness env must map str to str, got {key!r}: {value!r}")
-        reserved = sorted(PROXY_ENV_VARS & user_env.keys())
-        if reserved:
-            raise ValueError(f"harness env may not set {', '.join(reserved)} (set by polar_mq)")
         self.template = command
-        self.user_env = user_env
+        self.user_env = check_user_env(env)
+        self.auxiliary_rules = auxiliary_rules
+        self.artifacts = check_artifacts(artifacts)
 
     def command(self, ctx: AgentContext) -> str:
         return substitute(self.template, ctx, quote=True)
@@ -70,3 +73,21 @@ class CommandHarness(Harness):
 
     def __repr__(self) -> str:
         return f"CommandHarness({self.template!r})"
+
+
+_ARTIFACT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def check_artifacts(artifacts: object) -> dict[str, str]:
+    """`{"name": "workspace/relative/path"}`: names are simple, paths stay inside the workspace."""
+    if artifacts is None:
+        return {}
+    if not isinstance(artifacts, Mapping):
+        raise ValueError("harness 'artifacts' must map names to workspace-relative paths")
+    for name, path in artifacts.items():
+        if not isinstance(name, str) or not _ARTIFACT_NAME.fullmatch(name):
+            raise ValueError(f"artifact name {name!r}: use 1-64 of [A-Za-z0-9._-]")
+        parts = path.split("/") if isinstance(path, str) else []
+        if not parts or path.startswith("/") or ".." in parts:
+            raise ValueError(f"artifact {name!r}: {path!r} is not a workspace-relative path")
+    return dict(artifacts)

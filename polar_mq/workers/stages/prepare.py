@@ -22,6 +22,7 @@ from typing import Any
 
 import orjson
 
+from polar_mq.harnesses.presets.setup import HarnessMissing, ensure_installed
 from polar_mq.models import TerminationReason
 from polar_mq.runtimes import Runtime
 from polar_mq.runtimes.recipe import RecipeFailed, apply_recipe
@@ -68,6 +69,10 @@ def _warm(ctx: WorkerContext, claimed: Claimed, timeout: float) -> tuple[Runtime
 def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
     spec = claimed.spec
     timeout = float(spec.get("timeouts", {}).get("prepare_s", 300.0))
+    try:  # a preset harness must be installed on this node before a runtime is spent on it
+        ensure_installed(ctx.settings.harness_root, spec.get("harness", {}), ctx.settings.node_name)
+    except HarnessMissing as exc:
+        raise StageFailure(TerminationReason.RUNTIME_ERROR, str(exc)) from exc
     get = _warm if wants_warm(spec.get("runtime", {})) else _cold
     try:
         runtime, detail = get(ctx, claimed, timeout)
