@@ -32,6 +32,7 @@ PROXY_ENV_VARS = frozenset(
         "POLAR_TASK_FILE",
         "POLAR_WORKDIR",
         "POLAR_MODEL",
+        "POLAR_PYTHON",
     }
 )
 
@@ -94,6 +95,7 @@ def proxy_env(ctx: AgentContext) -> dict[str, str]:
         "POLAR_TASK_FILE": ctx.task_file,
         "POLAR_WORKDIR": ctx.workdir,
         "POLAR_MODEL": ctx.model,
+        "POLAR_PYTHON": ctx.python,
     }
 
 
