@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from polar_mq.models import TrajectorySample
 from tests.e2e.preset_support import PresetStack, explain, run_preset
+from tests.e2e.stack import client_of
 
 pytestmark = pytest.mark.e2e
 
@@ -34,7 +35,7 @@ PLAN = {
 
 
 def test_side_call_is_auxiliary_answer_from_main_loop_and_artifacts_stored(
-    preset_stack: PresetStack, db_session_factory: sessionmaker[Session]
+    preset_stack: PresetStack, db_session_factory: sessionmaker[Session], tmp_path: Path
 ) -> None:
     tag = preset_stack.plan("side_calls", PLAN)
     harness = {
@@ -93,3 +94,14 @@ def test_side_call_is_auxiliary_answer_from_main_loop_and_artifacts_stored(
     assert transcript.status_code == 200 and b"ANSWER: 42" in transcript.content
     missing = httpx.get(f"{base}/nope", timeout=10)
     assert missing.status_code == 404 and missing.json()["error"]["type"] == "not_found"
+
+    summary = client_of(preset_stack.stack).export(
+        run.job_id, tmp_path / "out.jsonl", artifacts_dir=tmp_path / "artifacts"
+    )
+    assert summary.rows == 2 and summary.artifacts == 6
+    for rollout in run.rollouts:
+        folder = tmp_path / "artifacts" / str(rollout.id)
+        assert sorted(p.name for p in folder.iterdir()) == [
+            "agent.log", "transcript", "workspace.diff"
+        ]  # fmt: skip
+        assert (folder / "transcript").read_bytes() == run.artifacts[rollout.id]["transcript"]
