@@ -16,6 +16,7 @@ from sqlalchemy import Table, func, select
 from tenacity import retry, stop_after_attempt, wait_exponential
 
 from polar_mq.harnesses import AgentContext, get_harness
+from polar_mq.harnesses.presets.setup import harness_root_for
 from polar_mq.models import LlmCall, Rollout, RolloutArtifact, TerminationReason
 from polar_mq.models.base import utcnow
 from polar_mq.rollouts.artifacts import collect_artifacts
@@ -111,7 +112,7 @@ def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
         model=spec.get("model") or settings.served_model or "default",
         python=runtime.python,
         extra_env=_sampling_env(spec.get("sampling", {})),
-        harness_root=settings.harness_root,
+        harness_root=harness_root_for(spec.get("runtime", {}), settings.harness_root),
     )
     for path, text in harness.files(agent).items():
         runtime.upload(text.encode(), path)  # the harness's config, inside the workspace
