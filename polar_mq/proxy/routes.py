@@ -81,7 +81,8 @@ async def root(request: Request) -> Response:
 
 
 async def healthz(request: Request) -> Response:
-    return _json({"status": "ok"})
+    state: ProxyState = request.app.state.proxy
+    return _json({"status": "ok", "started_at": state.started_at})
 
 
 async def admin_flush(request: Request) -> Response:
@@ -94,4 +95,4 @@ async def admin_flush(request: Request) -> Response:
     except CallsNotStored as exc:  # spilled rows not replayed yet: never report them stored
         error = {"message": str(exc), "type": "service_unavailable", "code": "calls_not_stored"}
         return _json({"error": error, **state.sink.stats()}, 503)
-    return _json({**state.sink.stats(), "written": written})
+    return _json({**state.sink.stats(), "written": written, "started_at": state.started_at})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from polar_mq.proxy.apis.response_store import ResponseStore
@@ -29,3 +30,6 @@ class ProxyState:
     metrics: ProxyMetrics = field(default_factory=ProxyMetrics)
     responses: ResponseStore = field(default_factory=ResponseStore)
     """OpenAI Responses this process answered (for `previous_response_id`)."""
+    started_at: float = field(default_factory=time.time)
+    """When this proxy process started (epoch s): a run-agent stage whose agent started before it
+    knows the proxy restarted under it (an infrastructure failure, not the policy's)."""

@@ -27,7 +27,12 @@ from polar_mq.workers.priority import job_priority
 from polar_mq.workers.recovery import backoff_s, restart_claimed, retry_in_place, retry_policy
 from polar_mq.workers.routing import NEXT_STAGE, Stage, StageMessage
 from polar_mq.workers.stages import build, evaluate, prepare, run_agent
-from polar_mq.workers.stages.common import StageFailure, StageOutcome, release_runtime
+from polar_mq.workers.stages.common import (
+    StageFailure,
+    StageOutcome,
+    StageRestart,
+    release_runtime,
+)
 from polar_mq.workers.stages.grading_runtime import release_grading_runtime
 from polar_mq.workers.transitions import (
     STAGE_STATES,
@@ -131,6 +136,9 @@ def run_stage(
     with ctx.leases.hold(claimed, on_lost) as held:
         try:
             outcome = STAGE_FUNCTIONS[stage](ctx, claimed)
+        except StageRestart as exc:
+            held.settle()
+            return _unexpected(ctx, claimed, retries, str(exc), exc.reason)
         except StageFailure as exc:
             held.settle()
             return _failed(ctx, claimed, exc.reason, str(exc))
@@ -203,7 +211,13 @@ def _failed(ctx: WorkerContext, claimed: Claimed, reason: str, message: str) -> 
     return f"failed:{reason}"
 
 
-def _unexpected(ctx: WorkerContext, claimed: Claimed, retries: int, error: str) -> str:
+def _unexpected(
+    ctx: WorkerContext,
+    claimed: Claimed,
+    retries: int,
+    error: str,
+    reason: str = TerminationReason.RUNTIME_ERROR,
+) -> str:
     """A stage raised: retry it in place with backoff, or start the rollout over, within bounds.
 
     The agent stage is never retried in place (its calls and files would mix two runs): a new
@@ -211,7 +225,6 @@ def _unexpected(ctx: WorkerContext, claimed: Claimed, retries: int, error: str) 
     """
     _, stage_retries = retry_policy(claimed.spec)
     pool = str(claimed.spec.get("pool", ctx.settings.pool))
-    reason = TerminationReason.RUNTIME_ERROR
     log.warning("%s of %s raised: %s", claimed.stage, claimed.rollout.id, error[-500:])
     try:
         if claimed.stage is Stage.RUN_AGENT:

@@ -105,3 +105,22 @@ def test_side_call_is_auxiliary_answer_from_main_loop_and_artifacts_stored(
             "agent.log", "transcript", "workspace.diff"
         ]  # fmt: skip
         assert (folder / "transcript").read_bytes() == run.artifacts[rollout.id]["transcript"]
+
+
+def test_harness_that_never_reaches_the_model_is_not_scored(
+    preset_stack: PresetStack, db_session_factory: sessionmaker[Session]
+) -> None:
+    """A harness that fails before its first LLM call (here: exits 3 with a message on stdout)
+    is a setup failure, not the policy's: `runtime_error`, no reward, with its own words."""
+    run = run_preset(
+        preset_stack,
+        db_session_factory,
+        {"type": "command", "command": "echo 'the selected model may not exist'; exit 3"},
+        [{"instruction": "What is 6*7?", "answer": "42"}],
+        evaluator="exact_match",
+    )
+    (rollout,) = run.rollouts
+    assert rollout.status == "failed" and rollout.termination_reason == "runtime_error"
+    assert rollout.reward is None
+    assert rollout.error is not None and "the selected model may not exist" in rollout.error
+    assert "before any LLM call reached the proxy" in rollout.error

@@ -182,3 +182,20 @@ def test_placement_per_runtime_kind(echo: Preset, tmp_path: Path) -> None:
     assert bwrap["ro"] == [str(node / "echo_test" / "1.17.0")]
     assert runtime_spec_for({"kind": "local"}, {"type": "echo_test"}, node) == {"kind": "local"}
     assert runtime_spec_for({"kind": "bwrap"}, {"type": "reference"}, node) == {"kind": "bwrap"}
+
+
+def test_harness_cli_list_and_errors(tmp_path: Path) -> None:
+    env = {**os.environ, "POLAR_MQ_HARNESS_ROOT": str(tmp_path / "cache")}
+    cli = [sys.executable, "-m", "polar_mq.cli", "harness"]
+    listed = subprocess.run([*cli, "list"], capture_output=True, text=True, env=env, check=False)
+    assert listed.returncode == 0, listed.stderr
+    assert "preset" in listed.stdout and "API family" in listed.stdout
+    unknown = subprocess.run(
+        [*cli, "install", "no_such_preset"], capture_output=True, text=True, env=env, check=False
+    )
+    assert unknown.returncode == 2 and "unknown preset 'no_such_preset'" in unknown.stderr
+    assert "Traceback" not in unknown.stderr
+    nothing = subprocess.run(
+        [*cli, "install"], capture_output=True, text=True, env=env, check=False
+    )
+    assert nothing.returncode == 2 and "--all" in nothing.stderr

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from polar_mq.config import Settings
+from polar_mq.rollouts.agent_outcome import CallSummary
 from polar_mq.runtimes.base import ExecResult
 from polar_mq.tokens import verify_rollout_token
 from polar_mq.workers.stages import run_agent
@@ -43,6 +44,7 @@ def _agent_env(
 ) -> dict[str, str]:
     runtime = FakeRuntime(tmp_path)
     monkeypatch.setattr(run_agent, "open_runtime", lambda *args: runtime)
+    monkeypatch.setattr(run_agent, "summarize_calls", lambda *args: CallSummary(1, 200))
     settings = Settings(secret_key=SECRET, runtime_root=tmp_path)
     ctx = SimpleNamespace(settings=settings, http=FakeHttp())
     rollout = SimpleNamespace(id=uuid.uuid4(), attempt=2)

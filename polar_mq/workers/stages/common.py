@@ -32,6 +32,11 @@ class StageFailure(Exception):
         self.reason = reason
 
 
+class StageRestart(StageFailure):
+    """A transient infrastructure failure of the agent stage: start the rollout over (a new
+    attempt, within `retries.max_attempts`), never score this one."""
+
+
 def runtime_id_for(rollout: RolloutRef) -> str:
     """Deterministic per attempt, so any process on the node can re-attach or clean it up."""
     return f"{rollout.id.hex}-{rollout.attempt}"

@@ -13,19 +13,25 @@ import time
 from typing import Any, cast
 
 from sqlalchemy import Table, func, select
-from tenacity import retry, stop_after_attempt, wait_exponential
+from tenacity import retry, stop_after_delay, wait_exponential
 
 from polar_mq.harnesses import AgentContext, get_harness
 from polar_mq.harnesses.presets.setup import harness_root_for
 from polar_mq.models import LlmCall, Rollout, RolloutArtifact, TerminationReason
 from polar_mq.models.base import utcnow
+from polar_mq.rollouts.agent_outcome import classify, summarize_calls
 from polar_mq.rollouts.artifacts import collect_artifacts
 from polar_mq.rollouts.auxiliary import mark_auxiliary_calls
 from polar_mq.runtimes import ExecResult
 from polar_mq.sampling import sampling_policy
 from polar_mq.tokens import issue_rollout_token
 from polar_mq.workers.context import WorkerContext
-from polar_mq.workers.stages.common import StageFailure, StageOutcome, open_runtime
+from polar_mq.workers.stages.common import (
+    StageFailure,
+    StageOutcome,
+    StageRestart,
+    open_runtime,
+)
 from polar_mq.workers.stages.grading_runtime import start_prewarm
 from polar_mq.workers.stages.prepare import TASK_FILE
 from polar_mq.workers.transitions import Claimed
@@ -34,14 +40,17 @@ ARTIFACTS = cast(Table, RolloutArtifact.__table__)
 SAMPLING_ENV = {"temperature": "POLAR_AGENT_TEMPERATURE", "max_tokens": "POLAR_AGENT_MAX_TOKENS"}
 
 
-@retry(stop=stop_after_attempt(5), wait=wait_exponential(multiplier=0.2, max=3), reraise=True)
-def _flush_proxy(ctx: WorkerContext) -> int:
+@retry(stop=stop_after_delay(20), wait=wait_exponential(multiplier=0.2, max=3), reraise=True)
+def _flush_proxy(ctx: WorkerContext) -> dict[str, Any]:
+    """Wait until the proxy stored every call; its answer has `written` and `started_at`.
+
+    Retried for a while: a proxy restarting under a supervisor is back within seconds."""
     headers = {}
     if ctx.settings.proxy_admin_token:
         headers["Authorization"] = f"Bearer {ctx.settings.proxy_admin_token}"
     response = ctx.http.post(f"{ctx.settings.proxy_base_url}/admin/flush", headers=headers)
     response.raise_for_status()
-    return int(response.json().get("written", 0))
+    return dict(response.json())
 
 
 def _rollout_time_left(
@@ -128,6 +137,7 @@ def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
     prewarm = start_prewarm(
         settings, spec.get("runtime", {}), claimed.rollout, float(timeouts.get("prepare_s", 300.0))
     )  # the evaluation runtime, when the job grades in its own, is prepared while the agent runs
+    agent_started = utcnow()
     try:
         result = runtime.exec(
             harness.command(agent),
@@ -139,19 +149,21 @@ def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
         )
     finally:
         grading = prewarm.join() if prewarm is not None else {}
-    if result.timed_out or result.inactive:
-        reason = TerminationReason.TIMEOUT
-    elif result.exit_code == 0:
-        reason = TerminationReason.COMPLETED
-    else:
-        reason = TerminationReason.AGENT_ERROR
     try:
-        written = _flush_proxy(ctx)
-    except Exception as exc:
-        raise StageFailure(
+        flushed = _flush_proxy(ctx)
+    except Exception as exc:  # the attempt's calls may be lost with the proxy: start over
+        raise StageRestart(
             TerminationReason.BACKEND_ERROR, f"proxy log flush failed: {exc!r}"
         ) from exc
     rollout = claimed.rollout
+    calls = summarize_calls(ctx.session_factory, rollout.id, rollout.attempt)
+    outcome = classify(result, calls, agent_started, flushed.get("started_at"))
+    if outcome.infrastructure:  # never scored: the platform failed, not the policy
+        message = f"{_error_text(result)}\n{outcome.why}"  # the why last: tails are kept
+        if outcome.reason == TerminationReason.BACKEND_ERROR:
+            raise StageRestart(outcome.reason, message)  # transient: a new attempt
+        raise StageFailure(outcome.reason, message)
+    reason = outcome.reason
     rules = harness.auxiliary_rules
     auxiliary = (
         mark_auxiliary_calls(ctx.session_factory, rollout.id, rollout.attempt, rules)
@@ -174,7 +186,8 @@ def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
             "timed_out": result.timed_out,
             "inactive": result.inactive,
             "agent_s": round(result.duration_s, 4),
-            "proxy_written_total": written,
+            "proxy_written_total": flushed.get("written", 0),
+            "agent_calls": calls.calls,
             "auxiliary_calls": auxiliary,
             "artifacts": [row["name"] for row in artifacts],
             **grading,

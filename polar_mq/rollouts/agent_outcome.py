@@ -1,0 +1,93 @@
+"""Why an agent run ended, judged from the platform's side rather than from the exit code.
+
+An agent that dies because the proxy or the engine went away exits non-zero like one that failed
+its task; scoring it 0 would teach the policy that the infrastructure's failure was its own. So
+after the agent exits, what the platform saw decides:
+
+- the proxy restarted while the agent ran (its start time is after the agent's) -> `backend_error`;
+- the agent's last LLM call failed on the platform's side (a 5xx: engine unreachable, proxy
+  overloaded; a 404: the engine does not serve the model the job named) -> `backend_error`;
+- no LLM call of the agent reached the proxy at all -> `runtime_error` (the harness failed before
+  the policy acted: misconfigured, missing, crashed at start);
+- otherwise the agent's own outcome: `completed`, `timeout`, or `agent_error`.
+
+A clean exit (0) is always `completed`: the agent got through whatever happened. The infrastructure
+outcomes restart the rollout (a new attempt, within `retries.max_attempts`), never score it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from polar_mq.models import LlmCall, TerminationReason
+from polar_mq.runtimes import ExecResult
+from polar_mq.tokens import AGENT
+
+PLATFORM_STATUSES = frozenset({404, 500, 502, 503, 504})
+"""Failed-call statuses that are the platform's: the engine or the proxy could not serve."""
+
+
+@dataclass(frozen=True, slots=True)
+class CallSummary:
+    """The attempt's agent calls as the proxy logged them."""
+
+    calls: int
+    last_status: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class AgentOutcome:
+    reason: str
+    why: str | None = None
+    """For an infrastructure outcome: what the platform saw."""
+
+    @property
+    def infrastructure(self) -> bool:
+        return self.reason in TerminationReason.INFRASTRUCTURE
+
+
+def summarize_calls(
+    session_factory: sessionmaker[Session], rollout_id: uuid.UUID, attempt: int
+) -> CallSummary:
+    """How many agent calls the attempt made and the status of its last one (one query)."""
+    mine = (LlmCall.rollout_id == rollout_id, LlmCall.attempt == attempt, LlmCall.purpose == AGENT)
+    last = (
+        select(LlmCall.status_code).where(*mine).order_by(LlmCall.seq.desc()).limit(1)
+    ).scalar_subquery()
+    with session_factory() as session:
+        row = session.execute(select(func.count(), last).select_from(LlmCall).where(*mine)).one()
+    return CallSummary(int(row[0]), row[1])
+
+
+def classify(
+    result: ExecResult,
+    calls: CallSummary,
+    agent_started: datetime,
+    proxy_started_at: float | None,
+) -> AgentOutcome:
+    """The termination reason of an agent run (see the module docstring)."""
+    if result.ok:
+        return AgentOutcome(TerminationReason.COMPLETED)
+    if proxy_started_at is not None and proxy_started_at > agent_started.timestamp():
+        return AgentOutcome(
+            TerminationReason.BACKEND_ERROR,
+            "the proxy restarted while the agent ran (calls it made then were refused)",
+        )
+    if calls.last_status in PLATFORM_STATUSES:
+        return AgentOutcome(
+            TerminationReason.BACKEND_ERROR,
+            f"the agent's last LLM call failed on the platform's side (HTTP {calls.last_status})",
+        )
+    if calls.calls == 0:
+        return AgentOutcome(
+            TerminationReason.RUNTIME_ERROR,
+            "the harness ended before any LLM call reached the proxy",
+        )
+    if result.timed_out or result.inactive:
+        return AgentOutcome(TerminationReason.TIMEOUT)
+    return AgentOutcome(TerminationReason.AGENT_ERROR)

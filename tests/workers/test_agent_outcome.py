@@ -1,0 +1,43 @@
+"""The run-agent stage's verdict from the platform's side (`rollouts.agent_outcome.classify`)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from polar_mq.rollouts.agent_outcome import CallSummary, classify
+from polar_mq.runtimes import ExecResult
+
+STARTED = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
+BEFORE = (STARTED - timedelta(hours=1)).timestamp()
+AFTER = (STARTED + timedelta(seconds=5)).timestamp()
+
+
+def result(exit_code: int | None, timed_out: bool = False) -> ExecResult:
+    return ExecResult(exit_code, "", "", timed_out, False, 1.0)
+
+
+@pytest.mark.parametrize(
+    ("run", "calls", "proxy_started", "reason"),
+    [
+        (result(0), CallSummary(3, 200), BEFORE, "completed"),
+        (result(0), CallSummary(0, None), AFTER, "completed"),  # it got through anyway
+        (result(1), CallSummary(3, 200), BEFORE, "agent_error"),
+        (result(1), CallSummary(3, 400), BEFORE, "agent_error"),  # e.g. its prompt too long
+        (result(None, timed_out=True), CallSummary(2, 200), BEFORE, "timeout"),
+        (result(1), CallSummary(1, 200), AFTER, "backend_error"),  # the proxy restarted
+        (result(1), CallSummary(4, 502), BEFORE, "backend_error"),  # engine unreachable
+        (result(1), CallSummary(1, 404), None, "backend_error"),  # model not served
+        (result(None, timed_out=True), CallSummary(2, 503), BEFORE, "backend_error"),
+        (result(3), CallSummary(0, None), BEFORE, "runtime_error"),  # never reached the model
+        (result(None, timed_out=True), CallSummary(0, None), None, "runtime_error"),
+    ],
+)
+def test_classify(
+    run: ExecResult, calls: CallSummary, proxy_started: float | None, reason: str
+) -> None:
+    outcome = classify(run, calls, STARTED, proxy_started)
+    assert outcome.reason == reason
+    assert outcome.infrastructure == (reason in ("backend_error", "runtime_error"))
+    assert (outcome.why is not None) == outcome.infrastructure
