@@ -25,8 +25,8 @@ from polar_mq.swe.spec import RepoSpec
 
 BASE_REF = "refs/polar_mq/base"
 BRANCH = "main"
-OWN_FILES = ("task.json", "answer.txt")
-"""polar_mq's files in the workspace, never part of the repository's diff."""
+OWN_FILES = ("task.json", "answer.txt", ".polar_mq-junit-*.xml", ".harbor/")
+"""polar_mq's files in the workspace (root only), never part of the repository's diff."""
 _SAFE = ("-c", "safe.directory=*")  # the submitter's repository may belong to another user
 
 

@@ -22,6 +22,8 @@ from polar_mq.swe.checkout import BASE_REF, OWN_FILES
 from polar_mq.swe.git import GitError, git_dir_of, run_git
 
 DEFAULT_MAX_CHARS = 100_000
+NOISE = ("__pycache__/", "*.py[co]", ".pytest_cache/")
+"""What running Python or pytest leaves anywhere in a tree: never part of the diff."""
 _SHA = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
 
 
@@ -84,7 +86,8 @@ def workspace_diff(
             alternates = private / "objects" / "info" / "alternates"
             alternates.write_text(f"{(git_dir / 'objects').resolve()}\n")
             (private / "info").mkdir(exist_ok=True)
-            (private / "info" / "exclude").write_text("".join(f"/{n}\n" for n in OWN_FILES))
+            excluded = [f"/{name}" for name in OWN_FILES] + list(NOISE)
+            (private / "info" / "exclude").write_text("".join(f"{n}\n" for n in excluded))
             env = {"GIT_INDEX_FILE": str(tmp / "index")}
             both = [f"--git-dir={private}", f"--work-tree={workdir}", "-c", "safe.directory=*"]
             run_git([*both, "read-tree", base], home=tmp, env=env, timeout=timeout_s)

@@ -193,12 +193,12 @@ def _path_map(value: Any, where: str) -> dict[str, str]:
     return dict(value)
 
 
-def validate_task_fields(task: Mapping[str, Any], where: str) -> None:
-    """Check a task's `repo` and `tests` fields when present (TaskSpecError names `where`)."""
+def validate_task_fields(task: Mapping[str, Any]) -> None:
+    """Check a task's `repo` and `tests` fields when present (TaskSpecError says what is wrong)."""
     if "repo" in task:
-        parse_repo(task["repo"], f"{where}.repo")
+        parse_repo(task["repo"])
     if "tests" in task:
-        parse_tests(task["tests"], f"{where}.tests")
+        parse_tests(task["tests"])
 
 
 def agent_task(task: Mapping[str, Any], commit: str | None) -> dict[str, Any]:

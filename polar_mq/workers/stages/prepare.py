@@ -18,7 +18,8 @@ task file the agent reads never holds the hidden tests or the repository's node 
 `runtime_error` and the reason.
 
 The `finished` event's `runtime` detail records where the runtime came from and how long its start
-and recipe took (0 for a warm one: that is the point of the pool), and `repo` the commit checked out.
+and recipe took (0 for a warm one: that is the point of the pool), and `repo` the commit checked
+out.
 """
 
 from __future__ import annotations
