@@ -306,7 +306,10 @@ DEFAULT_SAMPLES = 4
 
 @app.command()
 def submit(
-    file: Annotated[Path, typer.Argument(help="job .json, or tasks .jsonl / .yaml / .json")],
+    file: Annotated[
+        Path,
+        typer.Argument(help="job .json, tasks .jsonl / .yaml / .json, or a Harbor tasks folder"),
+    ],
     samples: Annotated[
         int | None, typer.Option(help=f"samples per task (file, else {DEFAULT_SAMPLES})")
     ] = None,
@@ -318,7 +321,10 @@ def submit(
     ] = None,
     evaluator: Annotated[
         str | None,
-        typer.Option(help="name or JSON; default: exact_match if every task has an answer"),
+        typer.Option(
+            help="name or JSON; default: exact_match if every task has an answer, "
+            "tests if every task has hidden tests"
+        ),
     ] = None,
     builder: Annotated[str | None, typer.Option(help="per_call | prefix_merge")] = None,
     model: Annotated[str | None, typer.Option(help="model name the agent is told")] = None,
@@ -333,7 +339,8 @@ def submit(
     """Submit a job file, or a tasks file plus options for the rest of the job.
 
     Options override the file; fields neither sets get the API's defaults, except samples per
-    task (4: a GRPO group) and the evaluator (exact_match when every task has an answer).
+    task (4: a GRPO group) and the evaluator (exact_match when every task has an answer, tests
+    when every task has hidden tests, e.g. a Harbor tasks folder).
     """
     from polar_mq.client import PolarMQError
 
@@ -347,6 +354,8 @@ def submit(
         spec["evaluator"] = _json_option(evaluator, "evaluator")
     elif "evaluator" not in spec and all("answer" in t for t in spec["tasks"]):
         spec["evaluator"] = "exact_match"
+    elif "evaluator" not in spec and all("tests" in t for t in spec["tasks"]):
+        spec["evaluator"] = "tests"
     sampling = dict(spec.get("sampling") or {})
     if temperature is not None:
         sampling["temperature"] = temperature

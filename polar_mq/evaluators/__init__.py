@@ -18,6 +18,7 @@ from polar_mq.evaluators.registry import (
     get_evaluator,
     validate_evaluator_spec,
 )
+from polar_mq.evaluators.tests import TestsEvaluator
 
 __all__ = [
     "EVALUATORS",
@@ -32,6 +33,7 @@ __all__ = [
     "LlmEndpoint",
     "LlmJudgeEvaluator",
     "RegexEvaluator",
+    "TestsEvaluator",
     "WeightedEvaluator",
     "evaluate_safely",
     "get_evaluator",

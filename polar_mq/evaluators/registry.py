@@ -21,6 +21,7 @@ from polar_mq.evaluators.completed import CompletedEvaluator
 from polar_mq.evaluators.composition import Build, GateEvaluator, WeightedEvaluator
 from polar_mq.evaluators.llm_judge import LlmJudgeEvaluator
 from polar_mq.evaluators.match import ExactMatchEvaluator, RegexEvaluator
+from polar_mq.evaluators.tests import TestsEvaluator
 
 EVALUATORS: dict[str, type[Evaluator]] = {
     cls.name: cls
@@ -30,6 +31,7 @@ EVALUATORS: dict[str, type[Evaluator]] = {
         RegexEvaluator,
         CommandEvaluator,
         LlmJudgeEvaluator,
+        TestsEvaluator,
     )
 }
 COMPOSITES: dict[str, Callable[[Mapping[str, Any], Build], Evaluator]] = {

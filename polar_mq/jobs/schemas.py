@@ -15,6 +15,7 @@ from polar_mq.evaluators.registry import validate_evaluator_spec
 from polar_mq.harnesses import get_harness
 from polar_mq.runtimes.options import check_runtime_options
 from polar_mq.sampling import validate_sampling
+from polar_mq.swe.spec import TaskSpecError, validate_task_fields
 from polar_mq.trajectories.registry import validate_builder_name
 from polar_mq.workers.priority import DEFAULT_PRIORITY, MAX_PRIORITY, MIN_PRIORITY
 
@@ -230,6 +231,10 @@ class JobCreate(StrictModel):
             instruction = task.get("instruction")
             if not isinstance(instruction, str) or not instruction.strip():
                 raise ValueError(f"tasks[{i}] needs a non-empty string 'instruction'")
+            try:
+                validate_task_fields(task)  # a repository and hidden tests (SWE tasks)
+            except TaskSpecError as exc:
+                raise ValueError(f"tasks[{i}]: {exc}") from exc
         return tasks
 
     @model_validator(mode="after")

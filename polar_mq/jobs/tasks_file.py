@@ -6,6 +6,12 @@ Formats, by file suffix:
 - `.jsonl`: one task object per line (blank lines and lines starting with `#` are skipped).
 - `.yaml` / `.yml`: a list of tasks, or a mapping with `tasks:` plus any other job fields
   (`samples_per_task`, `evaluator`, `harness`, ...).
+- a directory: Harbor-style task folders (see `harbor_tasks.py`); a JSON or YAML job may name one
+  instead of listing tasks: `"tasks_source": {"harbor": "DIR"}`.
+
+Node paths in a task's `repo` and `tests` (`path`, `bundle`, `tarball`) that are relative are
+resolved against the file's directory, so a job file and the repositories beside it can move
+together; the API itself accepts only absolute paths.
 
 A task needs a non-empty string `instruction`; `answer` (a string, a number, or a list of them:
 any one is accepted by `exact_match`) and `metadata` (a mapping) are optional, and any other key is
@@ -85,7 +91,7 @@ def parse_jsonl(text: str, source: str) -> list[dict[str, Any]]:
     return tasks
 
 
-def parse_yaml(text: str, source: str) -> JobFile:
+def parse_yaml(text: str, source: str, base: Path | None = None) -> JobFile:
     """A YAML list of tasks, or a mapping with `tasks:` and other job fields."""
     try:
         data = yaml.safe_load(text)
@@ -95,6 +101,9 @@ def parse_yaml(text: str, source: str) -> JobFile:
     if isinstance(data, list):
         return JobFile(_yaml_tasks(data, root, source))
     if isinstance(data, Mapping):
+        if "tasks" not in data and "tasks_source" in data:
+            job = {str(k): v for k, v in data.items()}
+            return JobFile(_tasks_source(job, base, source), job)
         if "tasks" not in data:
             raise TasksFileError(f"{source}: a mapping needs a 'tasks' list")
         tasks_node = _mapping_value(root, "tasks")
@@ -122,7 +131,35 @@ def _yaml_tasks(data: Any, node: Any, source: str) -> list[dict[str, Any]]:
     return tasks
 
 
-def parse_json(text: str, source: str) -> JobFile:
+def _tasks_source(job: dict[str, Any], base: Path | None, source: str) -> list[dict[str, Any]]:
+    """The tasks a job's `tasks_source` names (today: `{"harbor": DIR}`)."""
+    from polar_mq.jobs.harbor_tasks import load_harbor_tasks
+
+    given = job.pop("tasks_source")
+    if not isinstance(given, Mapping) or set(given) != {"harbor"}:
+        raise TasksFileError(f'{source}: tasks_source must be {{"harbor": DIR}}')
+    folder = Path(str(given["harbor"]))
+    if not folder.is_absolute() and base is not None:
+        folder = base / folder
+    return load_harbor_tasks(folder)
+
+
+def resolve_task_paths(task: dict[str, Any], base: Path) -> dict[str, Any]:
+    """The task with relative node paths of `repo` and `tests` made absolute against `base`."""
+    for field_name, keys in (("repo", ("path", "bundle", "tarball")), ("tests", ("path",))):
+        spec = task.get(field_name)
+        if not isinstance(spec, Mapping):
+            continue
+        resolved = dict(spec)
+        for key in keys:
+            value = resolved.get(key)
+            if isinstance(value, str) and value and not value.startswith("/"):
+                resolved[key] = str((base / value).resolve())
+        task = {**task, field_name: resolved}
+    return task
+
+
+def parse_json(text: str, source: str, base: Path | None = None) -> JobFile:
     """A JSON job object or a JSON list of tasks."""
     try:
         data = json.loads(text)
@@ -135,6 +172,8 @@ def parse_json(text: str, source: str) -> JobFile:
     elif isinstance(data, dict):
         tasks = data.get("tasks")
         job = {k: v for k, v in data.items() if k != "tasks"}
+        if "tasks_source" in job and tasks is None:
+            return JobFile(_tasks_source(job, base, source), job)
     else:
         raise TasksFileError(f"{source} must hold a job object or a list of tasks")
     if not isinstance(tasks, list) or not tasks:
@@ -143,7 +182,11 @@ def parse_json(text: str, source: str) -> JobFile:
 
 
 def load_job_file(path: Path) -> JobFile:
-    """Read a job or tasks file, choosing the format by its suffix."""
+    """Read a job or tasks file, choosing the format by its suffix (a directory: Harbor tasks)."""
+    if path.is_dir():
+        from polar_mq.jobs.harbor_tasks import load_harbor_tasks
+
+        return JobFile(load_harbor_tasks(path))
     suffix = path.suffix.lower()
     if suffix not in (*JSON_SUFFIXES, *JSONL_SUFFIXES, *YAML_SUFFIXES):
         known = ", ".join((*JSON_SUFFIXES, *JSONL_SUFFIXES, *YAML_SUFFIXES))
@@ -152,9 +195,12 @@ def load_job_file(path: Path) -> JobFile:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise TasksFileError(f"cannot read {path}: {exc}") from exc
-    source = path.name
+    source, base = path.name, path.resolve().parent
     if suffix in JSONL_SUFFIXES:
-        return JobFile(parse_jsonl(text, source))
-    if suffix in YAML_SUFFIXES:
-        return parse_yaml(text, source)
-    return parse_json(text, source)
+        loaded = JobFile(parse_jsonl(text, source))
+    elif suffix in YAML_SUFFIXES:
+        loaded = parse_yaml(text, source, base)
+    else:
+        loaded = parse_json(text, source, base)
+    loaded.tasks = [resolve_task_paths(task, base) for task in loaded.tasks]
+    return loaded

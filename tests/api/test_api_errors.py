@@ -78,6 +78,19 @@ def _error(response: Any, status: int, type_: str) -> str:
             {"tasks": [GOOD_TASK], "sampling": {"max_tokens": "512"}},
             "sampling: max_tokens: expected an integer to enforce",
         ),
+        (
+            {"tasks": [{**GOOD_TASK, "repo": {"path": "repos/calc"}}]},
+            "tasks.0: repo.path must be an absolute path",
+        ),
+        (
+            {"tasks": [{**GOOD_TASK, "repo": {"path": "/r", "commit": "-x"}}]},
+            "tasks.0: repo.commit must be a sha, branch or tag name",
+        ),
+        (
+            {"tasks": [{**GOOD_TASK, "tests": {"files": {"../x.py": ""}}}]},
+            "tasks.0: tests.files key '../x.py' must be relative",
+        ),
+        ({"tasks": [GOOD_TASK], "evaluator": {"name": "tests", "score": "most"}}, "'score'"),
         ({}, "tasks: field required"),
         ([GOOD_TASK], "Input should be a valid dictionary"),
     ],

@@ -11,8 +11,15 @@ Two ways to a runtime:
 - any other job starts a fresh runtime with the rollout's deterministic id, writes the task file
   and runs the recipe, as before.
 
+A task with a `repo` gets its repository checked out into the workspace first (cold: before the
+recipe, so the recipe can install it; warm: at take time, after the task-independent recipe). The
+task file the agent reads never holds the hidden tests or the repository's node path
+(`polar_mq.swe.spec.agent_task`). A repository that cannot be checked out fails the rollout with
+`runtime_error` and the reason.
+
 The `finished` event's `runtime` detail records where the runtime came from and how long its start
-and recipe took (0 for a warm one: that is the point of the pool).
+and recipe took (0 for a warm one: that is the point of the pool), and `repo` the commit checked
+out.
 """
 
 from __future__ import annotations
@@ -32,6 +39,8 @@ from polar_mq.models import TerminationReason
 from polar_mq.runtimes import Runtime
 from polar_mq.runtimes.recipe import RecipeFailed, apply_recipe
 from polar_mq.runtimes.warm_pool import wants_warm
+from polar_mq.swe.checkout import CheckoutError, checkout_repo
+from polar_mq.swe.spec import TaskSpecError, agent_task, parse_repo
 from polar_mq.workers.context import WorkerContext
 from polar_mq.workers.stages.common import (
     StageFailure,
@@ -45,6 +54,19 @@ from polar_mq.workers.transitions import Claimed
 TASK_FILE = "task.json"
 
 
+def _install_task(runtime: Runtime, instance: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """Check out the task's repository, if it has one, then write the agent's task file."""
+    detail: dict[str, Any] = {}
+    commit = None
+    if "repo" in instance:
+        done = checkout_repo(parse_repo(instance["repo"]), runtime.workdir, timeout)
+        commit = done.commit
+        detail["repo"] = {"commit": done.commit, "source": done.source, "seconds": done.seconds}
+    task = agent_task(instance, commit)
+    runtime.upload(orjson.dumps(task, option=orjson.OPT_INDENT_2), TASK_FILE)
+    return detail
+
+
 def _cold(ctx: WorkerContext, claimed: Claimed, timeout: float) -> tuple[Runtime, dict[str, Any]]:
     spec = claimed.spec
     runtime_spec = runtime_spec_for(
@@ -54,10 +76,10 @@ def _cold(ctx: WorkerContext, claimed: Claimed, timeout: float) -> tuple[Runtime
     t0 = time.monotonic()
     runtime.start()
     t1 = time.monotonic()
-    runtime.upload(orjson.dumps(claimed.instance, option=orjson.OPT_INDENT_2), TASK_FILE)
+    task = _install_task(runtime, claimed.instance, timeout)
     recipe_s = apply_recipe(runtime, runtime_spec.get("prepare", {}), timeout)
     detail = {"source": "cold", "warm": False, "start_s": round(t1 - t0, 4)}
-    return runtime, {**detail, "recipe_s": round(recipe_s, 4)}
+    return runtime, {**detail, "recipe_s": round(recipe_s, 4), **task}
 
 
 def _warm(ctx: WorkerContext, claimed: Claimed, timeout: float) -> tuple[Runtime, dict[str, Any]]:
@@ -67,11 +89,11 @@ def _warm(ctx: WorkerContext, claimed: Claimed, timeout: float) -> tuple[Runtime
         runtime_spec, owner, timeout
     )
     try:
-        got.runtime.upload(orjson.dumps(claimed.instance, option=orjson.OPT_INDENT_2), TASK_FILE)
+        task = _install_task(got.runtime, claimed.instance, timeout)
     except BaseException:
         release_runtime(ctx.settings, ctx.warm_pool, runtime_spec, claimed.rollout)
         raise
-    return got.runtime, got.detail
+    return got.runtime, {**got.detail, **task}
 
 
 def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
@@ -86,7 +108,7 @@ def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
         runtime, detail = get(ctx, claimed, timeout)
         if docker:  # ... or baked into the image (the runtime is released by the runner)
             check_in_image(runtime, harness_spec, str(runtime_spec.get("image")))
-    except (RecipeFailed, HarnessMissing) as exc:
+    except (RecipeFailed, HarnessMissing, CheckoutError, TaskSpecError) as exc:
         raise StageFailure(TerminationReason.RUNTIME_ERROR, str(exc)) from exc
     node = ctx.settings.node_name
     return StageOutcome(

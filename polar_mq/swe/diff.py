@@ -1,0 +1,108 @@
+"""The workspace diff: what the agent changed since the checked-out commit, new files included.
+
+Computed on the worker, but never with the workspace's own git configuration: the agent controls
+`.git/config` and `.gitattributes`, and a filter or diff driver defined there would run its
+command on the worker. So the diff uses a private, empty repository whose object store borrows
+the workspace's objects (`objects/info/alternates`) and a private index: nothing of the agent's
+configuration is read, the agent's index and refs are left as they were, and the work tree is only
+read. Attributes naming drivers that the private repository does not define are ignored by git.
+
+The base commit is the one prepare recorded as `refs/polar_mq/base`; the agent could move that ref,
+which only changes its own artifact, never its reward.
+"""
+
+from __future__ import annotations
+
+import re
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from polar_mq.swe.checkout import BASE_REF, OWN_FILES
+from polar_mq.swe.git import GitError, git_dir_of, run_git
+
+DEFAULT_MAX_CHARS = 100_000
+NOISE = ("__pycache__/", "*.py[co]", ".pytest_cache/")
+"""What running Python or pytest leaves anywhere in a tree: never part of the diff."""
+_SHA = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
+
+
+@dataclass(frozen=True, slots=True)
+class WorkspaceDiff:
+    """The diff text (maybe truncated), the files it touches, or why there is none."""
+
+    text: str | None
+    truncated: bool = False
+    files: list[str] = field(default_factory=list)
+    base: str | None = None
+    error: str | None = None
+
+    def detail(self) -> dict[str, object]:
+        """What an evaluation stores about the diff."""
+        if self.error is not None:
+            return {"diff_error": self.error}
+        return {
+            "diff": self.text,
+            "diff_truncated": self.truncated,
+            "diff_files": self.files,
+            "diff_base": self.base,
+        }
+
+
+def base_commit(git_dir: Path) -> str | None:
+    """`refs/polar_mq/base`, read as a file (loose or packed), not through git."""
+    try:
+        loose = (git_dir / BASE_REF).read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        loose = ""
+    if _SHA.fullmatch(loose):
+        return loose
+    try:
+        packed = (git_dir / "packed-refs").read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in packed:
+        sha, _, name = line.partition(" ")
+        if name.strip() == BASE_REF and _SHA.fullmatch(sha):
+            return sha
+    return None
+
+
+def workspace_diff(
+    workdir: Path, max_chars: int = DEFAULT_MAX_CHARS, timeout_s: float = 120.0
+) -> WorkspaceDiff:
+    """`git diff` of the work tree (tracked and untracked files) against the base commit."""
+    git_dir = git_dir_of(workdir)
+    if git_dir is None or git_dir != workdir / ".git":
+        return WorkspaceDiff(None, error="the workspace is not a git repository")
+    base = base_commit(git_dir)
+    if base is None:
+        return WorkspaceDiff(None, error=f"no {BASE_REF} in the workspace repository")
+    with tempfile.TemporaryDirectory(prefix="polar_mq-diff-") as scratch:
+        tmp = Path(scratch)
+        private = tmp / "private.git"
+        try:
+            run_git(["init", "-q", "--bare", str(private)], home=tmp)
+            alternates = private / "objects" / "info" / "alternates"
+            alternates.write_text(f"{(git_dir / 'objects').resolve()}\n")
+            (private / "info").mkdir(exist_ok=True)
+            excluded = [f"/{name}" for name in OWN_FILES] + list(NOISE)
+            (private / "info" / "exclude").write_text("".join(f"{n}\n" for n in excluded))
+            env = {"GIT_INDEX_FILE": str(tmp / "index")}
+            both = [f"--git-dir={private}", f"--work-tree={workdir}", "-c", "safe.directory=*"]
+            run_git([*both, "read-tree", base], home=tmp, env=env, timeout=timeout_s)
+            run_git([*both, "add", "-A"], home=tmp, env=env, timeout=timeout_s)
+            options = ["--no-ext-diff", "--no-textconv", "--no-color", "--no-renames"]
+            names = run_git(
+                [*both, "diff", "--cached", *options, "--name-only", "-z", base],
+                home=tmp, env=env, timeout=timeout_s,
+            )  # fmt: skip
+            patch = run_git(
+                [*both, "diff", "--cached", *options, "--binary", base],
+                home=tmp, env=env, timeout=timeout_s,
+            )  # fmt: skip
+        except (GitError, OSError) as exc:
+            return WorkspaceDiff(None, base=base, error=str(exc)[-1000:])
+    text = patch.stdout.decode("utf-8", errors="replace")
+    files = [n for n in names.stdout.decode("utf-8", errors="replace").split("\0") if n]
+    return WorkspaceDiff(text[:max_chars], len(text) > max_chars, files, base)

@@ -1,0 +1,128 @@
+"""The `tests` evaluator in a real local runtime: hidden tests written after the agent, pytest's
+JUnit report scored all/fraction, reward files, the diff in the detail, and its failure modes."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from polar_mq.evaluators import EvalContext, TestsEvaluator, get_evaluator
+from polar_mq.runtimes import LocalRuntime
+from polar_mq.swe.checkout import checkout_repo
+from polar_mq.swe.spec import parse_repo
+
+BUGGY = "def add(a, b):\n    return a - b\n\n\ndef mul(a, b):\n    return a * b\n"
+HIDDEN = (
+    "from calc import add, mul\n\n\ndef test_add():\n    assert add(2, 2) == 4\n\n\n"
+    "def test_add_zero():\n    assert add(3, 0) == 3\n\n\n"
+    "def test_mul():\n    assert mul(2, 3) == 6\n"
+)
+NAMES = ["tests/test_calc.py::test_add", "tests/test_calc.py::test_add_zero"]
+
+
+@pytest.fixture()
+def runtime(tmp_path: Path) -> Iterator[LocalRuntime]:
+    source = tmp_path / "calc_repo"
+    source.mkdir()
+    (source / "calc.py").write_text(BUGGY)
+    rt = LocalRuntime("tests-eval", tmp_path / "runtimes")
+    rt.start()
+    rt.upload(b"{}", "task.json")
+    checkout_repo(parse_repo({"path": str(source)}), rt.workdir)
+    yield rt
+    rt.stop()
+
+
+def _ctx(rt: LocalRuntime, tests: dict[str, Any]) -> EvalContext:
+    task = {"instruction": "fix add", "tests": tests}
+    return EvalContext("r-1", task, rt, rt.workdir, 0, "completed", None)
+
+
+def _fix(rt: LocalRuntime) -> None:
+    (rt.workdir / "calc.py").write_text(BUGGY.replace("a - b", "a + b"))
+
+
+def test_untouched_repo_scores_zero_and_a_fix_scores_one(runtime: LocalRuntime) -> None:
+    evaluator = get_evaluator("tests")
+    tests = {"files": {"tests/test_calc.py": HIDDEN}}
+    before = evaluator.evaluate(_ctx(runtime, tests))
+    assert before.reward == 0.0, before.detail
+    assert before.detail["tests_failed"] == ["tests.test_calc::test_add"]
+    assert before.detail["diff"] == "" and before.detail["diff_files"] == []
+    _fix(runtime)
+    shutil.rmtree(runtime.workdir / "tests")  # as in a fresh grading runtime
+    after = evaluator.evaluate(_ctx(runtime, tests))
+    assert after.reward == 1.0, after.detail
+    assert after.detail["diff_files"] == ["calc.py"], "the hidden tests are not in the diff"
+    assert "+    return a + b" in after.detail["diff"]
+    assert after.detail["counts"] == {"passed": 3, "failed": 0, "skipped": 0, "missing": 0}
+
+
+def test_fraction_of_named_tests(runtime: LocalRuntime) -> None:
+    evaluator = get_evaluator({"name": "tests", "score": "fraction"})
+    result = evaluator.evaluate(
+        _ctx(runtime, {"files": {"tests/test_calc.py": HIDDEN}, "names": NAMES})
+    )
+    assert result.reward == pytest.approx(0.5)  # add(3, 0) passes even with the bug
+    assert result.detail["tests_passed"] == [NAMES[1]]
+    assert result.detail["tests_failed"] == [NAMES[0]]
+
+
+def test_a_path_source_replaces_what_the_agent_put_there(
+    runtime: LocalRuntime, tmp_path: Path
+) -> None:
+    hidden = tmp_path / "hidden"
+    hidden.mkdir()
+    (hidden / "test_calc.py").write_text(HIDDEN)
+    tests_dir = runtime.workdir / "tests"
+    tests_dir.mkdir()
+    (tests_dir / "conftest.py").write_text(  # an agent that tries to pass every test
+        "import pytest\n\n@pytest.hookimpl(tryfirst=True)\n"
+        "def pytest_runtest_call(item):\n    raise SystemExit\n"
+    )
+    result = get_evaluator("tests").evaluate(_ctx(runtime, {"path": str(hidden)}))
+    assert result.reward == 0.0, result.detail
+    assert not (tests_dir / "conftest.py").exists()
+
+
+def test_reward_file_and_custom_command(runtime: LocalRuntime) -> None:
+    tests = {
+        "files": {"checks/run.sh": "grep -q 'a + b' calc.py && echo 0.75 > out/reward || true\n"},
+        "command": "sh checks/run.sh",
+        "reward_file": "out/reward",
+    }
+    assert get_evaluator("tests").evaluate(_ctx(runtime, tests)).reward == 0.0
+    _fix(runtime)
+    assert get_evaluator("tests").evaluate(_ctx(runtime, tests)).reward == pytest.approx(0.75)
+
+
+def test_no_report_timeout_and_missing_tests(runtime: LocalRuntime, tmp_path: Path) -> None:
+    no_report = get_evaluator({"name": "tests", "command": "true"})
+    result = no_report.evaluate(_ctx(runtime, {"files": {"tests/test_calc.py": HIDDEN}}))
+    assert result.reward == 0.0 and "junit_error" in result.detail
+    slow = get_evaluator({"name": "tests", "command": "sleep 5", "timeout": 0.5})
+    result = slow.evaluate(_ctx(runtime, {"files": {"tests/test_calc.py": HIDDEN}}))
+    assert result.reward == 0.0 and result.detail["timed_out"] is True
+    missing = get_evaluator("tests").evaluate(_ctx(runtime, {"path": str(tmp_path / "nope")}))
+    assert missing.reward is None and "is not a directory on this node" in missing.detail["error"]
+    no_tests = TestsEvaluator().evaluate(EvalContext("r", {}, runtime, None, 0, "completed", None))
+    assert no_tests.reward is None
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({"name": "tests", "score": "most"}, "'score' must be one of all, fraction"),
+        ({"name": "tests", "names": "tests/test_a.py::t"}, "non-empty list of test names"),
+        ({"name": "tests", "reward_file": "/etc/passwd"}, "stay inside the workspace"),
+        ({"name": "tests", "timeout": -1}, "positive number"),
+        ({"name": "tests", "bogus": 1}, "bad parameters"),
+    ],
+)
+def test_bad_evaluator_specs_are_value_errors(spec: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        get_evaluator(spec)
