@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
+from functools import cache
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -23,6 +24,8 @@ from polar_mq.db import unit_of_work
 from polar_mq.tenants.access import authorize_job, authorize_rollout
 
 PrincipalOf = Callable[..., Principal]
+"""The factories below are cached: the same rule is the same callable, so FastAPI runs it once per
+request even when a route names it twice (in `dependencies` to order it, and as a parameter)."""
 
 
 def check_scope(principal: Principal, scope: str) -> None:
@@ -36,6 +39,7 @@ def check_scope(principal: Principal, scope: str) -> None:
         )
 
 
+@cache
 def require(scope: str) -> PrincipalOf:
     """The request's principal, which must hold `scope`."""
 
@@ -46,6 +50,7 @@ def require(scope: str) -> PrincipalOf:
     return dependency
 
 
+@cache
 def require_briefly(scope: str) -> PrincipalOf:
     """`require` with authentication in a short session of its own."""
 
@@ -56,6 +61,7 @@ def require_briefly(scope: str) -> PrincipalOf:
     return dependency
 
 
+@cache
 def job_access(scope: str) -> PrincipalOf:
     """`require(scope)`, and the `{job_id}` of the path must be the caller's tenant's (else 404)."""
 
@@ -71,6 +77,7 @@ def job_access(scope: str) -> PrincipalOf:
     return dependency
 
 
+@cache
 def job_access_briefly(scope: str) -> PrincipalOf:
     """`job_access` in a short session of its own."""
 
@@ -87,6 +94,7 @@ def job_access_briefly(scope: str) -> PrincipalOf:
     return dependency
 
 
+@cache
 def rollout_access(scope: str) -> PrincipalOf:
     """`require(scope)`, and the `{rollout_id}` of the path must be the caller's tenant's."""
 

@@ -42,7 +42,7 @@ Cursor = Annotated[str | None, Query(description="next_cursor (or a group's curs
         200: {"model": SubmitResponse, "description": "Existing job of this idempotency_key"},
         **error_responses(400, 409, 413, 429),
     },
-    dependencies=[Depends(require_broker)],
+    dependencies=[Depends(require(JOBS_WRITE)), Depends(require_broker)],
 )
 def submit(
     spec: JobCreate,
