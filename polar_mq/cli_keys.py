@@ -13,7 +13,6 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.table import Table
 from sqlalchemy.orm import Session
 
 from polar_mq.config import get_settings
@@ -99,14 +98,24 @@ def keys_list(
         for row in rows:
             print(json.dumps(row))
         return
-    table = Table("id", "name", "tenant", "scopes", "quota", "created", "revoked")
-    for row in rows:
-        quota = ", ".join(f"{k}={v}" for k, v in row["quota"].items()) or "-"
-        table.add_row(
-            str(row["id"]), row["name"], row["tenant"], ",".join(row["scopes"]), quota,
-            row["created_at"][:19], (row["revoked_at"] or "-")[:19],
-        )  # fmt: skip
-    Console().print(table)
+    header = ("id", "name", "tenant", "scopes", "quota", "created", "revoked")
+    lines = [header] + [
+        (
+            str(row["id"]),
+            row["name"],
+            row["tenant"],
+            ",".join(row["scopes"]),
+            ", ".join(f"{k}={v}" for k, v in row["quota"].items()) or "-",
+            row["created_at"][:19],
+            (row["revoked_at"] or "-")[:19],
+        )
+        for row in rows
+    ]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    for line in lines:  # plain columns: never truncated, whatever the terminal width
+        print(
+            "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
+        )
 
 
 @keys_app.command("revoke")

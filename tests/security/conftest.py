@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import redis
-from security_support import TENANT_QUOTAS, LiveApi, make_key
+from security_support import SETTINGS_MAX_ROLLOUTS_PER_REQUEST, TENANT_QUOTAS, LiveApi, make_key
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -24,9 +24,6 @@ from polar_mq.db import create_db_engine, make_session_factory
 from polar_mq.migrate import upgrade
 from polar_mq.processes import ManagedProcess, free_port
 from tests.conftest import PG_ADMIN_URL, REDIS_URL
-
-SETTINGS_MAX_ROLLOUTS_PER_REQUEST = 500
-"""The Settings-wide per-request limit of the live API (tenants without an override get it)."""
 
 
 @pytest.fixture(scope="session")

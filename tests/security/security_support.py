@@ -42,6 +42,9 @@ TENANT_QUOTAS: dict[str, dict[str, int]] = {
 }
 """`POLAR_MQ_TENANT_QUOTAS` of the live API."""
 
+SETTINGS_MAX_ROLLOUTS_PER_REQUEST = 500
+"""`POLAR_MQ_QUOTA_MAX_ROLLOUTS_PER_REQUEST` of the live API: tenants without an override get it."""
+
 JOB = {"tasks": [{"instruction": "say hi"}, {"instruction": "say bye"}], "samples_per_task": 2}
 
 
