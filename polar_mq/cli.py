@@ -14,11 +14,13 @@ from rich.console import Console
 
 from polar_mq.cli_keys import keys_app
 from polar_mq.config import Settings, get_settings
+from polar_mq.harness_cli import harness_app
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 db_app = typer.Typer(no_args_is_help=True, help="Database schema.")
 app.add_typer(db_app, name="db")
 app.add_typer(keys_app, name="keys")
+app.add_typer(harness_app, name="harness")
 console = Console()
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1"}
 DEFAULT_DRAIN_TIMEOUT_S = 600.0
@@ -369,6 +371,10 @@ def export(
     advantages: Annotated[
         str | None, typer.Option(help="grpo: add group-relative advantages")
     ] = None,
+    artifacts: Annotated[
+        Path | None,
+        typer.Option(help="also save each rollout's artifacts under DIR/<rollout id>/"),
+    ] = None,
     url: Annotated[str | None, typer.Option(help="API base URL")] = None,
     api_key: Annotated[str | None, typer.Option(envvar="POLAR_MQ_API_KEY")] = None,
 ) -> None:
@@ -385,12 +391,16 @@ def export(
         raise _fail(f"unknown --advantages {advantages!r}; known: grpo", 2)
     client = _client(url, api_key)
     try:
-        summary = client.export(job_id, path, chosen.value, complete_only, advantages)
+        summary = client.export(
+            job_id, path, chosen.value, complete_only, advantages, artifacts_dir=artifacts
+        )
     except PolarMQError as exc:
         raise _fail(str(exc)) from exc
     except OSError as exc:
         raise _fail(f"cannot write {path}: {exc}") from exc
     console.print(f"{summary.rows} samples of {summary.groups} groups → {summary.path}")
+    if artifacts is not None:
+        console.print(f"{summary.artifacts} artifact files → {artifacts}")
     if not summary.job_finished:
         console.print("[yellow]the job is still running: later groups are not in this file[/]")
 

@@ -10,12 +10,15 @@ after a dropped connection returns the job the first attempt created instead of 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 import httpx
 
@@ -45,6 +48,7 @@ from polar_mq.client_common import (
     _submit_body,
     default_consumer,
     delivery_ids,
+    page_rollouts,
 )
 
 if TYPE_CHECKING:
@@ -260,17 +264,25 @@ class Client:
         complete_only: bool = True,
         advantages: str | None = None,
         page_size: int = EXPORT_PAGE_SIZE,
+        artifacts_dir: str | os.PathLike[str] | None = None,
     ) -> ExportSummary:
         """Write the job's training samples to `path` as jsonl or parquet (default: by suffix).
 
         One row per training sample (see `polar_mq.export`); streamed page by page. Exports the
         groups available now: `summary.job_finished` is False when the job was still running.
+        With `artifacts_dir`, each exported rollout's artifacts (agent log, transcript, diff) are
+        saved as `artifacts_dir/<rollout id>/<name>` too.
         """
         writer = _export_writer(job_id, path, format, advantages)
+        saved = 0
         with writer:
             for page in self.iter_pages(job_id, complete_only, True, page_size, advantages):
                 writer.add_page(page)
-            return writer.finish()
+                if artifacts_dir is not None:
+                    for rollout_id, attempt in page_rollouts(page):
+                        saved += self.save_artifacts(rollout_id, Path(artifacts_dir), attempt)
+            summary = writer.finish()
+        return dataclasses.replace(summary, artifacts=saved)
 
     # -- policy versions (weight updates)
 
@@ -417,6 +429,39 @@ class Client:
     def calls(self, rollout_id: str) -> list[dict[str, Any]]:
         """The LLM calls captured for one rollout, in order."""
         return list(self._request("GET", f"/v1/rollouts/{rollout_id}/calls")["calls"])
+
+    def artifacts(self, rollout_id: str, attempt: int | None = None) -> list[dict[str, Any]]:
+        """Name, size, media type and `truncated` of each artifact of an attempt (default:
+        the current one): agent.log, the harness's transcripts, workspace.diff."""
+        params = {} if attempt is None else {"attempt": attempt}
+        path = f"/v1/rollouts/{rollout_id}/artifacts"
+        return list(self._request("GET", path, params=params)["artifacts"])
+
+    def artifact(self, rollout_id: str, name: str, attempt: int | None = None) -> bytes:
+        """One artifact's stored content."""
+        params = {} if attempt is None else {"attempt": attempt}
+        path = f"/v1/rollouts/{rollout_id}/artifacts/{quote(name, safe='')}"
+        try:
+            response = self._http.get(path, params=params)
+        except httpx.TransportError as exc:
+            raise PolarMQError(0, "connection_error", f"{type(exc).__name__}: {exc}") from exc
+        if not response.is_success:
+            _parse(response)  # raises the API's error
+        return response.content
+
+    def save_artifacts(self, rollout_id: str, directory: Path, attempt: int | None = None) -> int:
+        """Write a rollout's artifacts under `directory/<rollout id>/`; how many."""
+        listing = self.artifacts(rollout_id, attempt)
+        target = directory / rollout_id
+        target.mkdir(parents=True, exist_ok=True)
+        saved = 0
+        for item in listing:
+            name = str(item["name"])
+            if name in ("", ".", "..") or Path(name).name != name:
+                continue  # never write outside the rollout's folder
+            (target / name).write_bytes(self.artifact(rollout_id, name, attempt))
+            saved += 1
+        return saved
 
     # -- lifecycle
 

@@ -77,6 +77,15 @@ def _parse(response: httpx.Response) -> Any:
         raise PolarMQError(response.status_code, "http_error", response.text[:500]) from None
 
 
+def page_rollouts(page: Mapping[str, Any]) -> list[tuple[str, int]]:
+    """(rollout id, attempt) of every sample of a results page."""
+    return [
+        (str(sample["rollout_id"]), int(sample["attempt"]))
+        for group in page.get("groups") or []
+        for sample in group.get("samples") or []
+    ]
+
+
 def _submission(data: Mapping[str, Any]) -> Submission:
     return Submission(str(data["job_id"]), [str(r) for r in data["rollout_ids"]], data["created"])
 

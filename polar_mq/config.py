@@ -122,6 +122,13 @@ class Settings(BaseSettings):
     )
 
     runtime_root: Path = Field(Path("/tmp/polar_mq/runtimes"))
+    harness_root: Path = Field(
+        Path.home() / ".cache" / "polar_mq" / "harnesses",
+        description="installed harness presets, one directory per name/version (harness install)",
+    )
+    artifact_max_bytes: int = Field(
+        1 << 20, ge=1024, description="per stored rollout artifact; a longer file keeps its tail"
+    )
     warm_pool_max_per_node: int = Field(
         16, ge=0, description="warm-pool runtimes a node keeps (idle, building, in use)"
     )

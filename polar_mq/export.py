@@ -70,6 +70,8 @@ class ExportSummary:
     rows: int
     job_finished: bool
     """False: the job was still running, only the groups available then were exported."""
+    artifacts: int = 0
+    """Artifact files saved beside the export (`artifacts_dir`)."""
 
 
 def _versions(meta: Mapping[str, Any]) -> list[int]:

@@ -11,8 +11,20 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from polar_mq.harnesses.base import PROXY_ENV_VARS, AgentContext, Harness, proxy_env
+from pydantic import ValidationError
+
+from polar_mq.harnesses.auxiliary import AuxiliaryRule, parse_rules
+from polar_mq.harnesses.base import (
+    DEFAULT_ANSWER,
+    PROXY_ENV_VARS,
+    AgentContext,
+    AnswerSource,
+    Harness,
+    proxy_env,
+)
 from polar_mq.harnesses.command import PLACEHOLDERS, CommandHarness
+from polar_mq.harnesses.presets.harness import PresetHarness
+from polar_mq.harnesses.presets.registry import get_preset, presets
 
 REFERENCE_AGENT_MODULE = "polar_mq.agents.tool_agent"
 
@@ -28,9 +40,19 @@ def reference_command(python: str = sys.executable) -> str:
     return f"{shlex.quote(python)} -m {REFERENCE_AGENT_MODULE}"
 
 
+def _rules(spec: Mapping[str, Any]) -> tuple[AuxiliaryRule, ...]:
+    try:
+        return parse_rules(spec.get("auxiliary_calls"))
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise ValueError(f"bad 'auxiliary_calls': {first.get('msg')}") from exc
+
+
 def _command(spec: Mapping[str, Any]) -> Harness:
-    _check_keys(spec, {"type", "command", "env"})
-    return CommandHarness(spec.get("command", ""), spec.get("env"))
+    _check_keys(spec, {"type", "command", "env", "auxiliary_calls", "artifacts"})
+    return CommandHarness(
+        spec.get("command", ""), spec.get("env"), _rules(spec), spec.get("artifacts")
+    )
 
 
 def _reference(spec: Mapping[str, Any]) -> Harness:
@@ -49,14 +71,17 @@ def get_harness(spec: Mapping[str, Any]) -> Harness:
     if not isinstance(spec, Mapping):
         raise ValueError(f"harness spec must be a mapping, got {type(spec).__name__}")
     kind = spec.get("type")
-    factory = HARNESS_TYPES.get(kind) if isinstance(kind, str) else None
-    if factory is None:
-        known = ", ".join(sorted(HARNESS_TYPES))
-        raise ValueError(f"unknown harness type {kind!r}; known types: {known}")
     env = spec.get("env")
     if env is not None and not isinstance(env, Mapping):
         raise ValueError("harness 'env' must be a mapping of str to str")
-    return factory(spec)
+    factory = HARNESS_TYPES.get(kind) if isinstance(kind, str) else None
+    if factory is not None:
+        return factory(spec)
+    preset = get_preset(kind) if isinstance(kind, str) else None
+    if preset is None:
+        known = ", ".join([*sorted(HARNESS_TYPES), *presets()])
+        raise ValueError(f"unknown harness type {kind!r}; known types: {known}")
+    return PresetHarness(preset, spec)
 
 
 def _check_keys(spec: Mapping[str, Any], allowed: set[str]) -> None:
@@ -69,13 +94,17 @@ def _check_keys(spec: Mapping[str, Any], allowed: set[str]) -> None:
 
 
 __all__ = [
+    "DEFAULT_ANSWER",
     "HARNESS_TYPES",
     "PLACEHOLDERS",
     "PROXY_ENV_VARS",
     "REFERENCE_AGENT_MODULE",
     "AgentContext",
+    "AnswerSource",
+    "AuxiliaryRule",
     "CommandHarness",
     "Harness",
+    "PresetHarness",
     "get_harness",
     "proxy_env",
     "reference_command",

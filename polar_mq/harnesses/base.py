@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import sys
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import ClassVar
+
+from polar_mq.harnesses.auxiliary import AuxiliaryRule
 
 # Variables that route the agent through the proxy and tell it its task; reserved for polar_mq.
 PROXY_ENV_VARS = frozenset(
@@ -28,6 +32,7 @@ PROXY_ENV_VARS = frozenset(
         "POLAR_TASK_FILE",
         "POLAR_WORKDIR",
         "POLAR_MODEL",
+        "POLAR_PYTHON",
     }
 )
 
@@ -51,6 +56,21 @@ class AgentContext:
     model: str
     python: str = sys.executable
     extra_env: dict[str, str] = field(default_factory=dict)
+    harness_root: Path | None = None
+    """Where this node's installed presets are (`Settings.harness_root`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class AnswerSource:
+    """Where the graded answer comes from: `file` (workspace-relative) when the agent wrote it,
+    else the last assistant message of the main loop (auxiliary calls excluded)."""
+
+    file: str | None
+    description: str
+
+
+ANSWER_FILE = "answer.txt"
+DEFAULT_ANSWER = AnswerSource(ANSWER_FILE, f"{ANSWER_FILE} if written, else the last message")
 
 
 def proxy_env(ctx: AgentContext) -> dict[str, str]:
@@ -75,17 +95,27 @@ def proxy_env(ctx: AgentContext) -> dict[str, str]:
         "POLAR_TASK_FILE": ctx.task_file,
         "POLAR_WORKDIR": ctx.workdir,
         "POLAR_MODEL": ctx.model,
+        "POLAR_PYTHON": ctx.python,
     }
 
 
 class Harness(ABC):
     """Turns a rollout context into a shell command and an environment for the runtime."""
 
-    type: ClassVar[str]
+    type: ClassVar[str] = "preset"
+    answer: AnswerSource = DEFAULT_ANSWER
+    auxiliary_rules: tuple[AuxiliaryRule, ...] = ()
+    """Rules recognising the harness's side calls (stored with purpose `auxiliary`)."""
+    artifacts: Mapping[str, str] = {}
+    """Artifact name -> workspace-relative file the harness writes (saved after the agent)."""
 
     @abstractmethod
     def command(self, ctx: AgentContext) -> str:
         """The shell command (run via `/bin/sh -c`) that starts the agent."""
+
+    def files(self, ctx: AgentContext) -> dict[str, str]:
+        """Config files (workspace-relative path -> text) written before the agent starts."""
+        return {}
 
     def env(self, ctx: AgentContext) -> dict[str, str]:
         """Per-rollout extras first, then the proxy wiring, which always wins."""

@@ -314,7 +314,8 @@ class LlmCallRecord:
     """The chat request a translated family's call became (None for chat/completions calls)."""
     response: dict[str, Any] | None
     purpose: str
-    """`agent` (training data) or `judge` (an llm_judge scoring the rollout; never trained on)."""
+    """`agent` (training data), `auxiliary` (a side call of the harness: titles, memory; never
+    trained on nor graded) or `judge` (an llm_judge scoring the rollout; never trained on)."""
     attempt: int
     """The rollout attempt that made the call; a restarted rollout trains on its last attempt's."""
 

@@ -27,9 +27,25 @@ class StrictModel(BaseModel):
 
 
 class HarnessSpec(StrictModel):
-    type: str = Field("reference", description="command | reference")
+    type: str = Field(
+        "reference", description="command | reference | a preset (`polar-mq harness list`)"
+    )
     command: str | None = Field(None, description="shell command; {instruction}, {task_file}…")
     env: dict[str, str] = Field(default_factory=dict)
+    version: str | None = Field(None, description="preset version (default: the pinned one)")
+    options: dict[str, Any] | None = Field(
+        None, description="preset options: max_turns, extra_args, mcp_servers, skills, …"
+    )
+    auto_install: bool | None = Field(
+        None, description="install a missing preset on the node at prepare (under a lock)"
+    )
+    auxiliary_calls: list[dict[str, Any]] | None = Field(
+        None, description="extra rules for side calls: system_contains, user_contains, "
+        "max_tokens_at_most, no_tools (all set conditions must hold)",
+    )  # fmt: skip
+    artifacts: dict[str, str] | None = Field(
+        None, description="command harness: artifact name -> workspace-relative file to keep"
+    )
 
     @model_validator(mode="after")
     def _resolvable(self) -> HarnessSpec:

@@ -1,6 +1,7 @@
 """SQLAlchemy models: the source of truth for jobs, rollouts, LLM calls and trajectories."""
 
 from polar_mq.models.api_key import ApiKey
+from polar_mq.models.artifact import RolloutArtifact
 from polar_mq.models.base import Base
 from polar_mq.models.event import Event, EventKind
 from polar_mq.models.group_delivery import GroupDelivery
@@ -23,6 +24,7 @@ __all__ = [
     "LlmCall",
     "PolicyState",
     "Rollout",
+    "RolloutArtifact",
     "RolloutStatus",
     "StaleAction",
     "StaleGroup",

@@ -16,7 +16,7 @@ from polar_mq.runtimes.base import ResourceLimits, Runtime
 # spec key -> constructor keyword, per kind
 KIND_OPTIONS: dict[str, dict[str, str]] = {
     "local": {},
-    "bwrap": {"network": "network", "pids": "pids_limit"},
+    "bwrap": {"network": "network", "pids": "pids_limit", "ro": "ro_binds"},
     "docker": {
         "image": "image",
         "network": "network",

@@ -21,7 +21,7 @@ ALL_SCOPES: Final = (JOBS_READ, JOBS_WRITE, POLICY_WRITE, ADMIN)
 """Every scope, in the order they are listed."""
 
 ADMIN_TENANT: Final = "admin"
-"""The tenant of keys that existed before tenants (migration 0007) and of development mode."""
+"""The tenant of keys that existed before tenants (migration 0008) and of development mode."""
 
 TENANT_PATTERN: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 

@@ -41,6 +41,7 @@ from polar_mq.testing.fake_responses import (
 )
 from polar_mq.testing.fake_sampling import sample
 from polar_mq.testing.fake_tokenizer import decode, encode, render_chat
+from polar_mq.testing.scripted_policy import Policy, load_policy
 
 
 @dataclass
@@ -59,8 +60,16 @@ class FakeStats:
 class FakeVllm:
     """The route handlers, holding the model name, the delays and the stats."""
 
-    def __init__(self, model: str, ttft_s: float, token_delay_s: float, max_model_len: int):
+    def __init__(
+        self,
+        model: str,
+        ttft_s: float,
+        token_delay_s: float,
+        max_model_len: int,
+        script: Policy | None = None,
+    ):
         self.model = model
+        self.script = script
         self.ttft_s = ttft_s
         self.token_delay_s = token_delay_s
         self.max_model_len = max_model_len
@@ -121,7 +130,8 @@ class FakeVllm:
             opts = self._options(body, logprobs, take_int(body, "n", 1, 1, 16) or 1)
         except BadRequest as exc:
             return error_response(exc)
-        result = sample(chat_reply(messages, tools), budget)
+        policy = self.script or chat_reply
+        result = sample(policy(messages, tools), budget)
         if body.get("stream"):
             return self._stream(chat_chunks(prompt_ids, result, opts))
         await self._wait(len(result.token_ids))
@@ -229,9 +239,12 @@ def create_fake_vllm_app(
     ttft_s: float = 0.0,
     token_delay_s: float = 0.0,
     max_model_len: int = 32768,
+    script: Policy | None = None,
 ) -> Starlette:
-    """The fake engine as an ASGI app; `app.state.stats` is its `FakeStats`."""
-    fake = FakeVllm(model, ttft_s, token_delay_s, max_model_len)
+    """The fake engine as an ASGI app; `app.state.stats` is its `FakeStats`.
+
+    `script`: answer chat with a scripted plan (scripted_policy) instead of the calculator."""
+    fake = FakeVllm(model, ttft_s, token_delay_s, max_model_len, script)
     app = Starlette(
         routes=[
             Route("/v1/chat/completions", fake.chat, methods=["POST"]),
@@ -256,12 +269,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--ttft-ms", type=float, default=0.0, help="delay before the 1st token")
     parser.add_argument("--token-delay-ms", type=float, default=0.0, help="delay between tokens")
     parser.add_argument("--max-model-len", type=int, default=32768)
+    parser.add_argument("--script", help="plan file or directory (testing/scripted_policy)")
     args = parser.parse_args(argv)
 
     import uvicorn
 
     app = create_fake_vllm_app(
-        args.model, args.ttft_ms / 1000, args.token_delay_ms / 1000, args.max_model_len
+        args.model,
+        args.ttft_ms / 1000,
+        args.token_delay_ms / 1000,
+        args.max_model_len,
+        load_policy(args.script) if args.script else None,
     )
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
 

@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from polar_mq.devstack import LocalStack
 from polar_mq.models import PolicyState
+from tests.e2e.preset_support import PresetStack
 from tests.e2e.stack import fake_upstream_stack
 
 
@@ -34,3 +35,15 @@ def fresh_policy(db_session_factory: sessionmaker[Session]) -> Iterator[None]:
     yield
     with db_session_factory.begin() as session:
         session.execute(delete(PolicyState))
+
+
+@pytest.fixture(scope="session")
+def preset_stack(pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PresetStack]:
+    """One stack for every harness test: the fake engine follows per-task plans from a directory
+    (`[[plan:NAME]]` in the instruction) and accepts the long prompts real harnesses send."""
+    tmp = tmp_path_factory.mktemp("e2e-presets")
+    plans = tmp / "plans"
+    plans.mkdir()
+    latency = {"script": str(plans), "max_model_len": 2_000_000}
+    with fake_upstream_stack(pg_url, tmp, latency=latency) as stack:
+        yield PresetStack(stack, plans)

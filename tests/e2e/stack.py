@@ -40,12 +40,13 @@ def fake_upstream_stack(
     pg_url: str,
     tmp: Path,
     concurrency: Mapping[Stage, int] | None = None,
-    latency: Mapping[str, float] | None = None,
+    latency: Mapping[str, float | str] | None = None,
     **overrides: object,
 ) -> Iterator[LocalStack]:
     """Fake vLLM-shaped upstream + proxy + one worker process per stage + API.
 
-    `latency`: the fake's pacing options (`ttft_ms`, `token_delay_ms`); `overrides`: settings."""
+    `latency`: the fake's options (`ttft_ms`, `token_delay_ms`, `script`, `max_model_len`);
+    `overrides`: settings."""
     upstream_port = free_port()
     settings = e2e_settings(
         pg_url, tmp, upstream_url=f"http://127.0.0.1:{upstream_port}", served_model="fake-model",

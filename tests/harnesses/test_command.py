@@ -34,13 +34,36 @@ def make_ctx(**overrides: object) -> AgentContext:
     return AgentContext(**fields)  # type: ignore[arg-type]
 
 
-def test_placeholders_are_shell_quoted(tmp_path: Path) -> None:
-    ctx = make_ctx(instruction=HOSTILE)
-    command = CommandHarness("printf '%s|%s|%s' {instruction} {workdir} {model}").command(ctx)
+def _run(harness: CommandHarness, ctx: AgentContext, cwd: Path) -> str:
+    """The command through /bin/sh with the agent's environment, as runtimes run it."""
     out = subprocess.run(
-        ["/bin/sh", "-c", command], capture_output=True, text=True, check=True, cwd=tmp_path
-    )
-    assert out.stdout == f"{HOSTILE}|/work dir|smollm2"
+        ["/bin/sh", "-c", harness.command(ctx)],
+        capture_output=True, text=True, check=True, cwd=cwd, env=harness.env(ctx),
+    )  # fmt: skip
+    assert not list(cwd.iterdir()), "the hostile value ran as code"
+    return out.stdout
+
+
+@pytest.mark.parametrize(
+    ("template", "expected"),
+    [
+        ("printf '%s|%s|%s' {instruction} {workdir} {model}", "{i}|/work dir|smollm2"),
+        ('printf "%s" "{instruction}"', "{i}"),
+        ('printf "%s" "before {instruction} after"', "before {i} after"),
+        ("printf '%s' 'before {instruction} after'", "before {i} after"),
+        ('printf "%s" "$(printf "%s" {instruction})"', "{i}"),
+        ('printf "%s" "$(printf "%s" "{instruction}")"', "{i}"),
+        ("printf '%s' \"`printf '%s' '{model}'`\"", "smollm2"),
+        ("echo {instruction} | cat", "{i}\n"),
+        ('printf "%s" \\"{model}', '"smollm2'),
+    ],
+)
+def test_placeholders_are_never_shell_code_in_any_quoting(
+    tmp_path: Path, template: str, expected: str
+) -> None:
+    ctx = make_ctx(instruction=HOSTILE)
+    got = _run(CommandHarness(template), ctx, tmp_path)
+    assert got == expected.replace("{i}", HOSTILE)
 
 
 def test_every_placeholder_and_foreign_braces() -> None:
@@ -48,7 +71,8 @@ def test_every_placeholder_and_foreign_braces() -> None:
         "run {rollout_id} {task_file} {workdir} {model} ${HOME} {unknown} awk '{print $1}'"
     )
     assert harness.command(make_ctx()) == (
-        "run r-1 /work/task.json '/work dir' smollm2 ${HOME} {unknown} awk '{print $1}'"
+        'run "${POLAR_ROLLOUT_ID}" "${POLAR_TASK_FILE}" "${POLAR_WORKDIR}" "${POLAR_MODEL}" '
+        "${HOME} {unknown} awk '{print $1}'"
     )
 
 
@@ -68,6 +92,7 @@ def test_env_wires_the_proxy() -> None:
         "POLAR_TASK_FILE": "/work/task.json",
         "POLAR_WORKDIR": "/work dir",
         "POLAR_MODEL": "smollm2",
+        "POLAR_PYTHON": sys.executable,
     }
     assert set(env) == PROXY_ENV_VARS
 
@@ -91,10 +116,10 @@ def test_reserved_and_invalid_env_are_refused() -> None:
 
 def test_get_harness_command_and_reference() -> None:
     harness = get_harness({"type": "command", "command": "my-agent {instruction}", "env": {}})
-    assert harness.command(make_ctx()) == "my-agent 'What is 6*7?'"
+    assert harness.command(make_ctx()) == 'my-agent "${POLAR_INSTRUCTION}"'
 
     reference = get_harness({"type": "reference", "env": {"POLAR_AGENT_TOOLS": "native"}})
-    assert reference.command(make_ctx()) == reference_command()
+    assert reference.command(make_ctx()) == '"${POLAR_PYTHON}" -m polar_mq.agents.tool_agent'
     assert reference_command().endswith("-m polar_mq.agents.tool_agent")
     assert sys.executable in reference_command()
     assert reference.env(make_ctx())["POLAR_AGENT_TOOLS"] == "native"
@@ -109,17 +134,18 @@ def test_reference_agent_runs_with_the_runtimes_interpreter(tmp_path: Path) -> N
     assert local.python == sys.executable
     docker = runtime_from_spec({"kind": "docker", "image": "img"}, "rt-1", tmp_path)
     assert docker.python == "python3"
-    assert reference.command(make_ctx(python=docker.python)) == (
-        "python3 -m polar_mq.agents.tool_agent"
-    )
+    assert reference.env(make_ctx(python=docker.python))["POLAR_PYTHON"] == "python3"
     custom = runtime_from_spec(
         {"kind": "docker", "image": "img", "python": "/opt/venv/bin/python"}, "rt-1", tmp_path
     )
-    assert reference.command(make_ctx(python=custom.python)).startswith("/opt/venv/bin/python -m")
+    env = reference.env(make_ctx(python=custom.python))
+    assert env["POLAR_PYTHON"] == "/opt/venv/bin/python"
+    assert reference.command(make_ctx()).startswith('"${POLAR_PYTHON}" -m')
     with pytest.raises(ValueError, match="python"):
         runtime_from_spec({"kind": "local", "python": "python3"}, "rt-1", tmp_path)
     command = get_harness({"type": "command", "command": "{python} agent.py"})
-    assert command.command(make_ctx(python="/usr/bin/python3")) == "/usr/bin/python3 agent.py"
+    assert command.command(make_ctx()) == '"${POLAR_PYTHON}" agent.py'
+    assert command.env(make_ctx(python="/usr/bin/python3"))["POLAR_PYTHON"] == "/usr/bin/python3"
 
 
 @pytest.mark.parametrize(

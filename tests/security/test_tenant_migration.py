@@ -1,4 +1,4 @@
-"""Migration 0007: keys and jobs made before tenants keep every access they had (admin tenant, all
+"""Migration 0008: keys and jobs made before tenants keep every access they had (admin tenant, all
 scopes); idempotency keys become per tenant; downgrade and upgrade again work."""
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def fresh_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 
 
 def test_existing_keys_and_jobs_move_to_the_admin_tenant(fresh_url: str) -> None:
-    upgrade(fresh_url, "0006_engine_request")
+    upgrade(fresh_url, "0007_rollout_artifacts")
     engine = create_db_engine(fresh_url)
     now = datetime.now(UTC)
     job_id = uuid.uuid4()
@@ -80,7 +80,7 @@ def test_existing_keys_and_jobs_move_to_the_admin_tenant(fresh_url: str) -> None
             conn.execute(insert, {"id": ident, "tenant": "team-b", "t": now})
         with engine.begin() as conn:
             conn.execute(text("DELETE FROM jobs WHERE tenant = 'team-b'"))
-        command.downgrade(alembic_config(fresh_url), "0006_engine_request")
+        command.downgrade(alembic_config(fresh_url), "0007_rollout_artifacts")
         assert "tenant" not in {c["name"] for c in inspect(engine).get_columns("jobs")}
         assert "scopes" not in {c["name"] for c in inspect(engine).get_columns("api_keys")}
         upgrade(fresh_url)

@@ -24,9 +24,13 @@ class FakeRuntime:
         self.runtime_id = "rt-test"
         self.env: dict[str, str] = {}
 
-    def exec(self, command: Any, *, env: dict[str, str], **_: Any) -> ExecResult:
-        self.env = dict(env)
+    def exec(self, command: Any, *, env: dict[str, str] | None = None, **_: Any) -> ExecResult:
+        if env is not None:  # the agent's command (the workspace diff runs without env)
+            self.env = dict(env)
         return ExecResult(0, "", "", False, False, 0.01)
+
+    def download(self, path: str) -> bytes:
+        raise FileNotFoundError(path)  # no diff, no transcript
 
 
 class FakeHttp:

@@ -14,6 +14,7 @@ from sqlalchemy import Table, select
 
 from polar_mq.db import unit_of_work
 from polar_mq.evaluators import EvalContext, LlmEndpoint, evaluate_safely, get_evaluator
+from polar_mq.harnesses import get_harness
 from polar_mq.models import Evaluation, LlmCall
 from polar_mq.models.base import utcnow
 from polar_mq.runtimes import Runtime
@@ -23,7 +24,6 @@ from polar_mq.workers.stages.common import StageOutcome, open_runtime
 from polar_mq.workers.stages.grading_runtime import grading_runtime
 from polar_mq.workers.transitions import Claimed
 
-ANSWER_FILE = "answer.txt"
 EVALUATIONS = cast(Table, Evaluation.__table__)
 
 
@@ -51,11 +51,15 @@ def _last_assistant_text(ctx: WorkerContext, claimed: Claimed) -> str | None:
 
 
 def final_text(ctx: WorkerContext, claimed: Claimed, runtime: Runtime) -> str | None:
-    """The agent's answer: its answer file if it wrote one, else its last assistant message."""
-    try:
-        return runtime.download(ANSWER_FILE).decode(errors="replace")
-    except (FileNotFoundError, OSError):
-        return _last_assistant_text(ctx, claimed)
+    """The agent's answer from its harness's answer source: the declared file if the agent wrote
+    it, else the last assistant message of its main loop (auxiliary calls are not the answer)."""
+    answer = get_harness(claimed.spec.get("harness", {"type": "reference"})).answer
+    if answer.file is not None:
+        try:
+            return runtime.download(answer.file).decode(errors="replace")
+        except (OSError, ValueError):
+            pass
+    return _last_assistant_text(ctx, claimed)
 
 
 def judge_endpoint(ctx: WorkerContext, claimed: Claimed) -> LlmEndpoint:

@@ -22,6 +22,12 @@ from typing import Any
 
 import orjson
 
+from polar_mq.harnesses.presets.setup import (
+    HarnessMissing,
+    check_in_image,
+    ensure_installed,
+    runtime_spec_for,
+)
 from polar_mq.models import TerminationReason
 from polar_mq.runtimes import Runtime
 from polar_mq.runtimes.recipe import RecipeFailed, apply_recipe
@@ -40,7 +46,10 @@ TASK_FILE = "task.json"
 
 
 def _cold(ctx: WorkerContext, claimed: Claimed, timeout: float) -> tuple[Runtime, dict[str, Any]]:
-    runtime_spec = claimed.spec.get("runtime", {})
+    spec = claimed.spec
+    runtime_spec = runtime_spec_for(
+        spec.get("runtime", {}), spec.get("harness", {}), ctx.settings.harness_root
+    )  # a bwrap sandbox also sees the preset's install
     runtime = open_runtime(ctx.settings, runtime_spec, claimed.rollout)
     t0 = time.monotonic()
     runtime.start()
@@ -68,10 +77,16 @@ def _warm(ctx: WorkerContext, claimed: Claimed, timeout: float) -> tuple[Runtime
 def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
     spec = claimed.spec
     timeout = float(spec.get("timeouts", {}).get("prepare_s", 300.0))
-    get = _warm if wants_warm(spec.get("runtime", {})) else _cold
-    try:
+    runtime_spec, harness_spec = spec.get("runtime", {}), spec.get("harness", {})
+    docker = runtime_spec.get("kind") == "docker"
+    try:  # a preset harness must be installed on this node before a runtime is spent on it
+        if not docker:
+            ensure_installed(ctx.settings.harness_root, harness_spec, ctx.settings.node_name)
+        get = _warm if wants_warm(runtime_spec) else _cold
         runtime, detail = get(ctx, claimed, timeout)
-    except RecipeFailed as exc:
+        if docker:  # ... or baked into the image (the runtime is released by the runner)
+            check_in_image(runtime, harness_spec, str(runtime_spec.get("image")))
+    except (RecipeFailed, HarnessMissing) as exc:
         raise StageFailure(TerminationReason.RUNTIME_ERROR, str(exc)) from exc
     node = ctx.settings.node_name
     return StageOutcome(

@@ -10,14 +10,18 @@ the build stage sees every call the agent made.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import func, select
+from sqlalchemy import Table, func, select
 from tenacity import retry, stop_after_attempt, wait_exponential
 
 from polar_mq.harnesses import AgentContext, get_harness
-from polar_mq.models import LlmCall, Rollout, TerminationReason
+from polar_mq.harnesses.presets.setup import harness_root_for
+from polar_mq.models import LlmCall, Rollout, RolloutArtifact, TerminationReason
 from polar_mq.models.base import utcnow
+from polar_mq.rollouts.artifacts import collect_artifacts
+from polar_mq.rollouts.auxiliary import mark_auxiliary_calls
+from polar_mq.runtimes import ExecResult
 from polar_mq.sampling import sampling_policy
 from polar_mq.tokens import issue_rollout_token
 from polar_mq.workers.context import WorkerContext
@@ -26,6 +30,7 @@ from polar_mq.workers.stages.grading_runtime import start_prewarm
 from polar_mq.workers.stages.prepare import TASK_FILE
 from polar_mq.workers.transitions import Claimed
 
+ARTIFACTS = cast(Table, RolloutArtifact.__table__)
 SAMPLING_ENV = {"temperature": "POLAR_AGENT_TEMPERATURE", "max_tokens": "POLAR_AGENT_MAX_TOKENS"}
 
 
@@ -74,6 +79,17 @@ def _sampling_env(sampling: dict[str, Any]) -> dict[str, str]:
     return {env: str(sampling[key]) for key, env in SAMPLING_ENV.items() if key in sampling}
 
 
+def _error_text(result: ExecResult, limit: int = 2000) -> str:
+    """Why the agent failed, in its own words: stderr's tail, and stdout's (some harnesses, such
+    as Claude Code, print their errors there)."""
+    parts = [
+        f"[{name}] {text.strip()[-limit:]}"
+        for name, text in (("stderr", result.stderr_tail), ("stdout", result.stdout_tail))
+        if text.strip()
+    ]
+    return "\n".join(parts) if parts else f"agent exited {result.exit_code}"
+
+
 def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
     spec = claimed.spec
     settings = ctx.settings
@@ -96,9 +112,13 @@ def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
         model=spec.get("model") or settings.served_model or "default",
         python=runtime.python,
         extra_env=_sampling_env(spec.get("sampling", {})),
+        harness_root=harness_root_for(spec.get("runtime", {}), settings.harness_root),
     )
+    for path, text in harness.files(agent).items():
+        runtime.upload(text.encode(), path)  # the harness's config, inside the workspace
     log_dir = settings.runtime_root / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / f"{runtime.runtime_id}.log"
     timeout = min(float(timeouts.get("agent_s", 600.0)), settings.max_agent_timeout_s)
     rollout_left = _rollout_time_left(ctx, claimed, timeouts.get("rollout_s"))
     if rollout_left is not None:
@@ -115,7 +135,7 @@ def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
             timeout=timeout,
             inactivity_timeout=timeouts.get("inactivity_s", settings.default_inactivity_timeout_s),
             activity=lambda: _last_llm_call(ctx, claimed),
-            stdout_path=log_dir / f"{runtime.runtime_id}.log",
+            stdout_path=log_path,
         )
     finally:
         grading = prewarm.join() if prewarm is not None else {}
@@ -131,19 +151,32 @@ def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
         raise StageFailure(
             TerminationReason.BACKEND_ERROR, f"proxy log flush failed: {exc!r}"
         ) from exc
-    error = None if reason == TerminationReason.COMPLETED else result.stderr_tail[-2000:]
+    rollout = claimed.rollout
+    rules = harness.auxiliary_rules
+    auxiliary = (
+        mark_auxiliary_calls(ctx.session_factory, rollout.id, rollout.attempt, rules)
+        if rules
+        else 0
+    )
+    artifacts = collect_artifacts(
+        runtime, rollout.id, rollout.attempt, log_path=log_path, files=harness.artifacts,
+        cap=settings.artifact_max_bytes,
+    )  # fmt: skip
     return StageOutcome(
         values={
             "termination_reason": reason,
             "agent_exit_code": result.exit_code,
-            "error": error,
+            "error": None if reason == TerminationReason.COMPLETED else _error_text(result),
         },
+        rows={ARTIFACTS: artifacts},
         detail={
             "exit_code": result.exit_code,
             "timed_out": result.timed_out,
             "inactive": result.inactive,
             "agent_s": round(result.duration_s, 4),
             "proxy_written_total": written,
+            "auxiliary_calls": auxiliary,
+            "artifacts": [row["name"] for row in artifacts],
             **grading,
         },
     )

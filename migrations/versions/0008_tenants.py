@@ -1,7 +1,7 @@
 """tenants: API keys get a tenant, scopes and quota overrides; jobs get a tenant
 
-Revision ID: 0007_tenants
-Revises: 0006_engine_request
+Revision ID: 0008_tenants
+Revises: 0007_rollout_artifacts
 Create Date: 2026-12-03 16:00:00
 
 Keys and jobs that existed before tenants move to the `admin` tenant, and the keys get every scope
@@ -16,8 +16,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0007_tenants"
-down_revision = "0006_engine_request"
+revision = "0008_tenants"
+down_revision = "0007_rollout_artifacts"
 branch_labels = None
 depends_on = None
 

@@ -1,0 +1,91 @@
+"""Making sure a rollout's preset is installed on the node that runs it (the prepare stage).
+
+A missing install fails the rollout at prepare with the command that fixes it, instead of an agent
+that dies with "command not found" and is scored; with `auto_install` the node installs it once
+(under the install lock, so concurrent rollouts wait for one install).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from polar_mq.harnesses import get_harness
+from polar_mq.harnesses.presets.harness import PresetHarness
+from polar_mq.harnesses.presets.install import (
+    MARKER,
+    InstallError,
+    find_install,
+    install,
+    install_dir,
+)
+from polar_mq.runtimes import Runtime
+
+IMAGE_HARNESS_ROOT = Path("/opt/polar_mq/harnesses")
+"""Where scripts/build_preset_image.sh installs presets inside a docker image."""
+
+
+def harness_root_for(runtime_spec: Mapping[str, Any], node_root: Path) -> Path:
+    """Where the agent finds installed presets: in the image for `docker`, else on the node."""
+    return IMAGE_HARNESS_ROOT if runtime_spec.get("kind") == "docker" else node_root
+
+
+def preset_of(harness_spec: Mapping[str, Any]) -> PresetHarness | None:
+    harness = get_harness(harness_spec or {"type": "reference"})
+    return harness if isinstance(harness, PresetHarness) else None
+
+
+def runtime_spec_for(
+    runtime_spec: Mapping[str, Any], harness_spec: Mapping[str, Any], node_root: Path
+) -> dict[str, Any]:
+    """The runtime spec a sandbox is started with: a `bwrap` sandbox also sees (read-only) the
+    install of the job's preset, which lives outside the system directories it binds."""
+    spec = dict(runtime_spec)
+    harness = preset_of(harness_spec)
+    if harness is not None and spec.get("kind") == "bwrap":
+        directory = install_dir(node_root, harness.preset.name, harness.version)
+        spec["ro"] = [*spec.get("ro", []), str(directory)]
+    return spec
+
+
+def check_in_image(runtime: Runtime, harness_spec: Mapping[str, Any], image: str) -> None:
+    """Under `docker`, the preset must be baked into the image (HarnessMissing otherwise)."""
+    harness = preset_of(harness_spec)
+    if harness is None:
+        return
+    directory = install_dir(IMAGE_HARNESS_ROOT, harness.preset.name, harness.version)
+    found = runtime.exec(["test", "-f", str(directory / MARKER)], timeout=30)
+    if found.exit_code != 0:
+        label = f"{harness.preset.name}@{harness.version}"
+        raise HarnessMissing(
+            f"image {image} has no harness {label} (no {directory}): build one with "
+            f"`bash scripts/build_preset_image.sh {label}` and use it as runtime.image"
+        )
+
+
+class HarnessMissing(RuntimeError):
+    """The preset is not installed here and the job did not ask for `auto_install`."""
+
+
+def ensure_installed(harness_root: Path, harness_spec: Mapping[str, Any], node: str) -> str | None:
+    """None for non-preset harnesses; else `name@version` once it is installed on this node.
+
+    (Under `docker` the image holds the install: see `check_in_image`.)"""
+    harness = preset_of(harness_spec)
+    if harness is None:
+        return None
+    preset, version = harness.preset, harness.version
+    label = f"{preset.name}@{version}"
+    if find_install(harness_root, preset.name, preset.package, version) is not None:
+        return label
+    if not harness.auto_install:
+        raise HarnessMissing(
+            f"harness {label} is not installed on node {node} (under {harness_root}): run "
+            f"`polar-mq harness install {label}` there, or set harness.auto_install: true"
+        )
+    try:
+        install(harness_root, preset.name, preset.package, version)
+    except InstallError as exc:
+        raise HarnessMissing(f"installing harness {label} on node {node} failed: {exc}") from exc
+    return label

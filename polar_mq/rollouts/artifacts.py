@@ -1,0 +1,109 @@
+"""Gathering a rollout's artifacts after its agent exited: output log, transcripts, workspace diff.
+
+The rows are returned, not written: the run-agent stage commits them with its finish, so a stage
+that is retried or lost writes them once. Every artifact is capped; a longer file keeps its tail
+(where errors and final answers are) and says so.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from polar_mq.models.base import utcnow
+from polar_mq.runtimes import Runtime
+
+AGENT_LOG = "agent.log"
+DIFF = "workspace.diff"
+EXCLUDED_FROM_DIFF = (".polar/", "task.json")
+"""polar_mq's own files in the workspace (harness config and HOME, the task file)."""
+
+_DIFF_SCRIPT = r"""
+set -e
+git rev-parse --is-inside-work-tree >/dev/null 2>&1 || exit 3
+index=$(mktemp)
+trap 'rm -f "$index"' EXIT
+export GIT_INDEX_FILE="$index"
+if git rev-parse --verify -q HEAD >/dev/null; then git read-tree HEAD; base=HEAD
+else base=$(git hash-object -t tree /dev/null); fi
+git add -A -- . EXCLUDES >/dev/null 2>&1
+mkdir -p .polar
+git -c core.quotepath=off diff --cached --binary --no-color "$base" > .polar/workspace.diff
+"""
+_DIFF_FILE = ".polar/workspace.diff"
+
+
+def diff_command() -> str:
+    """A shell script printing the workspace's changes against its commit, new files included.
+
+    It stages into a temporary index (`GIT_INDEX_FILE`), so the repository's own index, which the
+    agent or the evaluator may rely on, is never touched. Exit 3: not a git work tree.
+    """
+    excludes = " ".join(f"':(exclude){path}'" for path in EXCLUDED_FROM_DIFF)
+    return _DIFF_SCRIPT.replace("EXCLUDES", excludes)
+
+
+def workspace_diff(runtime: Runtime, timeout: float = 60.0) -> bytes | None:
+    """`git diff` of the workspace (with new files), or None when it is not a git repository."""
+    result = runtime.exec(diff_command(), timeout=timeout)
+    if result.exit_code != 0:
+        return None
+    try:
+        return runtime.download(_DIFF_FILE)
+    except (OSError, ValueError):
+        return None
+
+
+def _row(
+    rollout_id: uuid.UUID, attempt: int, name: str, data: bytes, cap: int, media_type: str
+) -> dict[str, Any]:
+    return {
+        "rollout_id": rollout_id,
+        "attempt": attempt,
+        "name": name,
+        "media_type": media_type,
+        "size": len(data),
+        "truncated": len(data) > cap,
+        "content": data[-cap:],
+        "created_at": utcnow(),
+    }
+
+
+def _tail_of_file(path: Path, cap: int) -> tuple[bytes, int] | None:
+    try:
+        with open(path, "rb") as handle:
+            size = handle.seek(0, 2)
+            handle.seek(max(0, size - cap))
+            return handle.read(), size
+    except OSError:
+        return None
+
+
+def collect_artifacts(
+    runtime: Runtime,
+    rollout_id: uuid.UUID,
+    attempt: int,
+    *,
+    log_path: Path | None,
+    files: Mapping[str, str],
+    cap: int,
+) -> list[dict[str, Any]]:
+    """Rows for `rollout_artifacts`: the agent log, each declared file that exists, the diff."""
+    rows: list[dict[str, Any]] = []
+    if log_path is not None and (tail := _tail_of_file(log_path, cap)) is not None:
+        data, size = tail
+        row = _row(rollout_id, attempt, AGENT_LOG, data, cap, "text/plain")
+        rows.append({**row, "size": size, "truncated": size > len(data)})
+    for name, relative in files.items():
+        try:
+            data = runtime.download(relative)
+        except (OSError, ValueError):
+            continue  # not written (or not a file inside the workspace): nothing to keep
+        media = "application/json" if relative.endswith((".json", ".jsonl")) else "text/plain"
+        rows.append(_row(rollout_id, attempt, name, data, cap, media))
+    diff = workspace_diff(runtime)
+    if diff:
+        rows.append(_row(rollout_id, attempt, DIFF, diff, cap, "text/x-diff"))
+    return rows
