@@ -22,6 +22,7 @@ from polar_mq.db import unit_of_work
 from polar_mq.jobs.schemas import JobCreate
 from polar_mq.jobs.service import create_job
 from polar_mq.models import GroupDelivery, Job, Rollout
+from polar_mq.models.artifact import RolloutArtifact
 from polar_mq.models.policy import PolicyState
 from polar_mq.processes import ManagedProcess
 from polar_mq.tenants.keys import create_api_key
@@ -67,9 +68,13 @@ def make_key(
 
 
 def make_job(factory: sessionmaker[Session], tenant: str) -> tuple[uuid.UUID, uuid.UUID]:
-    """(job id, first rollout id) of a new 2x2 job of `tenant`, written by the job service."""
+    """(job id, first rollout id) of a new 2x2 job of `tenant`, written by the job service; the
+    first rollout has an `agent.log` artifact."""
     with unit_of_work(factory) as session:
         job = create_job(session, JobCreate.model_validate(JOB), "security", Owner(tenant))
+        session.add(
+            RolloutArtifact(rollout_id=job.rollout_ids[0], name="agent.log", size=2, content=b"hi")
+        )
     return job.job_id, job.rollout_ids[0]
 
 
@@ -94,6 +99,8 @@ class Rule:
     """The status of an allowed request."""
     body: dict[str, Any] | None = None
     params: dict[str, Any] = field(default_factory=dict)
+    path_args: dict[str, str] = field(default_factory=dict)
+    """Values of the path's other parameters."""
 
 
 CONSUMER = {"consumer": "trainer-1"}
@@ -114,6 +121,10 @@ MATRIX: dict[tuple[str, str], Rule] = {
     ("GET", "/v1/rollouts/{rollout_id}"): Rule(JOBS_READ, "rollout", 200),
     ("GET", "/v1/rollouts/{rollout_id}/trajectory"): Rule(JOBS_READ, "rollout", 200),
     ("GET", "/v1/rollouts/{rollout_id}/calls"): Rule(JOBS_READ, "rollout", 200),
+    ("GET", "/v1/rollouts/{rollout_id}/artifacts"): Rule(JOBS_READ, "rollout", 200),
+    ("GET", "/v1/rollouts/{rollout_id}/artifacts/{name}"): Rule(
+        JOBS_READ, "rollout", 200, path_args={"name": "agent.log"}
+    ),
     ("POST", "/v1/rollouts/{rollout_id}/cancel"): Rule(JOBS_WRITE, "rollout", 200),
     ("GET", "/v1/policy"): Rule(POLICY_WRITE, None, 200),
     ("POST", "/v1/policy"): Rule(POLICY_WRITE, None, 200, body={"version": 0}),
@@ -157,8 +168,8 @@ def expected_status(who: Who, rule: Rule, owner: str | None) -> int:
     return rule.ok
 
 
-def path_of(template: str, target: Target) -> str:
-    return template.format(job_id=target.job_id, rollout_id=target.rollout_id)
+def path_of(template: str, rule: Rule, target: Target) -> str:
+    return template.format(job_id=target.job_id, rollout_id=target.rollout_id, **rule.path_args)
 
 
 # --------------------------------------------------------------------------------------------

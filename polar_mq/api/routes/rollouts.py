@@ -47,7 +47,9 @@ AttemptQuery = Annotated[
 ]
 
 
-@router.get("/{rollout_id}/artifacts", response_model=artifact_queries.RolloutArtifacts)
+@router.get(
+    "/{rollout_id}/artifacts", response_model=artifact_queries.RolloutArtifacts, dependencies=READ
+)
 def rollout_artifacts(
     rollout_id: uuid.UUID, session: SessionDep, attempt: AttemptQuery = None
 ) -> Response:
@@ -59,6 +61,7 @@ def rollout_artifacts(
     "/{rollout_id}/artifacts/{name}",
     response_class=Response,
     responses={200: {"content": {"text/plain": {}, "application/octet-stream": {}}}},
+    dependencies=READ,
 )
 def rollout_artifact(
     rollout_id: uuid.UUID,
