@@ -12,12 +12,12 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
+from polar_mq.cli_keys import keys_app
 from polar_mq.config import Settings, get_settings
 from polar_mq.harness_cli import harness_app
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 db_app = typer.Typer(no_args_is_help=True, help="Database schema.")
-keys_app = typer.Typer(no_args_is_help=True, help="REST API keys.")
 app.add_typer(db_app, name="db")
 app.add_typer(keys_app, name="keys")
 app.add_typer(harness_app, name="harness")
@@ -51,18 +51,6 @@ def db_upgrade(revision: str = "head") -> None:
     console.print(f"database at revision {revision}")
 
 
-@keys_app.command("create")
-def keys_create(name: str) -> None:
-    """Create an API key; it is printed once and only its hash is stored."""
-    from polar_mq.api.auth import create_api_key
-    from polar_mq.db import create_db_engine, make_session_factory, unit_of_work
-
-    engine = create_db_engine(_settings().database_url)
-    with unit_of_work(make_session_factory(engine)) as session:
-        key = create_api_key(session, name)
-    print(key)
-
-
 def _has_keys(settings: Settings) -> bool:
     from polar_mq.api.auth import has_active_keys
     from polar_mq.db import create_db_engine, make_session_factory
@@ -90,7 +78,7 @@ def api(
     if host not in LOCAL_HOSTS and not _has_keys(settings):
         raise _fail(
             f"refusing to listen on {host} without API keys; create one with "
-            "`polar-mq keys create NAME` or bind to 127.0.0.1"
+            "`polar-mq keys create NAME --tenant T --scopes S` or bind to 127.0.0.1"
         )
     uvicorn.run(
         create_app(settings), host=host, port=port or settings.api_port,

@@ -16,6 +16,8 @@ import orjson
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from polar_mq.tenants.limits import QuotaLimits
+
 DEFAULT_SECRET = "polar-mq-dev-secret-change-me"
 
 
@@ -47,6 +49,24 @@ class Settings(BaseSettings):
         le=10,
         description="how often a waiting group long-poll or stream looks for newly complete "
         "groups (one short query per waiting consumer; no connection held in between)",
+    )
+
+    quota_max_rollouts_per_request: int | None = Field(
+        10_000, ge=1, description="every tenant: rollouts (tasks x samples) one job may ask for"
+    )
+    quota_max_rollouts_in_flight: int | None = Field(
+        100_000, ge=1, description="every tenant: rollouts not yet terminal at any time"
+    )
+    quota_max_tokens_per_rollout: int | None = Field(
+        None,
+        ge=1,
+        description="every tenant: the largest sampling.max_tokens a job may set (jobs without "
+        "one get it); unset: no limit",
+    )
+    tenant_quotas: dict[str, QuotaLimits] = Field(
+        default_factory=dict,
+        description='per tenant, as JSON: {"team-a": {"max_rollouts_in_flight": 5000}}; a limit '
+        "left out falls back to the quota_* above (API keys can override both)",
     )
 
     proxy_host: str = "127.0.0.1"

@@ -7,6 +7,7 @@ configured only through `POLAR_MQ_*` environment variables, with its output in a
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -23,8 +24,10 @@ from polar_mq.workers.routing import Stage
 def settings_env(settings: Settings) -> dict[str, str]:
     """The environment that reproduces `settings` in a child process."""
     env: dict[str, str] = {}
-    for name, value in settings.model_dump().items():
-        if value is not None:
+    for name, value in settings.model_dump(mode="json").items():
+        if isinstance(value, dict | list):  # e.g. tenant_quotas: JSON, as the settings parse it
+            env[f"POLAR_MQ_{name.upper()}"] = json.dumps(value)
+        elif value is not None:
             env[f"POLAR_MQ_{name.upper()}"] = str(value)
     return env
 

@@ -28,6 +28,8 @@ from polar_mq.db import create_db_engine, make_session_factory, unit_of_work
 from polar_mq.jobs.queries import same_submission
 from polar_mq.jobs.schemas import JobCreate
 from polar_mq.jobs.service import SubmittedJob, create_job
+from polar_mq.tenants.quotas import Owner, tenant_quota, with_token_limit
+from polar_mq.tenants.scopes import ADMIN_TENANT
 from polar_mq.workers.outbox import Publisher, attach_publisher
 
 
@@ -79,17 +81,26 @@ def _check_storable(value: Any, path: str) -> None:
             _check_storable(getattr(value, name), f"{path}.{name}" if path else name)
 
 
-def submit_job(session: Session, spec: JobCreate, default_pool: str) -> SubmittedJob:
-    """Create the job (or find it by idempotency key) inside the caller's transaction."""
+def submit_job(
+    session: Session, spec: JobCreate, default_pool: str, owner: Owner | None = None
+) -> SubmittedJob:
+    """Create the job (or find it by idempotency key) inside the caller's transaction.
+
+    `owner`: tenant and quota (default: the `admin` tenant without limits). A job without
+    `sampling.max_tokens` gets the owner's max_tokens_per_rollout, if any. Raises
+    QuotaExceeded, IdempotencyConflict or UnstorableValue with nothing written.
+    """
+    owner = owner or Owner()
+    spec = with_token_limit(spec, owner.quota.max_tokens_per_rollout)
     _check_storable(spec, "")
     try:
-        submitted = create_job(session, spec, default_pool)
+        submitted = create_job(session, spec, default_pool, owner)
     except IntegrityError:
         if spec.idempotency_key is None:
             raise
         # A concurrent request inserted the same key first; its job is the answer.
         session.rollback()
-        submitted = create_job(session, spec, default_pool)
+        submitted = create_job(session, spec, default_pool, owner)
     if not submitted.created:
         assert spec.idempotency_key is not None
         if not same_submission(session, submitted.job_id, spec, spec.pool or default_pool):
@@ -106,9 +117,14 @@ class Enqueuer:
         *,
         session_factory: sessionmaker[Session] | None = None,
         publisher: Publisher | None = None,
+        tenant: str = ADMIN_TENANT,
     ) -> None:
-        """A given `session_factory` must have a publisher attached already, or get `publisher`."""
+        """A given `session_factory` must have a publisher attached already, or get `publisher`.
+
+        Jobs belong to `tenant` and count against its quota from Settings.
+        """
         self.settings = settings
+        self.owner = Owner(tenant, tenant_quota(settings, tenant))
         self._engine: Engine | None = None
         self._celery: Any = None
         if session_factory is None:
@@ -130,7 +146,7 @@ class Enqueuer:
         """Validate, write and publish one job; raises pydantic.ValidationError on a bad spec."""
         job = spec if isinstance(spec, JobCreate) else JobCreate.model_validate(spec)
         with unit_of_work(self.session_factory) as session:
-            return submit_job(session, job, self.settings.pool)
+            return submit_job(session, job, self.settings.pool, self.owner)
 
     def close(self) -> None:
         if self._celery is not None:

@@ -201,7 +201,7 @@ def test_api_key_is_sent_as_bearer(
     from polar_mq.api.auth import create_api_key
 
     with unit_of_work(db_session_factory) as session:
-        key = create_api_key(session, "trainer")
+        key = create_api_key(session, "trainer", tenant="t", scopes="jobs:write,jobs:read")
     with Client(base_url, api_key="pmq_wrong") as wrong, pytest.raises(PolarMQError) as refused:
         wrong.jobs()
     assert (refused.value.status, refused.value.type) == (401, "unauthorized")

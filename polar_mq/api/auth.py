@@ -4,62 +4,71 @@ With no active key in the table, authentication is off: that is the local, singl
 the CLI refuses to bind such an API to anything but localhost. The "are there any keys?" lookup is
 cached for a few seconds so open mode costs no query per request, and once this process has seen a
 key, authentication stays on until it restarts: revoking the last key must never open the API.
+
+A request's `Principal` carries its key's tenant, scopes and quota overrides; while authentication
+is off it is `ANONYMOUS`, an admin of the `admin` tenant, so development works as before tenants.
 """
 
 from __future__ import annotations
 
-import hashlib
-import secrets
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from sqlalchemy import select, update
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from polar_mq.api.errors import ApiError
 from polar_mq.models import ApiKey
-from polar_mq.models.base import utcnow
+from polar_mq.tenants.keys import (
+    KEY_PREFIX,
+    create_api_key,
+    has_active_keys,
+    hash_key,
+    key_quota,
+    revoke_api_key,
+)
+from polar_mq.tenants.limits import UNLIMITED, QuotaLimits
+from polar_mq.tenants.scopes import ADMIN, ADMIN_TENANT, ALL_SCOPES
 
-KEY_PREFIX = "pmq_"
+__all__ = [
+    "ANONYMOUS",
+    "KEY_PREFIX",
+    "Authenticator",
+    "Principal",
+    "create_api_key",
+    "has_active_keys",
+    "hash_key",
+    "revoke_api_key",
+]
 
 
 @dataclass(frozen=True, slots=True)
 class Principal:
-    """Who made a request: the name of its API key, or `anonymous` while authentication is off."""
+    """Who made a request: its API key's name, tenant, scopes and quota overrides."""
 
     name: str
     key_id: int | None
+    tenant: str = ADMIN_TENANT
+    scopes: frozenset[str] = field(default=frozenset(ALL_SCOPES))
+    quota: QuotaLimits = UNLIMITED
+    """The key's own limits; unset ones come from Settings (`tenants.quotas.tenant_quota`)."""
+
+    @property
+    def is_admin(self) -> bool:
+        return ADMIN in self.scopes
+
+    def can(self, scope: str) -> bool:
+        return self.is_admin or scope in self.scopes
+
+    @property
+    def visible_tenant(self) -> str | None:
+        """The only tenant whose jobs this principal sees, or None for every tenant (admin)."""
+        return None if self.is_admin else self.tenant
 
 
 ANONYMOUS = Principal("anonymous", None)
-
-
-def hash_key(key: str) -> str:
-    return hashlib.sha256(key.encode()).hexdigest()
-
-
-def create_api_key(session: Session, name: str) -> str:
-    """Store a new key and return it in plain text: the only time it is ever visible."""
-    key = KEY_PREFIX + secrets.token_urlsafe(32)
-    session.add(ApiKey(name=name, key_hash=hash_key(key)))
-    session.flush()
-    return key
-
-
-def revoke_api_key(session: Session, name: str) -> int:
-    """Revoke every active key called `name`; returns how many were revoked."""
-    result = session.execute(
-        update(ApiKey)
-        .where(ApiKey.name == name, ApiKey.revoked_at.is_(None))
-        .values(revoked_at=utcnow())
-    )
-    return int(getattr(result, "rowcount", 0) or 0)
-
-
-def has_active_keys(session: Session) -> bool:
-    return session.scalar(select(ApiKey.id).where(ApiKey.revoked_at.is_(None)).limit(1)) is not None
 
 
 def _unauthorized(message: str) -> ApiError:
@@ -95,12 +104,15 @@ class Authenticator:
             return ANONYMOUS
         if not token:
             raise _unauthorized("missing API key: send 'Authorization: Bearer <key>'")
-        row = session.execute(
-            select(ApiKey.id, ApiKey.name).where(
-                ApiKey.key_hash == hash_key(token), ApiKey.revoked_at.is_(None)
-            )
-        ).first()
-        if row is None:
+        key = session.scalar(
+            select(ApiKey).where(ApiKey.key_hash == hash_key(token), ApiKey.revoked_at.is_(None))
+        )
+        if key is None:
             raise _unauthorized("invalid or revoked API key")
-        key_id, name = row
-        return Principal(name, key_id)
+        return Principal(
+            name=key.name,
+            key_id=key.id,
+            tenant=key.tenant,
+            scopes=frozenset(key.scopes.split(",")),
+            quota=key_quota(key),
+        )

@@ -52,11 +52,13 @@ def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     described = {
         400: "Malformed request (invalid JSON, invalid cursor)",
         401: "Missing or invalid API key",
-        404: "No such job, rollout or delivery",
+        403: "The API key lacks the scope this route needs",
+        404: "No such job, rollout or delivery (or it belongs to another tenant)",
         409: "Idempotency key reused with a different body; a delivery superseded, acknowledged "
         "or leased by another consumer",
         413: "Request body too large",
-        422: "Request failed validation",
+        422: "Request failed validation, or one request over a quota (quota_exceeded)",
+        429: "Over the tenant's quota of rollouts in flight (quota_exceeded); retry later",
         503: "Database unavailable",
     }
     return {

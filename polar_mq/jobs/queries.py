@@ -159,10 +159,14 @@ def _staleness_status(session: Session, job: Job) -> StalenessStatus | None:
     )
 
 
-def list_jobs(session: Session, limit: int = 50, cursor: str | None = None) -> JobPage:
-    """Jobs newest first, keyset-paged on (created_at, id)."""
+def list_jobs(
+    session: Session, limit: int = 50, cursor: str | None = None, tenant: str | None = None
+) -> JobPage:
+    """Jobs newest first, keyset-paged on (created_at, id); only `tenant`'s unless None."""
     limit = clamp_limit(limit)
     query = select(Job).order_by(Job.created_at.desc(), Job.id.desc()).limit(limit + 1)
+    if tenant is not None:
+        query = query.where(Job.tenant == tenant)
     if cursor is not None:
         created_at, job_id = decode_cursor(cursor, (datetime, uuid.UUID))
         query = query.where(tuple_(Job.created_at, Job.id) < tuple_(created_at, job_id))

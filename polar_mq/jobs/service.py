@@ -3,7 +3,9 @@
 A job, its tasks and all its rollouts are inserted in one transaction, with one `submitted` event
 per rollout; the prepare messages are deferred to after the commit (see workers.outbox). A job
 with `staleness` starts with its rollouts `held` and sends only what its capacity admits.
-Resubmitting with the same idempotency key returns the existing job instead of a second one.
+Resubmitting with the same idempotency key returns the existing job instead of a second one; keys
+are per tenant. The owner's quota is checked after that lookup and before the first insert, in the
+same transaction (see tenants.quotas).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from polar_mq.models import Event, EventKind, Job, JobTask, Rollout, RolloutStat
 from polar_mq.models.base import utcnow
 from polar_mq.policy.admission import admit
 from polar_mq.policy.state import current_version
+from polar_mq.tenants.quotas import Owner, check_quota
 from polar_mq.workers.outbox import defer_publish
 from polar_mq.workers.routing import Stage, StageMessage
 
@@ -31,8 +34,8 @@ class SubmittedJob:
     created: bool
 
 
-def _existing(session: Session, key: str) -> SubmittedJob | None:
-    job_id = session.scalar(select(Job.id).where(Job.idempotency_key == key))
+def _existing(session: Session, key: str, tenant: str) -> SubmittedJob | None:
+    job_id = session.scalar(select(Job.id).where(Job.idempotency_key == key, Job.tenant == tenant))
     if job_id is None:
         return None
     rollout_ids = session.scalars(
@@ -43,12 +46,20 @@ def _existing(session: Session, key: str) -> SubmittedJob | None:
     return SubmittedJob(job_id, list(rollout_ids), created=False)
 
 
-def create_job(session: Session, spec: JobCreate, default_pool: str) -> SubmittedJob:
-    """Insert the job, tasks, rollouts and events; defer the prepare messages to after commit."""
+def create_job(
+    session: Session, spec: JobCreate, default_pool: str, owner: Owner | None = None
+) -> SubmittedJob:
+    """Insert the job, tasks, rollouts and events; defer the prepare messages to after commit.
+
+    `owner`: the tenant the job belongs to and its quota (default: the `admin` tenant, no limits).
+    Raises QuotaExceeded before inserting anything.
+    """
+    owner = owner or Owner()
     if spec.idempotency_key is not None:
-        found = _existing(session, spec.idempotency_key)
+        found = _existing(session, spec.idempotency_key, owner.tenant)
         if found is not None:
             return found
+    check_quota(session, owner, spec)
     pool = spec.pool or default_pool
     now = utcnow()
     stored = {**spec.stored_spec(), "pool": pool}
@@ -58,6 +69,7 @@ def create_job(session: Session, spec: JobCreate, default_pool: str) -> Submitte
     first_status = RolloutStatus.QUEUED if spec.staleness is None else RolloutStatus.HELD
     job = Job(
         id=uuid.uuid4(),
+        tenant=owner.tenant,
         idempotency_key=spec.idempotency_key,
         samples_per_task=spec.samples_per_task,
         n_tasks=len(spec.tasks),

@@ -16,9 +16,17 @@ class Job(Base):
     """One submission: tasks x samples_per_task, with the specs every rollout of it follows."""
 
     __tablename__ = "jobs"
+    __table_args__ = (
+        UniqueConstraint("tenant", "idempotency_key", name="uq_jobs_tenant_idempotency_key"),
+    )
 
     id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
-    idempotency_key: Mapped[str | None] = mapped_column(String(200), unique=True)
+    tenant: Mapped[str] = mapped_column(
+        String(64), default="admin", server_default="admin", index=True
+    )
+    """Whose job it is: the tenant of the API key that submitted it (`admin` without keys)."""
+    idempotency_key: Mapped[str | None] = mapped_column(String(200))
+    """Unique per tenant: two tenants using the same key get two jobs and never see each other's."""
     status: Mapped[str] = mapped_column(String(20), default="active")
     samples_per_task: Mapped[int] = mapped_column(Integer)
     n_tasks: Mapped[int] = mapped_column(Integer)

@@ -17,13 +17,14 @@ from polar_mq.api.auth import (
 )
 from polar_mq.db import unit_of_work
 from polar_mq.models import ApiKey
+from polar_mq.tenants.scopes import ALL_SCOPES
 
 JOB = {"tasks": [{"instruction": "hi"}]}
 
 
 def _key(factory: sessionmaker[Session], name: str = "trainer") -> str:
     with unit_of_work(factory) as session:
-        return create_api_key(session, name)
+        return create_api_key(session, name, tenant="admin", scopes=ALL_SCOPES)
 
 
 def test_without_keys_auth_is_off(client: TestClient) -> None:

@@ -63,13 +63,16 @@ def test_submit_bad_file_is_a_clear_message(
 def test_keys_create_stores_only_a_hash(
     pg_url: str, db_session_factory: sessionmaker[Session]
 ) -> None:
-    done = polar_mq("keys", "create", "trainer", env={"POLAR_MQ_DATABASE_URL": pg_url})
+    done = polar_mq("keys", "create", "trainer", "--tenant", "team-a", "--scopes",
+                    "jobs:write,jobs:read", env={"POLAR_MQ_DATABASE_URL": pg_url})  # fmt: skip
     assert done.returncode == 0, done.stderr
     key = done.stdout.strip()
     assert len(key) >= 32
     with db_session_factory() as session:
         rows = session.scalars(select(ApiKey)).all()
-    assert [r.name for r in rows] == ["trainer"]
+    assert [(r.name, r.tenant, r.scopes) for r in rows] == [
+        ("trainer", "team-a", "jobs:read,jobs:write")
+    ]
     assert key not in rows[0].key_hash
 
 

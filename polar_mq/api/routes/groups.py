@@ -22,6 +22,7 @@ from sqlalchemy.exc import OperationalError
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response, StreamingResponse
 
+from polar_mq.api.access import job_access_briefly
 from polar_mq.api.deps import SessionDep, get_principal_briefly
 from polar_mq.api.responses import OrjsonResponse
 from polar_mq.api.schemas import (
@@ -33,16 +34,18 @@ from polar_mq.api.schemas import (
 )
 from polar_mq.db import unit_of_work
 from polar_mq.jobs import deliveries
-from polar_mq.jobs.queries import get_job
 from polar_mq.jobs.read_models import AckResult, ExtendResult, GroupLease
+from polar_mq.tenants.scopes import JOBS_READ
 
 log = logging.getLogger(__name__)
 router = APIRouter(
     prefix="/v1/jobs",
     tags=["groups"],
-    dependencies=[Depends(get_principal_briefly)],
-    responses=error_responses(401, 404, 422, 503),
+    dependencies=[Depends(get_principal_briefly), Depends(job_access_briefly(JOBS_READ))],
+    responses=error_responses(401, 403, 404, 422, 503),
 )
+"""Leasing, acknowledging and streaming groups is how a trainer reads results, so `jobs:read` is
+enough; the job must be the key's tenant's (checked before any wait or event)."""
 
 
 def _lease_once(request: Request, job_id: uuid.UUID, body: LeaseRequest) -> GroupLease:
@@ -105,11 +108,6 @@ def _event(kind: str, data: Any, event_id: str | None = None) -> bytes:
     return head.encode() + b"data: " + orjson.dumps(data) + b"\n\n"
 
 
-def _check_job(request: Request, job_id: uuid.UUID) -> None:
-    with unit_of_work(request.app.state.session_factory) as session:
-        get_job(session, job_id)
-
-
 @router.get(
     "/{job_id}/groups/stream",
     response_class=StreamingResponse,
@@ -141,7 +139,6 @@ async def stream_groups(
     again (here or to another consumer) when their lease expires, so the stream stays open until
     then. Closing the stream leaves unacked groups to expire.
     """
-    await run_in_threadpool(_check_job, request, job_id)  # a 404 before any event is sent
     body = LeaseRequest(
         consumer=consumer, max_groups=100, lease_s=lease_s, max_in_flight=max_in_flight,
         include_trajectories=include_trajectories, advantages=advantages,

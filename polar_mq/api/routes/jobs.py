@@ -9,8 +9,10 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Depends, Query
 from starlette.responses import Response
 
+from polar_mq.api.access import job_access, require
+from polar_mq.api.auth import Principal
 from polar_mq.api.broker_gate import require_broker
-from polar_mq.api.deps import PrincipalDep, SessionDep, SettingsDep, get_principal
+from polar_mq.api.deps import SessionDep, SettingsDep, get_principal
 from polar_mq.api.responses import OrjsonResponse
 from polar_mq.api.schemas import SubmitResponse, error_responses
 from polar_mq.jobs import queries, results
@@ -18,13 +20,15 @@ from polar_mq.jobs.group_stats import GRPO_EPS
 from polar_mq.jobs.read_models import ResultsPage
 from polar_mq.jobs.schemas import JobCreate
 from polar_mq.submit import submit_job
+from polar_mq.tenants.quotas import Owner, tenant_quota
+from polar_mq.tenants.scopes import JOBS_READ, JOBS_WRITE
 
 log = logging.getLogger(__name__)
 router = APIRouter(
     prefix="/v1/jobs",
     tags=["jobs"],
     dependencies=[Depends(get_principal)],
-    responses=error_responses(401, 422, 503),
+    responses=error_responses(401, 403, 422, 503),
 )
 
 Cursor = Annotated[str | None, Query(description="next_cursor (or a group's cursor) of a page")]
@@ -36,15 +40,20 @@ Cursor = Annotated[str | None, Query(description="next_cursor (or a group's curs
     response_model=SubmitResponse,
     responses={
         200: {"model": SubmitResponse, "description": "Existing job of this idempotency_key"},
-        **error_responses(400, 409, 413),
+        **error_responses(400, 409, 413, 429),
     },
-    dependencies=[Depends(require_broker)],
+    dependencies=[Depends(require(JOBS_WRITE)), Depends(require_broker)],
 )
 def submit(
-    spec: JobCreate, session: SessionDep, settings: SettingsDep, principal: PrincipalDep
+    spec: JobCreate,
+    session: SessionDep,
+    settings: SettingsDep,
+    principal: Annotated[Principal, Depends(require(JOBS_WRITE))],
 ) -> Response:
-    """Create a job: tasks x samples_per_task rollouts, queued once the rows are committed."""
-    job = submit_job(session, spec, settings.pool)
+    """Create a job of the key's tenant: tasks x samples_per_task rollouts, queued once the rows
+    are committed. Over a quota: 422 (this request alone) or 429 (rollouts in flight)."""
+    owner = Owner(principal.tenant, tenant_quota(settings, principal.tenant, principal.quota))
+    job = submit_job(session, spec, settings.pool, owner)
     if job.created:
         log.info(
             "job %s submitted by %s: %d rollouts", job.job_id, principal.name, len(job.rollout_ids)
@@ -56,20 +65,31 @@ def submit(
 @router.get("", response_model=queries.JobPage, responses=error_responses(400))
 def list_jobs(
     session: SessionDep,
+    principal: Annotated[Principal, Depends(require(JOBS_READ))],
     limit: Annotated[int, Query(ge=1, le=queries.MAX_PAGE)] = 50,
     cursor: Cursor = None,
 ) -> Response:
-    """Jobs, newest first."""
-    return OrjsonResponse(queries.list_jobs(session, limit, cursor))
+    """Jobs of the key's tenant (every tenant's for `admin`), newest first."""
+    return OrjsonResponse(queries.list_jobs(session, limit, cursor, principal.visible_tenant))
 
 
-@router.get("/{job_id}", response_model=queries.JobStatus, responses=error_responses(404))
+@router.get(
+    "/{job_id}",
+    response_model=queries.JobStatus,
+    responses=error_responses(404),
+    dependencies=[Depends(job_access(JOBS_READ))],
+)
 def job_status(job_id: uuid.UUID, session: SessionDep) -> Response:
     """Totals, per-stage counts, outcomes, group completion and mean reward."""
     return OrjsonResponse(queries.job_status(session, job_id))
 
 
-@router.get("/{job_id}/results", response_model=ResultsPage, responses=error_responses(400, 404))
+@router.get(
+    "/{job_id}/results",
+    response_model=ResultsPage,
+    responses=error_responses(400, 404),
+    dependencies=[Depends(job_access(JOBS_READ))],
+)
 def job_results(
     job_id: uuid.UUID,
     session: SessionDep,

@@ -14,19 +14,23 @@ from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response
 
+from polar_mq.api.access import require_briefly
 from polar_mq.api.deps import get_principal_briefly
 from polar_mq.api.responses import OrjsonResponse
 from polar_mq.api.schemas import error_responses
 from polar_mq.policy.proxies import ProxyControl, ProxyReport
 from polar_mq.policy.service import PolicyService, PolicyUpdate
+from polar_mq.tenants.scopes import POLICY_WRITE
 
 log = logging.getLogger(__name__)
 router = APIRouter(
     prefix="/v1/policy",
     tags=["policy"],
-    dependencies=[Depends(get_principal_briefly)],
-    responses=error_responses(401, 422, 503),
+    dependencies=[Depends(get_principal_briefly), Depends(require_briefly(POLICY_WRITE))],
+    responses=error_responses(401, 403, 422, 503),
 )
+"""Every policy route needs `policy:write`: the version is global (it pauses every proxy and moves
+the capacity of every tenant's staleness-bound jobs), so it is granted apart from jobs."""
 
 MAX_DRAIN_S = 600.0
 

@@ -8,32 +8,35 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Path, Query
 from starlette.responses import Response
 
+from polar_mq.api.access import rollout_access
 from polar_mq.api.deps import SessionDep, get_principal
 from polar_mq.api.responses import OrjsonResponse
 from polar_mq.api.schemas import error_responses
 from polar_mq.rollouts import artifact_queries, queries
+from polar_mq.tenants.scopes import JOBS_READ
 
 router = APIRouter(
     prefix="/v1/rollouts",
     tags=["rollouts"],
     dependencies=[Depends(get_principal)],
-    responses=error_responses(401, 404, 422, 503),
+    responses=error_responses(401, 403, 404, 422, 503),
 )
+READ = [Depends(rollout_access(JOBS_READ))]
 
 
-@router.get("/{rollout_id}", response_model=queries.RolloutDetail)
+@router.get("/{rollout_id}", response_model=queries.RolloutDetail, dependencies=READ)
 def rollout_detail(rollout_id: uuid.UUID, session: SessionDep) -> Response:
     """Fields, event log, per-stage timings, error and the evaluator's verdict."""
     return OrjsonResponse(queries.rollout_detail(session, rollout_id))
 
 
-@router.get("/{rollout_id}/trajectory", response_model=queries.RolloutTrajectory)
+@router.get("/{rollout_id}/trajectory", response_model=queries.RolloutTrajectory, dependencies=READ)
 def rollout_trajectory(rollout_id: uuid.UUID, session: SessionDep) -> Response:
     """Training samples (token ids, loss mask, logprobs) of the current attempt."""
     return OrjsonResponse(queries.rollout_trajectory(session, rollout_id))
 
 
-@router.get("/{rollout_id}/calls", response_model=queries.RolloutCalls)
+@router.get("/{rollout_id}/calls", response_model=queries.RolloutCalls, dependencies=READ)
 def rollout_calls(rollout_id: uuid.UUID, session: SessionDep) -> Response:
     """LLM calls captured by the proxy, in order, with token ids and logprobs."""
     return OrjsonResponse(queries.rollout_calls(session, rollout_id))
@@ -44,7 +47,9 @@ AttemptQuery = Annotated[
 ]
 
 
-@router.get("/{rollout_id}/artifacts", response_model=artifact_queries.RolloutArtifacts)
+@router.get(
+    "/{rollout_id}/artifacts", response_model=artifact_queries.RolloutArtifacts, dependencies=READ
+)
 def rollout_artifacts(
     rollout_id: uuid.UUID, session: SessionDep, attempt: AttemptQuery = None
 ) -> Response:
@@ -56,6 +61,7 @@ def rollout_artifacts(
     "/{rollout_id}/artifacts/{name}",
     response_class=Response,
     responses={200: {"content": {"text/plain": {}, "application/octet-stream": {}}}},
+    dependencies=READ,
 )
 def rollout_artifact(
     rollout_id: uuid.UUID,
