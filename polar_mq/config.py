@@ -7,7 +7,6 @@ are refused at boot so a misconfiguration fails loudly instead of silently dropp
 
 from __future__ import annotations
 
-import ast
 import ipaddress
 import math
 import socket
@@ -208,17 +207,11 @@ class Settings(BaseSettings):
     @field_validator("upstream_urls", "proxy_admin_urls", "import_allowlist", mode="before")
     @classmethod
     def _split_urls(cls, value: Any) -> Any:
-        """`POLAR_MQ_UPSTREAM_URLS` (and other lists) as a JSON list or comma-separated.
-
-        A Python list literal is accepted too: `devstack.settings_env` passes lists on as `str()`.
-        """
+        """`POLAR_MQ_UPSTREAM_URLS` (and the other lists) as a JSON list or comma-separated."""
         if isinstance(value, str):
             text = value.strip()
             if text.startswith("["):
-                try:
-                    return orjson.loads(text)
-                except orjson.JSONDecodeError:
-                    return ast.literal_eval(text)
+                return orjson.loads(text)
             return [url.strip() for url in text.split(",") if url.strip()]
         return value
 

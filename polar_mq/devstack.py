@@ -14,6 +14,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from polar_mq.config import Settings
 from polar_mq.processes import ManagedProcess
 from polar_mq.workers.launcher import DEFAULT_CONCURRENCY
@@ -24,7 +26,9 @@ def settings_env(settings: Settings) -> dict[str, str]:
     """The environment that reproduces `settings` in a child process."""
     env: dict[str, str] = {}
     for name, value in settings.model_dump().items():
-        if value is not None:
+        if isinstance(value, list):  # lists are read back as JSON
+            env[f"POLAR_MQ_{name.upper()}"] = orjson.dumps(value).decode()
+        elif value is not None:
             env[f"POLAR_MQ_{name.upper()}"] = str(value)
     return env
 

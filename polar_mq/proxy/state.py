@@ -11,6 +11,7 @@ from polar_mq.proxy.engines import vllm
 from polar_mq.proxy.engines.base import Engine
 from polar_mq.proxy.metrics import ProxyMetrics
 from polar_mq.proxy.record import SeqCounter
+from polar_mq.proxy.rollout_states import RolloutStates
 from polar_mq.proxy.writer import CallSink
 
 
@@ -29,3 +30,5 @@ class ProxyState:
     metrics: ProxyMetrics = field(default_factory=ProxyMetrics)
     responses: ResponseStore = field(default_factory=ResponseStore)
     """OpenAI Responses this process answered (for `previous_response_id`)."""
+    rollouts: RolloutStates | None = None
+    """Which rollouts may still call (None: not checked, the proxy has no database)."""
