@@ -8,8 +8,12 @@ from contextlib import asynccontextmanager
 import httpx
 from sqlalchemy import Engine
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import Response
 from starlette.routing import Route
 
+from polar_mq.body_timeout import BodyReadTimeout, BodyTimeoutMiddleware
 from polar_mq.config import Settings
 from polar_mq.db import create_db_engine
 from polar_mq.proxy import routes
@@ -20,6 +24,7 @@ from polar_mq.proxy.backends.admin import admin_routes
 from polar_mq.proxy.engines import get_engine
 from polar_mq.proxy.engines.base import RETOKENIZED
 from polar_mq.proxy.engines.retokenize import RetokenizingSink
+from polar_mq.proxy.errors import request_timeout
 from polar_mq.proxy.metrics import ProxyMetrics, metrics_endpoint
 from polar_mq.proxy.policy_sync import PolicySync, db_reader
 from polar_mq.proxy.record import SeqCounter
@@ -114,4 +119,21 @@ def create_proxy_app(
         Route("/admin/flush", routes.admin_flush, methods=["POST"]),
         *admin_routes(),
     ]
-    return Starlette(routes=app_routes, lifespan=lifespan)
+    timeout = Middleware(
+        BodyTimeoutMiddleware, timeout_s=settings.body_read_timeout_s, refuse=_timed_out
+    )
+    return Starlette(
+        routes=app_routes,
+        lifespan=lifespan,
+        middleware=[timeout],
+        exception_handlers={BodyReadTimeout: _body_timeout},  # bodies read outside body.py
+    )
+
+
+def _timed_out(exc: BodyReadTimeout) -> Response:
+    return request_timeout(exc.message)
+
+
+async def _body_timeout(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, BodyReadTimeout)
+    return _timed_out(exc)

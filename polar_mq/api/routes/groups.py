@@ -25,6 +25,7 @@ from starlette.responses import Response, StreamingResponse
 from polar_mq.api.deps import SessionDep, get_principal_briefly
 from polar_mq.api.responses import OrjsonResponse
 from polar_mq.api.schemas import (
+    CONSUMER_PATTERN,
     MAX_LEASE_S,
     DeliveriesRequest,
     ExtendRequest,
@@ -125,7 +126,7 @@ def _check_job(request: Request, job_id: uuid.UUID) -> None:
 async def stream_groups(
     job_id: uuid.UUID,
     request: Request,
-    consumer: Annotated[str, Query(min_length=1, max_length=200)],
+    consumer: Annotated[str, Query(min_length=1, max_length=200, pattern=CONSUMER_PATTERN)],
     lease_s: Annotated[float, Query(gt=0, le=MAX_LEASE_S)] = 60.0,
     max_in_flight: Annotated[
         int | None, Query(ge=1, description="hold back while this many sent groups are unacked")

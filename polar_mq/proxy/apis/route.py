@@ -38,7 +38,7 @@ from polar_mq.proxy.state import ProxyState
 
 CHAT_PATH = "/v1/chat/completions"
 JSON_HEADERS = {"content-type": "application/json"}
-KEPT_HEADERS = ("retry-after",)
+KEPT_HEADERS = ("retry-after", "connection")
 ERROR_MESSAGE_MAX = 2000
 
 Handler = Callable[[Request], Awaitable[Response]]
