@@ -10,10 +10,11 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 
 from polar_mq.cli_keys import keys_app
-from polar_mq.config import Settings, get_settings
+from polar_mq.config import Settings, describe_config_error, get_settings
 from polar_mq.harness_cli import harness_app
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
@@ -29,11 +30,20 @@ workers a longer stop grace period)."""
 
 
 def _settings() -> Settings:
+    """The process settings, or exit 2 with one line saying what to fix (never a traceback)."""
     try:
         return get_settings()
-    except Exception as exc:  # pydantic ValidationError: show it as a CLI message, not a traceback
-        console.print(f"[red]configuration error:[/red] {exc}")
-        raise typer.Exit(2) from exc
+    except ValidationError as exc:
+        _config_error(describe_config_error(exc))
+        raise typer.Exit(2) from None
+    except Exception as exc:  # e.g. a list setting that is not valid JSON
+        _config_error(f"{type(exc).__name__}: {exc}")
+        raise typer.Exit(2) from None
+
+
+def _config_error(message: str) -> None:
+    # Plain stderr, no markup or wrapping: the whole reason stays on one line for logs and tests.
+    sys.stderr.write(f"configuration error: {' '.join(message.split())}\n")
 
 
 def _fail(message: str, code: int = 1) -> typer.Exit:

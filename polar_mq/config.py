@@ -7,18 +7,25 @@ are refused at boot so a misconfiguration fails loudly instead of silently dropp
 
 from __future__ import annotations
 
+import ipaddress
+import math
 import socket
+from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any
 
 import orjson
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from polar_mq.tenants.limits import QuotaLimits
 
 DEFAULT_SECRET = "polar-mq-dev-secret-change-me"
+MIN_SECRET_BYTES = 32
+"""A shorter HMAC secret makes every rollout token guessable offline; production refuses it."""
+TOKEN_GRACE_S = 120
+"""An agent token outlives the agent's own time limit by this much: the kill, the proxy flush."""
 
 
 class Settings(BaseSettings):
@@ -38,7 +45,24 @@ class Settings(BaseSettings):
     pool: str = Field("default", description="worker pool this node belongs to")
     node_name: str = Field(default_factory=socket.gethostname, description="this node's name")
     secret_key: str = Field(DEFAULT_SECRET, description="signs per-rollout proxy tokens")
-    rollout_token_ttl_s: int = Field(24 * 3600, ge=60)
+    rollout_token_ttl_s: int = Field(
+        24 * 3600,
+        ge=60,
+        description="upper bound of a token's life; agent tokens end sooner, with their "
+        "rollout's time limits (agent_token_ttl_s)",
+    )
+    import_allowlist: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: ["polar_mq"],
+        description="module prefixes evaluator and builder import paths may name (JSON list or "
+        "comma-separated); entry points of the polar_mq.evaluators / polar_mq.builders groups "
+        "are always allowed",
+    )
+    body_read_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="API and proxy: a request body not received whole within this long is cut "
+        "(408, connection closed)",
+    )
 
     api_host: str = "127.0.0.1"
     api_port: int = 8000
@@ -99,6 +123,13 @@ class Settings(BaseSettings):
         default_factory=list,
         description="every proxy the API pauses and resumes around a weight update (JSON list or "
         "comma-separated; default: the one proxy at proxy_host:proxy_port)",
+    )
+    proxy_rollout_state_ttl_s: float = Field(
+        2.0,
+        gt=0,
+        le=60,
+        description="how long the proxy trusts the rollout states it read (one batched query "
+        "per period): a token dies at most this long (plus one query) after its rollout ended",
     )
     policy_sync_s: float = Field(
         2.0, gt=0, description="how often a proxy re-reads the policy version from the database"
@@ -183,10 +214,27 @@ class Settings(BaseSettings):
             return self.proxy_spill_dir
         return Path.home() / ".cache" / "polar_mq" / "proxy-spill" / str(self.proxy_port)
 
-    @field_validator("upstream_urls", "proxy_admin_urls", mode="before")
+    def agent_token_ttl_s(self, timeouts: Mapping[str, Any]) -> int:
+        """Life of an agent's rollout token: the job's own time limits plus a short grace.
+
+        The agent is killed after `agent_s` (capped by `max_agent_timeout_s`) and never runs past
+        the whole-rollout budget `rollout_s`, so a token valid longer than that only serves a
+        process that should be dead. `rollout_token_ttl_s` stays the upper bound.
+        """
+        agent_s = timeouts.get("agent_s")
+        limit = min(
+            float(agent_s) if agent_s is not None else self.default_agent_timeout_s,
+            self.max_agent_timeout_s,
+        )
+        rollout_s = timeouts.get("rollout_s")
+        if rollout_s is not None:
+            limit = min(limit, float(rollout_s))
+        return min(self.rollout_token_ttl_s, math.ceil(limit) + TOKEN_GRACE_S)
+
+    @field_validator("upstream_urls", "proxy_admin_urls", "import_allowlist", mode="before")
     @classmethod
     def _split_urls(cls, value: Any) -> Any:
-        """`POLAR_MQ_UPSTREAM_URLS` as a JSON list or as comma-separated URLs."""
+        """`POLAR_MQ_UPSTREAM_URLS` (and the other lists) as a JSON list or comma-separated."""
         if isinstance(value, str):
             text = value.strip()
             if text.startswith("["):
@@ -194,18 +242,77 @@ class Settings(BaseSettings):
             return [url.strip() for url in text.split(",") if url.strip()]
         return value
 
+    @field_validator("proxy_admin_token", mode="before")
+    @classmethod
+    def _blank_is_unset(cls, value: Any) -> Any:
+        """An empty admin token would let anyone in with `Authorization: Bearer`: it means none."""
+        if isinstance(value, str) and not value.strip():
+            return None
+        return value
+
     @model_validator(mode="after")
     def _refuse_unsafe(self) -> Settings:
-        if self.is_production and self.secret_key == DEFAULT_SECRET:
-            raise ValueError("POLAR_MQ_SECRET_KEY must be set in production")
+        problems = security_problems(self)
         if self.is_production and self.database_url.startswith("sqlite"):
-            raise ValueError("production needs PostgreSQL (POLAR_MQ_DATABASE_URL)")
+            problems.append("production needs PostgreSQL (POLAR_MQ_DATABASE_URL)")
         if self.visibility_timeout_s <= self.max_agent_timeout_s:
-            raise ValueError(
+            problems.append(
                 "POLAR_MQ_VISIBILITY_TIMEOUT_S must exceed POLAR_MQ_MAX_AGENT_TIMEOUT_S, otherwise "
                 "the broker redelivers a running agent stage"
             )
+        if problems:
+            raise ValueError("; ".join(problems))
         return self
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding `host` keeps a server reachable from this machine only."""
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to anything
+
+
+def security_problems(settings: Settings) -> list[str]:
+    """What makes `settings` unsafe to serve with: every token forgeable, the admin API open.
+
+    Production needs a real secret (>= 32 bytes) and a proxy admin token (the API and the workers
+    send it, the proxy requires it). Any mode refuses a proxy bound beyond loopback without an
+    admin token: whoever reaches `/admin/*` could add a backend and receive the agents' calls.
+    """
+    problems: list[str] = []
+    admin_token = (settings.proxy_admin_token or "").strip()
+    if settings.is_production:
+        if settings.secret_key == DEFAULT_SECRET:
+            problems.append("POLAR_MQ_SECRET_KEY must be set in production")
+        elif len(settings.secret_key.encode()) < MIN_SECRET_BYTES:
+            problems.append(
+                f"POLAR_MQ_SECRET_KEY must be at least {MIN_SECRET_BYTES} bytes in production "
+                f"(got {len(settings.secret_key.encode())}; e.g. openssl rand -hex 32)"
+            )
+        if not admin_token:
+            problems.append(
+                "POLAR_MQ_PROXY_ADMIN_TOKEN must be set in production (it guards the proxy's "
+                "/admin/* endpoints)"
+            )
+    if not admin_token and not is_loopback(settings.proxy_host):
+        problems.append(
+            f"POLAR_MQ_PROXY_HOST={settings.proxy_host} is not a loopback address: set "
+            "POLAR_MQ_PROXY_ADMIN_TOKEN, or bind 127.0.0.1"
+        )
+    return problems
+
+
+def describe_config_error(exc: ValidationError) -> str:
+    """One line naming what to fix, for a process that refuses to start (no traceback)."""
+    parts = []
+    for error in exc.errors():
+        message = str(error.get("msg", "invalid value")).removeprefix("Value error, ")
+        field = ".".join(str(part) for part in error.get("loc", ()))
+        parts.append(f"POLAR_MQ_{field.upper()}: {message}" if field else message)
+    return "; ".join(parts) or str(exc).replace("\n", " ")
 
 
 @lru_cache(maxsize=1)

@@ -19,6 +19,11 @@ from polar_mq.db import create_db_engine, make_session_factory
 from polar_mq.migrate import upgrade
 from polar_mq.models import Base
 
+# The tests' own evaluators and builders (`tests.…`, a module written to a temporary directory,
+# and `json:loads` standing in for a buggy scoring function) are import paths: allow them here, in
+# every settings object and process of the session, as an operator would for their own modules.
+os.environ.setdefault("POLAR_MQ_IMPORT_ALLOWLIST", "polar_mq,tests,polar_user_evals,json")
+
 PG_ADMIN_URL = os.environ.get("POLAR_MQ_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 REDIS_URL = os.environ.get("POLAR_MQ_TEST_REDIS", "redis://127.0.0.1:6379")
 

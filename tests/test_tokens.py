@@ -185,3 +185,15 @@ def test_signed_but_unreadable_policies_are_refused(segment: str) -> None:
         ).sampling
         == POLICY
     )
+
+
+def test_agent_tokens_live_as_long_as_the_rollouts_time_limits() -> None:
+    from polar_mq.config import TOKEN_GRACE_S, Settings
+
+    settings = Settings(max_agent_timeout_s=3600, default_agent_timeout_s=600)
+    assert settings.agent_token_ttl_s({"agent_s": 30}) == 30 + TOKEN_GRACE_S
+    assert settings.agent_token_ttl_s({}) == 600 + TOKEN_GRACE_S
+    assert settings.agent_token_ttl_s({"agent_s": 900, "rollout_s": 100.5}) == 101 + TOKEN_GRACE_S
+    assert settings.agent_token_ttl_s({"agent_s": 99999}) == 3600 + TOKEN_GRACE_S
+    capped = Settings(rollout_token_ttl_s=300)
+    assert capped.agent_token_ttl_s({"agent_s": 600}) == 300  # the setting stays the upper bound

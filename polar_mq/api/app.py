@@ -19,10 +19,12 @@ from sqlalchemy.orm import Session, sessionmaker
 from polar_mq.api.auth import Authenticator
 from polar_mq.api.body_limit import BodyLimitMiddleware
 from polar_mq.api.broker_gate import BrokerGate
-from polar_mq.api.errors import install_error_handlers
+from polar_mq.api.errors import body_timeout_response, install_error_handlers
 from polar_mq.api.routes import cancel, groups, health, jobs, policy, rollouts
+from polar_mq.body_timeout import BodyTimeoutMiddleware
 from polar_mq.config import Settings
 from polar_mq.db import create_db_engine, make_session_factory
+from polar_mq.imports import AllowlistMiddleware
 from polar_mq.workers.celery_app import PolarCelery, create_celery, publish_messages
 from polar_mq.workers.outbox import Publisher, attach_publisher
 from polar_mq.workers.routing import StageMessage
@@ -89,6 +91,10 @@ def create_app(
         attach_publisher(session_factory, publish_via_state)
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(AllowlistMiddleware, prefixes=settings.import_allowlist)
+    app.add_middleware(
+        BodyTimeoutMiddleware, timeout_s=settings.body_read_timeout_s, refuse=body_timeout_response
+    )
     app.include_router(health.router)
     app.include_router(jobs.router)
     app.include_router(rollouts.router)

@@ -20,6 +20,7 @@ from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
 from polar_mq.api.responses import OrjsonResponse
+from polar_mq.body_timeout import BodyReadTimeout
 from polar_mq.jobs.deliveries import DeliveryConflict, UnknownDelivery
 from polar_mq.jobs.read_models import InvalidCursor, NotFound
 from polar_mq.policy.state import VersionWentBack
@@ -34,6 +35,7 @@ STATUS_TYPES: dict[int, str] = {
     403: "forbidden",
     404: "not_found",
     405: "method_not_allowed",
+    408: "request_timeout",
     409: "conflict",
     413: "payload_too_large",
     415: "unsupported_media_type",
@@ -214,6 +216,12 @@ async def _database_down(request: Request, exc: Exception) -> Response:
 async def _unexpected(request: Request, exc: Exception) -> Response:
     log.error("unhandled error in %s %s", request.method, request.url.path, exc_info=exc)
     return error_response(500, "internal_error", "internal server error; see the API server log")
+
+
+def body_timeout_response(exc: BodyReadTimeout) -> Response:
+    """A request body that did not arrive in time (`polar_mq.body_timeout`); the connection is
+    closed after it."""
+    return error_response(408, "request_timeout", exc.message, headers=exc.headers)
 
 
 def install_error_handlers(app: FastAPI) -> None:

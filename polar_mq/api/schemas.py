@@ -9,7 +9,7 @@ from __future__ import annotations
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 
 class SubmitResponse(BaseModel):
@@ -73,10 +73,14 @@ def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
 MAX_LEASE_S = 24 * 3600.0
 MAX_WAIT_S = 120.0
 """Longer long-polls only fight the idle timeouts of the proxies between trainer and API."""
+CONSUMER_PATTERN = r"^[^\x00-\x1f\x7f]+$"
+"""Printable names only: a NUL cannot be stored by PostgreSQL, so it is a 422, not a 500."""
 ConsumerName = Field(
     min_length=1,
     max_length=200,
-    description="who holds the leases: any stable name of the trainer process",
+    pattern=CONSUMER_PATTERN,
+    description="who holds the leases: any stable name of the trainer process (no control "
+    "characters)",
 )
 
 
@@ -84,23 +88,28 @@ class LeaseRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     consumer: str = ConsumerName
-    max_groups: int = Field(16, ge=1, le=1000, description="at most this many groups")
+    max_groups: int = Field(16, ge=1, le=1000, strict=True, description="at most this many groups")
     lease_s: float = Field(
         60.0,
         gt=0,
         le=MAX_LEASE_S,
+        strict=True,
         description="unacked groups are handed out again this long after the lease",
     )
     wait_s: float = Field(
         0.0,
         ge=0,
+        strict=True,
         le=MAX_WAIT_S,
         description="long-poll: answer as soon as one group is leased, or after this long",
     )
     max_in_flight: int | None = Field(
-        None, ge=1, description="lease nothing while this consumer holds this many unacked groups"
+        None,
+        ge=1,
+        strict=True,
+        description="lease nothing while this consumer holds this many unacked groups",
     )
-    include_trajectories: bool = False
+    include_trajectories: StrictBool = False
     advantages: Literal["grpo"] | None = None
 
 
@@ -112,4 +121,6 @@ class DeliveriesRequest(BaseModel):
 
 
 class ExtendRequest(DeliveriesRequest):
-    lease_s: float = Field(60.0, gt=0, le=MAX_LEASE_S, description="new lease: now + lease_s")
+    lease_s: float = Field(
+        60.0, gt=0, le=MAX_LEASE_S, strict=True, description="new lease: now + lease_s"
+    )

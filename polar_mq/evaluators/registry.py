@@ -1,5 +1,8 @@
-"""Evaluator lookup: built-in names, composites (`weighted`, `gate`), `python` callables and
-`package.module:attr` import paths.
+"""Evaluator lookup: built-in names, composites (`weighted`, `gate`), `python` callables,
+`package.module:attr` import paths and entry points (group `polar_mq.evaluators`).
+
+Import paths are resolved only from the allow-list (`polar_mq.imports`): a job cannot make the API
+or a worker import an arbitrary module (`"os:system"` is a 4xx at submit).
 
 The API validates a job's evaluator spec by building it once, so every error a worker could hit
 while constructing the evaluator becomes a ValueError (a 4xx) at submission time instead. Composite
@@ -22,6 +25,7 @@ from polar_mq.evaluators.composition import Build, GateEvaluator, WeightedEvalua
 from polar_mq.evaluators.llm_judge import LlmJudgeEvaluator
 from polar_mq.evaluators.match import ExactMatchEvaluator, RegexEvaluator
 from polar_mq.evaluators.tests import TestsEvaluator
+from polar_mq.imports import EVALUATOR_GROUP, check_import_path, entry_point_path
 
 EVALUATORS: dict[str, type[Evaluator]] = {
     cls.name: cls
@@ -93,6 +97,9 @@ def get_evaluator(spec: Mapping[str, Any] | str, depth: int = 0) -> Evaluator:
         return _from_import_path(target, params)
     if ":" in name:
         return _from_import_path(name, params)
+    registered = entry_point_path(name, EVALUATOR_GROUP)
+    if registered is not None:
+        return _from_import_path(registered, params)
     known = ", ".join(sorted([*EVALUATORS, *COMPOSITES, CallableEvaluator.name]))
     raise ValueError(
         f"unknown evaluator {name!r}; known evaluators: {known}, "
@@ -127,6 +134,7 @@ def _from_import_path(path: str, params: dict[str, Any]) -> Evaluator:
     """Resolve `module:attr` to an Evaluator class, a class with `evaluate`, or a callable."""
     if not _IMPORT_PATH.fullmatch(path):
         raise ValueError(f"evaluator import path {path!r} must look like 'package.module:attr'")
+    check_import_path(path, EVALUATOR_GROUP, "evaluator")
     module_name, attr_path = path.split(":", 1)
     try:
         target: Any = importlib.import_module(module_name)

@@ -1,12 +1,14 @@
 """The job submission schema: everything a trainer can ask for, validated before anything is stored.
 
-Unknown fields are refused (a typo in a spec must not silently fall back to a default), and harness,
-evaluator and builder names are resolved at submit time so a bad job is a 4xx, never a fleet of
-failing rollouts.
+Unknown fields are refused (a typo in a spec must not silently fall back to a default), numbers
+and booleans are strict (`"5"` or `true` is not a count: a spec that says so has a bug), and
+harness, evaluator and builder names are resolved at submit time so a bad job is a 4xx, never a
+fleet of failing rollouts. `prepare.files` keys must stay inside the workspace (relative, no `..`).
 """
 
 from __future__ import annotations
 
+from pathlib import PurePosixPath
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
@@ -55,8 +57,35 @@ class HarnessSpec(StrictModel):
 
 
 class PrepareRecipe(StrictModel):
-    files: dict[str, str] = Field(default_factory=dict, description="path in workspace → content")
+    files: dict[str, str] = Field(
+        default_factory=dict,
+        description="path in workspace (relative, no '..') → content",
+    )
     commands: list[str] = Field(default_factory=list, description="run in order; must exit 0")
+
+    @field_validator("files")
+    @classmethod
+    def _inside_workspace(cls, files: dict[str, str]) -> dict[str, str]:
+        """Refused now, not after the prepare stage's retries: the runtime would refuse it too."""
+        for path in files:
+            problem = workspace_path_problem(path)
+            if problem is not None:
+                raise ValueError(f"file {path!r}: {problem}")
+        return files
+
+
+def workspace_path_problem(path: str) -> str | None:
+    """Why `path` cannot name a file inside the workspace, or None when it can."""
+    if not path.strip():
+        return "empty path"
+    if "\x00" in path:
+        return "NUL character in path"
+    pure = PurePosixPath(path)
+    if pure.is_absolute() or path.startswith("~"):
+        return "must be relative to the workspace, not absolute"
+    if ".." in pure.parts:
+        return "must stay inside the workspace ('..' is not allowed)"
+    return None
 
 
 class EvaluationRuntimeSpec(StrictModel):
@@ -79,11 +108,15 @@ class RuntimeSpec(StrictModel):
     network: Literal["host", "none"] = Field(
         "host", description="bwrap/docker: host (reaches the proxy) or none (no network at all)"
     )
-    memory_mb: int | None = Field(None, ge=16)
-    cpu_seconds: int | None = Field(None, ge=1)
-    max_open_files: int | None = Field(None, ge=16)
-    cpus: float | None = Field(None, gt=0, le=1024, description="docker: CPU quota in cores")
-    pids: int | None = Field(None, ge=8, le=1_000_000, description="bwrap/docker: max processes")
+    memory_mb: int | None = Field(None, ge=16, strict=True)
+    cpu_seconds: int | None = Field(None, ge=1, strict=True)
+    max_open_files: int | None = Field(None, ge=16, strict=True)
+    cpus: float | None = Field(
+        None, gt=0, le=1024, strict=True, description="docker: CPU quota in cores"
+    )
+    pids: int | None = Field(
+        None, ge=8, le=1_000_000, strict=True, description="bwrap/docker: max processes"
+    )
     python: str | None = Field(
         None,
         min_length=1,
@@ -114,12 +147,17 @@ class RuntimeSpec(StrictModel):
 
 
 class TimeoutSpec(StrictModel):
-    agent_s: float = Field(600.0, gt=0, description="wall clock for run agent")
-    inactivity_s: float | None = Field(None, gt=0, description="kill after N s without output")
-    prepare_s: float = Field(300.0, gt=0)
-    evaluate_s: float = Field(300.0, gt=0)
+    agent_s: float = Field(600.0, gt=0, strict=True, description="wall clock for run agent")
+    inactivity_s: float | None = Field(
+        None, gt=0, strict=True, description="kill after N s without output"
+    )
+    prepare_s: float = Field(300.0, gt=0, strict=True)
+    evaluate_s: float = Field(300.0, gt=0, strict=True)
     rollout_s: float | None = Field(
-        None, gt=0, description="wall clock for the whole rollout, counted from prepare"
+        None,
+        gt=0,
+        strict=True,
+        description="wall clock for the whole rollout, counted from prepare",
     )
 
 
@@ -133,12 +171,14 @@ class StopSpec(StrictModel):
     usable_samples_per_group: int | None = Field(
         None,
         ge=1,
+        strict=True,
         le=MAX_SAMPLES,
         description="a group is complete as soon as this many of its samples ended usable",
     )
     groups: int | None = Field(
         None,
         ge=1,
+        strict=True,
         le=MAX_TASKS,
         description="stop the job once this many groups are complete: cancel the other groups",
     )
@@ -159,10 +199,18 @@ class RetrySpec(StrictModel):
     """How often polar_mq retries infrastructure failures before giving a rollout up."""
 
     max_attempts: int = Field(
-        3, ge=1, le=20, description="runs of a rollout from prepare (a lost worker costs one)"
+        3,
+        ge=1,
+        le=20,
+        strict=True,
+        description="runs of a rollout from prepare (a lost worker costs one)",
     )
     stage_retries: int = Field(
-        3, ge=0, le=20, description="in-place retries of a stage that raised unexpectedly"
+        3,
+        ge=0,
+        le=20,
+        strict=True,
+        description="in-place retries of a stage that raised unexpectedly",
     )
 
 
@@ -175,9 +223,15 @@ class StalenessSpec(StrictModel):
     than `max_staleness` versions behind the current policy is never streamed to the trainer.
     """
 
-    max_staleness: int = Field(..., ge=0, le=1000, description="versions a sample may lag")
+    max_staleness: int = Field(
+        ..., ge=0, le=1000, strict=True, description="versions a sample may lag"
+    )
     batch_size: int = Field(
-        ..., ge=1, le=MAX_TASKS, description="groups the trainer consumes per training step"
+        ...,
+        ge=1,
+        le=MAX_TASKS,
+        strict=True,
+        description="groups the trainer consumes per training step",
     )
     on_stale: Literal["withhold", "drop"] = Field(
         "withhold",
@@ -188,7 +242,7 @@ class StalenessSpec(StrictModel):
 
 class JobCreate(StrictModel):
     tasks: list[dict[str, Any]] = Field(..., min_length=1, max_length=MAX_TASKS)
-    samples_per_task: int = Field(1, ge=1, le=MAX_SAMPLES)
+    samples_per_task: int = Field(1, ge=1, le=MAX_SAMPLES, strict=True)
     harness: HarnessSpec = Field(default_factory=lambda: HarnessSpec())
     runtime: RuntimeSpec = Field(default_factory=RuntimeSpec)
     evaluator: str | dict[str, Any] = Field("completed", description="name, {name, …}, or path")

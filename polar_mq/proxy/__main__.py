@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Sequence
 
-from polar_mq.config import Settings
+from pydantic import ValidationError
+
+from polar_mq.config import Settings, describe_config_error
 from polar_mq.proxy.server import run_proxy
 
 
@@ -22,7 +25,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         "upstream_url": args.upstream_url,
         "served_model": args.served_model,
     }
-    run_proxy(Settings(**{k: v for k, v in overrides.items() if v is not None}))
+    try:
+        settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as exc:  # one line and exit 2, as `polar-mq proxy` does
+        sys.stderr.write(f"configuration error: {' '.join(describe_config_error(exc).split())}\n")
+        raise SystemExit(2) from None
+    run_proxy(settings)
 
 
 if __name__ == "__main__":

@@ -8,8 +8,12 @@ from contextlib import asynccontextmanager
 import httpx
 from sqlalchemy import Engine
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import Response
 from starlette.routing import Route
 
+from polar_mq.body_timeout import BodyReadTimeout, BodyTimeoutMiddleware
 from polar_mq.config import Settings
 from polar_mq.db import create_db_engine
 from polar_mq.proxy import routes
@@ -20,9 +24,11 @@ from polar_mq.proxy.backends.admin import admin_routes
 from polar_mq.proxy.engines import get_engine
 from polar_mq.proxy.engines.base import RETOKENIZED
 from polar_mq.proxy.engines.retokenize import RetokenizingSink
+from polar_mq.proxy.errors import request_timeout
 from polar_mq.proxy.metrics import ProxyMetrics, metrics_endpoint
 from polar_mq.proxy.policy_sync import PolicySync, db_reader
 from polar_mq.proxy.record import SeqCounter
+from polar_mq.proxy.rollout_states import RolloutStates, StateReader, db_state_reader
 from polar_mq.proxy.state import ProxyState
 from polar_mq.proxy.tokenize import tokenize_routes
 from polar_mq.proxy.writer import CallSink, DbCallWriter
@@ -33,6 +39,7 @@ def create_proxy_app(
     *,
     upstream_transport: httpx.AsyncBaseTransport | None = None,
     sink: CallSink | None = None,
+    rollout_states: StateReader | None = None,
 ) -> Starlette:
     """The proxy as an ASGI app.
 
@@ -41,6 +48,10 @@ def create_proxy_app(
     `DbCallWriter` on `settings.database_url`). The app owns whichever sink it uses: it starts it
     at startup and drains and closes it at shutdown. The backends (`settings.upstream_urls`, or
     `upstream_url`) are health-checked in the background while the app runs.
+
+    Calls of rollouts that ended or do not exist are refused (`rollout_states`): the states are
+    read from the database when the proxy writes there itself; `rollout_states` replaces that
+    reader (tests); with an injected sink and no reader they are not checked.
     """
     engine = get_engine(settings.upstream_engine)
 
@@ -55,10 +66,16 @@ def create_proxy_app(
         await call_sink.start()
         policy: PolicySync | None = None
         policy_engine: Engine | None = None
+        state_reader = rollout_states
         if sink is None:  # the proxy talks to the database: follow the recorded policy too
-            policy_engine = create_db_engine(settings.database_url, pool_size=1, max_overflow=0)
+            policy_engine = create_db_engine(settings.database_url, pool_size=2, max_overflow=0)
             policy = PolicySync(pool, db_reader(policy_engine), settings.policy_sync_s)
             await policy.start()
+            state_reader = state_reader or db_state_reader(policy_engine)
+        rollouts = None
+        if state_reader is not None:
+            rollouts = RolloutStates(state_reader, settings.proxy_rollout_state_ttl_s)
+            await rollouts.start()
         app.state.proxy = ProxyState(
             backends=pool,
             sink=call_sink,
@@ -69,10 +86,13 @@ def create_proxy_app(
             admin_token=settings.proxy_admin_token,
             engine=engine,
             metrics=ProxyMetrics(call_sink.stats),
+            rollouts=rollouts,
         )
         try:
             yield
         finally:
+            if rollouts is not None:
+                await rollouts.stop()
             if policy is not None:
                 await policy.stop()
             if policy_engine is not None:
@@ -99,4 +119,21 @@ def create_proxy_app(
         Route("/admin/flush", routes.admin_flush, methods=["POST"]),
         *admin_routes(),
     ]
-    return Starlette(routes=app_routes, lifespan=lifespan)
+    timeout = Middleware(
+        BodyTimeoutMiddleware, timeout_s=settings.body_read_timeout_s, refuse=_timed_out
+    )
+    return Starlette(
+        routes=app_routes,
+        lifespan=lifespan,
+        middleware=[timeout],
+        exception_handlers={BodyReadTimeout: _body_timeout},  # bodies read outside body.py
+    )
+
+
+def _timed_out(exc: BodyReadTimeout) -> Response:
+    return request_timeout(exc.message)
+
+
+async def _body_timeout(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, BodyReadTimeout)
+    return _timed_out(exc)

@@ -16,6 +16,7 @@ import time
 
 from starlette.requests import Request
 
+from polar_mq.config import is_loopback
 from polar_mq.tokens import InvalidToken, RolloutClaim, verify_rollout_token
 
 CACHE_MAX = 65_536
@@ -79,8 +80,14 @@ def _candidates(request: Request) -> list[str]:
 
 
 def admin_allowed(request: Request, admin_token: str | None) -> bool:
-    """Admin calls need `Authorization: Bearer <proxy_admin_token>` once that token is set."""
-    if admin_token is None:
-        return True
+    """Admin calls need `Authorization: Bearer <proxy_admin_token>` once that token is set.
+
+    Without one (development only: production refuses to start without it) they are taken from
+    this machine only, so a proxy whose settings were bypassed still never opens `/admin/*` to
+    the network.
+    """
+    if not admin_token:
+        client = request.client
+        return client is not None and is_loopback(client.host)
     scheme, _, value = request.headers.get("authorization", "").partition(" ")
     return scheme.lower() == "bearer" and hmac.compare_digest(value.strip(), admin_token)

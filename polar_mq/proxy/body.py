@@ -1,4 +1,7 @@
-"""Reading the agent's JSON body with a hard size limit, before anything is forwarded."""
+"""Reading the agent's JSON body with a size limit and a deadline, before anything is forwarded.
+
+The deadline is `polar_mq.body_timeout`'s (`body_read_timeout_s`): a body that stalls is a 408.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +11,8 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from polar_mq.proxy.errors import bad_request, too_large
+from polar_mq.body_timeout import BodyReadTimeout
+from polar_mq.proxy.errors import bad_request, request_timeout, too_large
 
 
 async def read_json_object(request: Request, limit: int) -> dict[str, Any] | Response:
@@ -26,11 +30,14 @@ async def read_json_object(request: Request, limit: int) -> dict[str, Any] | Res
             return bad_request("invalid Content-Length header")
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            return too_large(limit)
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                return too_large(limit)
+            chunks.append(chunk)
+    except BodyReadTimeout as exc:  # answered here, so each API family re-shapes it
+        return request_timeout(exc.message)
     try:
         body = orjson.loads(chunks[0] if len(chunks) == 1 else b"".join(chunks))
     except orjson.JSONDecodeError as exc:

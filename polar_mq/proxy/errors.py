@@ -25,5 +25,12 @@ def too_large(limit: int) -> Response:
     )
 
 
+def request_timeout(message: str) -> Response:
+    """The body did not arrive in time; the connection is closed after this answer."""
+    response = openai_error(408, message, "invalid_request_error", "request_timeout")
+    response.headers["connection"] = "close"
+    return response
+
+
 def bad_gateway(message: str) -> Response:
     return openai_error(502, message, "upstream_error", "bad_gateway")

@@ -12,7 +12,9 @@ from polar_mq.proxy.body import read_json_object
 from polar_mq.proxy.capture import forward_json, forward_stream
 from polar_mq.proxy.engines.base import CHAT, COMPLETIONS
 from polar_mq.proxy.errors import bad_gateway, unauthorized
+from polar_mq.proxy.gate import admit, openai_refusal
 from polar_mq.proxy.record import new_call
+from polar_mq.proxy.rollout_states import Refusal
 from polar_mq.proxy.sampling import enforce
 from polar_mq.proxy.state import ProxyState
 from polar_mq.proxy.writer import CallsNotStored
@@ -29,9 +31,9 @@ def _json(data: object, status: int = 200) -> Response:
 async def _generate(request: Request, api_type: str, path: str) -> Response:
     """Authenticate, read, rewrite, forward: the proxy's whole hot path."""
     state: ProxyState = request.app.state.proxy
-    claim = state.auth.authenticate(request)
-    if isinstance(claim, str):
-        return state.metrics.refused(api_type, unauthorized(claim))
+    claim = await admit(request)
+    if isinstance(claim, Refusal):
+        return state.metrics.refused(api_type, openai_refusal(claim))
     body = await read_json_object(request, state.max_body_bytes)
     if isinstance(body, Response):
         return state.metrics.refused(api_type, body)
@@ -61,9 +63,9 @@ async def completions(request: Request) -> Response:
 async def models(request: Request) -> Response:
     """The served model, as the agent should name it; asked upstream when none is configured."""
     state: ProxyState = request.app.state.proxy
-    claim = state.auth.authenticate(request)
-    if isinstance(claim, str):
-        return unauthorized(claim)
+    claim = await admit(request)
+    if isinstance(claim, Refusal):
+        return openai_refusal(claim)
     if state.served_model is not None:
         card = {"id": state.served_model, "object": "model", "created": 0, "owned_by": "polar_mq"}
         return _json({"object": "list", "data": [card]})

@@ -12,6 +12,7 @@ from polar_mq.proxy.engines import vllm
 from polar_mq.proxy.engines.base import Engine
 from polar_mq.proxy.metrics import ProxyMetrics
 from polar_mq.proxy.record import SeqCounter
+from polar_mq.proxy.rollout_states import RolloutStates
 from polar_mq.proxy.writer import CallSink
 
 
@@ -33,3 +34,5 @@ class ProxyState:
     started_at: float = field(default_factory=time.time)
     """When this proxy process started (epoch s): a run-agent stage whose agent started before it
     knows the proxy restarted under it (an infrastructure failure, not the policy's)."""
+    rollouts: RolloutStates | None = None
+    """Which rollouts may still call (None: not checked, the proxy has no database)."""

@@ -16,7 +16,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from polar_mq.proxy.body import read_json_object
-from polar_mq.proxy.errors import bad_gateway, unauthorized
+from polar_mq.proxy.errors import bad_gateway
+from polar_mq.proxy.gate import admit, openai_refusal
+from polar_mq.proxy.rollout_states import Refusal
 from polar_mq.proxy.state import ProxyState
 
 JSON_HEADERS = {"content-type": "application/json"}
@@ -25,9 +27,9 @@ PATHS = ("/tokenize", "/detokenize")
 
 async def _forward(request: Request, upstream_path: str) -> Response:
     state: ProxyState = request.app.state.proxy
-    claim = state.auth.authenticate(request)
-    if isinstance(claim, str):
-        return unauthorized(claim)
+    claim = await admit(request)
+    if isinstance(claim, Refusal):
+        return openai_refusal(claim)
     body = await read_json_object(request, state.max_body_bytes)
     if isinstance(body, Response):
         return body

@@ -1,10 +1,15 @@
-"""Builders by name or import path (`package.module:attr`)."""
+"""Builders by name, import path (`package.module:attr`) or entry point (`polar_mq.builders`).
+
+Import paths are resolved only from the allow-list (`polar_mq.imports`), checked before anything
+is imported.
+"""
 
 from __future__ import annotations
 
 import importlib
 from typing import cast
 
+from polar_mq.imports import BUILDER_GROUP, check_import_path, entry_point_path
 from polar_mq.trajectories.base import Builder
 from polar_mq.trajectories.per_call import PerCallBuilder
 from polar_mq.trajectories.prefix_merge import PrefixMergeBuilder
@@ -15,7 +20,9 @@ BUILTIN: dict[str, type] = {"per_call": PerCallBuilder, "prefix_merge": PrefixMe
 def get_builder(name: str) -> Builder:
     if name in BUILTIN:
         return cast(Builder, BUILTIN[name]())
+    name = entry_point_path(name, BUILDER_GROUP) or name
     if ":" in name:
+        check_import_path(name, BUILDER_GROUP, "builder")
         module_name, _, attr = name.partition(":")
         try:
             target = getattr(importlib.import_module(module_name), attr)

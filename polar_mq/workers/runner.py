@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from polar_mq.db import unit_of_work
+from polar_mq.imports import allowing
 from polar_mq.jobs.early_stop import after_rollout_ended
 from polar_mq.models import RolloutStatus, TerminationReason
 from polar_mq.workers.context import WorkerContext
@@ -135,7 +136,8 @@ def run_stage(
     started = time.monotonic()
     with ctx.leases.hold(claimed, on_lost) as held:
         try:
-            outcome = STAGE_FUNCTIONS[stage](ctx, claimed)
+            with allowing(ctx.settings.import_allowlist):  # the job's evaluator and builder
+                outcome = STAGE_FUNCTIONS[stage](ctx, claimed)
         except StageRestart as exc:
             held.settle()
             return _unexpected(ctx, claimed, retries, str(exc), exc.reason)

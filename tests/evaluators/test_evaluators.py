@@ -219,7 +219,8 @@ def test_get_evaluator_import_paths(user_module: str) -> None:
         ({"name": "command", "command": "x", "timeout": -1}, "positive"),
         ({"name": "regex", "pattern": "[a"}, "invalid pattern"),
         ({"name": "python"}, "needs 'callable'"),
-        ("no_such_module_xyz:fn", "cannot import"),
+        ("no_such_module_xyz:fn", "is not allowed"),  # outside the import allow-list
+        ("tests.no_such_module_xyz:fn", "cannot import"),
         ("polar_mq.evaluators:missing", "cannot import"),
         ("bad path:x", "must look like"),
     ],

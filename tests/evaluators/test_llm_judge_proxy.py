@@ -14,11 +14,14 @@ from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from polar_mq.config import Settings
-from polar_mq.models import LlmCall
+from polar_mq.db import unit_of_work
+from polar_mq.jobs.schemas import JobCreate
+from polar_mq.jobs.service import create_job
+from polar_mq.models import LlmCall, Rollout, RolloutStatus
 from polar_mq.proxy import create_proxy_app
 from polar_mq.testing.fake_vllm import create_fake_vllm_app
 from polar_mq.testing.servers import serve_in_thread
@@ -68,6 +71,16 @@ def claimed_for(rollout_id: uuid.UUID, stage: Stage, spec: dict[str, Any]) -> Cl
     return Claimed(ref, spec, TASK, "test-owner", stage)
 
 
+def evaluating_rollout(factory: sessionmaker[Session]) -> uuid.UUID:
+    """A real rollout in its evaluate stage: the proxy serves only rollouts that have not ended."""
+    with unit_of_work(factory) as session:
+        job = create_job(session, JobCreate.model_validate({"tasks": [TASK]}), "p")
+        rollout_id = job.rollout_ids[0]
+        status = {"status": RolloutStatus.EVALUATING}
+        session.execute(update(Rollout).where(Rollout.id == rollout_id).values(**status))
+    return rollout_id
+
+
 def flush(settings: Settings) -> None:
     response = httpx.post(f"{settings.proxy_base_url}/admin/flush", timeout=30)
     assert response.status_code == 200, response.text
@@ -76,7 +89,7 @@ def flush(settings: Settings) -> None:
 def test_judge_calls_are_logged_as_judge_and_kept_out_of_training(
     settings: Settings, db_session_factory: sessionmaker[Session]
 ) -> None:
-    rollout_id = uuid.uuid4()
+    rollout_id = evaluating_rollout(db_session_factory)
     agent_token = issue_rollout_token(SECRET, rollout_id, 600)
     agent_call = httpx.post(
         f"{settings.proxy_base_url}/v1/chat/completions",

@@ -26,7 +26,10 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 from polar_mq.config import Settings
+from polar_mq.db import unit_of_work
 from polar_mq.devstack import LocalStack
+from polar_mq.jobs.schemas import JobCreate
+from polar_mq.jobs.service import create_job
 from polar_mq.models import LlmCall
 from polar_mq.processes import free_port
 from polar_mq.tokens import issue_rollout_token
@@ -107,7 +110,10 @@ def test_database_outage_under_load_logs_every_call_exactly_once(
         proxy_flush_timeout_s=5.0,
     )
     assert str(relay.port) in settings.database_url
-    clients = [Client() for _ in range(CLIENTS)]
+    with unit_of_work(db_session_factory) as session:  # the proxy serves existing rollouts only
+        spec = {"tasks": [{"instruction": "x"}], "samples_per_task": CLIENTS}
+        job = create_job(session, JobCreate.model_validate(spec), "p")
+    clients = [Client(rollout_id) for rollout_id in job.rollout_ids]
     try:
         with LocalStack(settings, tmp_path / "logs") as stack:
             stack.fake_upstream(upstream_port, ttft_ms=20)

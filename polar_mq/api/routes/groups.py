@@ -26,6 +26,7 @@ from polar_mq.api.access import job_access_briefly
 from polar_mq.api.deps import SessionDep, get_principal_briefly
 from polar_mq.api.responses import OrjsonResponse
 from polar_mq.api.schemas import (
+    CONSUMER_PATTERN,
     MAX_LEASE_S,
     DeliveriesRequest,
     ExtendRequest,
@@ -123,7 +124,7 @@ def _event(kind: str, data: Any, event_id: str | None = None) -> bytes:
 async def stream_groups(
     job_id: uuid.UUID,
     request: Request,
-    consumer: Annotated[str, Query(min_length=1, max_length=200)],
+    consumer: Annotated[str, Query(min_length=1, max_length=200, pattern=CONSUMER_PATTERN)],
     lease_s: Annotated[float, Query(gt=0, le=MAX_LEASE_S)] = 60.0,
     max_in_flight: Annotated[
         int | None, Query(ge=1, description="hold back while this many sent groups are unacked")

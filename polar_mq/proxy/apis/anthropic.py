@@ -28,6 +28,7 @@ from polar_mq.proxy.apis.base import (
     AUTHENTICATION,
     INVALID_REQUEST,
     NOT_FOUND,
+    PERMISSION,
     RATE_LIMITED,
     TOO_LARGE,
     UNAVAILABLE,
@@ -38,12 +39,15 @@ from polar_mq.proxy.apis.base import (
 )
 from polar_mq.proxy.apis.route import Handler, count_prompt_tokens, family_endpoint, reshape_error
 from polar_mq.proxy.body import read_json_object
+from polar_mq.proxy.gate import admit, kind_of
+from polar_mq.proxy.rollout_states import Refusal
 from polar_mq.proxy.state import ProxyState
 
 NAME = "anthropic_messages"
 ERROR_TYPES = {
     INVALID_REQUEST: "invalid_request_error",
     AUTHENTICATION: "authentication_error",
+    PERMISSION: "permission_error",
     NOT_FOUND: "not_found_error",
     TOO_LARGE: "request_too_large",
     RATE_LIMITED: "rate_limit_error",
@@ -330,9 +334,9 @@ def stream(translation: Translation) -> MessagesStream:
 async def count_tokens(request: Request) -> Response:
     """`/v1/messages/count_tokens`: the prompt's length by the engine's own tokenizer."""
     state: ProxyState = request.app.state.proxy
-    claim = state.auth.authenticate(request)
-    if isinstance(claim, str):
-        return error_response(401, AUTHENTICATION, claim)
+    claim = await admit(request)
+    if isinstance(claim, Refusal):
+        return error_response(claim.status, kind_of(claim), claim.message)
     body = await read_json_object(request, state.max_body_bytes)
     if isinstance(body, Response):
         return reshape_error(body, sys.modules[__name__])

@@ -26,6 +26,7 @@ from starlette.responses import Response
 
 INVALID_REQUEST = "invalid_request"
 AUTHENTICATION = "authentication"
+PERMISSION = "permission"
 NOT_FOUND = "not_found"
 TOO_LARGE = "too_large"
 RATE_LIMITED = "rate_limited"
@@ -36,7 +37,7 @@ UPSTREAM = "upstream"
 KIND_OF_STATUS = {
     400: INVALID_REQUEST,
     401: AUTHENTICATION,
-    403: AUTHENTICATION,
+    403: PERMISSION,
     404: NOT_FOUND,
     413: TOO_LARGE,
     422: INVALID_REQUEST,

@@ -22,7 +22,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from polar_mq.proxy.apis.base import (
-    AUTHENTICATION,
     NOT_FOUND,
     ApiFamily,
     FamilyError,
@@ -48,6 +47,8 @@ from polar_mq.proxy.apis.route import (
     reshape_error,
 )
 from polar_mq.proxy.body import read_json_object
+from polar_mq.proxy.gate import admit, kind_of
+from polar_mq.proxy.rollout_states import Refusal
 from polar_mq.proxy.state import ProxyState
 
 NAME = "gemini"
@@ -117,9 +118,10 @@ async def count_tokens(request: Request) -> Response:
     the same model, hence the same tokenizer and chat template).
     """
     state: ProxyState = request.app.state.proxy
-    claim = state.auth.authenticate(request)
-    if isinstance(claim, str):
-        return state.metrics.refused(NAME, error_response(401, AUTHENTICATION, claim))
+    claim = await admit(request)
+    if isinstance(claim, Refusal):
+        refusal = error_response(claim.status, kind_of(claim), claim.message)
+        return state.metrics.refused(NAME, refusal)
     body = await read_json_object(request, state.max_body_bytes)
     if isinstance(body, Response):
         return state.metrics.refused(NAME, reshape_error(body, _family()))

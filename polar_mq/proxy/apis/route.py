@@ -20,7 +20,6 @@ from starlette.responses import Response
 
 from polar_mq.proxy.abort import unless_client_leaves
 from polar_mq.proxy.apis.base import (
-    AUTHENTICATION,
     UPSTREAM,
     ApiFamily,
     FamilyError,
@@ -31,13 +30,15 @@ from polar_mq.proxy.apis.base import (
 from polar_mq.proxy.body import read_json_object
 from polar_mq.proxy.capture import forward_json, forward_stream
 from polar_mq.proxy.engines.base import CHAT
+from polar_mq.proxy.gate import admit, kind_of
 from polar_mq.proxy.record import new_call
+from polar_mq.proxy.rollout_states import Refusal
 from polar_mq.proxy.sampling import enforce
 from polar_mq.proxy.state import ProxyState
 
 CHAT_PATH = "/v1/chat/completions"
 JSON_HEADERS = {"content-type": "application/json"}
-KEPT_HEADERS = ("retry-after",)
+KEPT_HEADERS = ("retry-after", "connection")
 ERROR_MESSAGE_MAX = 2000
 
 Handler = Callable[[Request], Awaitable[Response]]
@@ -79,9 +80,10 @@ def reshape_error(response: Response, family: ApiFamily) -> Response:
 async def forward_family(request: Request, family: ApiFamily) -> Response:
     """The family's whole hot path (the chat route's, with a translation on each side)."""
     state: ProxyState = request.app.state.proxy
-    claim = state.auth.authenticate(request)
-    if isinstance(claim, str):
-        return state.metrics.refused(family.NAME, family.error_response(401, AUTHENTICATION, claim))
+    claim = await admit(request)
+    if isinstance(claim, Refusal):
+        refusal = family.error_response(claim.status, kind_of(claim), claim.message)
+        return state.metrics.refused(family.NAME, refusal)
     body = await read_json_object(request, state.max_body_bytes)
     if isinstance(body, Response):
         return state.metrics.refused(family.NAME, reshape_error(body, family))

@@ -114,7 +114,7 @@ def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
         api_key=issue_rollout_token(
             settings.secret_key,
             claimed.rollout.id,
-            settings.rollout_token_ttl_s,
+            settings.agent_token_ttl_s(timeouts),  # dies with the rollout's time limits
             attempt=claimed.rollout.attempt,
             sampling=sampling_policy(spec.get("sampling")),  # enforced by the proxy
         ),
