@@ -72,3 +72,25 @@ def test_openai_agents_runs_a_tool_and_answers(
     second = json.dumps(calls[1].request)
     assert "exit code 0" in second
     print(f"openai_agents[{api}]: {len(calls)} calls, {run.seconds:.1f}s")
+
+
+def test_openai_agents_stops_at_max_turns(
+    preset_stack: PresetStack, db_session_factory: sessionmaker[Session]
+) -> None:
+    install_preset("openai_agents")
+    loop = {"tool": "run_shell", "arguments": {"command": "echo again"}}
+    tag = preset_stack.plan("openai_agents_loop", {"turns": [loop] * 10})
+    run = run_preset(
+        preset_stack,
+        db_session_factory,
+        {"type": "openai_agents", "options": {"api": "chat", "max_turns": 2}},
+        [{"instruction": f"{tag} Loop.", "answer": "42"}],
+        evaluator="exact_match",
+        timeouts={"agent_s": 120},
+    )
+    rollout = run.rollouts[0]
+    assert rollout.termination_reason == "agent_error", explain(run)
+    assert rollout.agent_exit_code == 2, explain(run)
+    assert len(run.calls[rollout.id]) == 2
+    transcript = json.loads(run.artifacts[rollout.id]["transcript"])
+    assert "MaxTurnsExceeded" in transcript["error"]

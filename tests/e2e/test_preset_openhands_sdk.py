@@ -68,3 +68,25 @@ def test_openhands_sdk_runs_its_terminal_and_finishes(
     # the second call carried the terminal's result back to the model
     tool_messages = [m for m in calls[1].request["messages"] if m.get("role") == "tool"]
     assert tool_messages, calls[1].request["messages"]
+
+
+def test_openhands_sdk_stops_at_max_turns(
+    preset_stack: PresetStack, db_session_factory: sessionmaker[Session]
+) -> None:
+    install_preset("openhands_sdk")
+    loop = {"tool": "terminal", "arguments": {"command": "echo again", "security_risk": "LOW"}}
+    tag = preset_stack.plan("openhands_sdk_loop", {"turns": [loop] * 10})
+    run = run_preset(
+        preset_stack,
+        db_session_factory,
+        {"type": "openhands_sdk", "options": {"max_turns": 2}},
+        [{"instruction": f"{tag} Loop.", "answer": "42"}],
+        evaluator="exact_match",
+        timeouts={"agent_s": 180},
+    )
+    rollout = run.rollouts[0]
+    assert rollout.termination_reason == "agent_error", explain(run)
+    assert rollout.agent_exit_code == 2, explain(run)
+    assert len(run.calls[rollout.id]) == 2
+    events = run.artifacts[rollout.id]["transcript"].decode()
+    assert "MaxIterationsReached" in events
