@@ -25,6 +25,7 @@ set -e
 git rev-parse --is-inside-work-tree >/dev/null 2>&1 || exit 3
 index=$(mktemp)
 trap 'rm -f "$index"' EXIT
+rm -f "$index"  # git refuses an empty index file; it creates its own there
 export GIT_INDEX_FILE="$index"
 if git rev-parse --verify -q HEAD >/dev/null; then git read-tree HEAD; base=HEAD
 else base=$(git hash-object -t tree /dev/null); fi

@@ -34,13 +34,16 @@ class Ecosystem(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Package:
-    """Where the harness comes from. `also`: further pinned requirements installed beside it."""
+    """Where the harness comes from. `also`: further pinned requirements installed beside it.
+    `python`: for a PyPI harness that needs a newer interpreter than the worker's, the Python
+    version its venv is made with ("3.12"); empty means the worker's own interpreter."""
 
     ecosystem: Ecosystem
     name: str
     default_version: str
     extras: str = ""
     also: tuple[str, ...] = ()
+    python: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -113,12 +113,45 @@ def _pypi_steps(directory: Path, package: Package, version: str) -> list[list[st
     python = str(venv / "bin" / "python")
     spec = f"{package.name}{package.extras}=={version}"
     pip = [python, "-m", "pip", "install", "--disable-pip-version-check", "-q"]
-    return [[_base_python(), "-m", "venv", str(venv)], [*pip, spec, *package.also]]
+    base = find_python(package.python, package.name) if package.python else _base_python()
+    return [[base, "-m", "venv", str(venv)], [*pip, spec, *package.also]]
 
 
 def _base_python() -> str:
     """The interpreter new venvs are made from: the worker's own base interpreter."""
     return getattr(sys, "_base_executable", None) or sys.executable
+
+
+def python_candidates(version: str) -> list[str]:
+    """Where a `pythonX.Y` may be: PATH, the usual prefixes, then pyenv's installed versions
+    (pyenv's shims on PATH fail for a version that is not selected, so its builds are tried by
+    their own path)."""
+    program = f"python{version}"
+    found = [shutil.which(program), f"/usr/local/bin/{program}", f"/usr/bin/{program}"]
+    pyenv_root = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv")
+    builds = sorted((pyenv_root / "versions").glob(f"{version}.*/bin/{program}"), reverse=True)
+    found += [str(build) for build in builds]
+    return list(dict.fromkeys(path for path in found if path))
+
+
+def find_python(version: str, package: str) -> str:
+    """A working `python<version>` with venv for a harness that needs it, or InstallError."""
+    probe = "import sys, venv; print('%d.%d' % sys.version_info[:2])"
+    candidates = python_candidates(version)
+    for candidate in candidates:
+        try:
+            proc = subprocess.run(
+                [candidate, "-c", probe], capture_output=True, text=True, timeout=30, check=False
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if proc.returncode == 0 and proc.stdout.strip() == version:
+            return candidate
+    tried = ", ".join(candidates) or f"python{version} (not on PATH)"
+    raise InstallError(
+        f"{package} needs Python {version}, which this node lacks (tried: {tried}); install "
+        f"python{version} (on PATH, or a pyenv build under $PYENV_ROOT/versions)"
+    )
 
 
 def _run(argv: list[str], cwd: Path) -> None:
