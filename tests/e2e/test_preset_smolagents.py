@@ -1,0 +1,65 @@
+"""smolagents, installed from PyPI and run by its shipped driver through the real pipeline.
+
+The scripted fake engine drives a ToolCallingAgent: it calls smolagents' own python_interpreter
+tool, sees the result, then calls final_answer. The driver writes the final answer (graded) and
+the agent's memory (the transcript artifact).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from sqlalchemy.orm import Session, sessionmaker
+
+from tests.e2e.preset_support import (
+    PresetStack,
+    assert_captured,
+    explain,
+    install_preset,
+    run_preset,
+)
+
+pytestmark = pytest.mark.e2e
+
+
+def test_smolagents_tool_calling_agent_uses_its_python_tool_and_answers(
+    preset_stack: PresetStack, db_session_factory: sessionmaker[Session]
+) -> None:
+    install_preset("smolagents")
+    tag = preset_stack.plan(
+        "smolagents",
+        {
+            "turns": [
+                {"tool": "python_interpreter", "arguments": {"code": "print(6 * 7)"}},
+                {"tool": "final_answer", "arguments": {"answer": "42"}},
+            ],
+            "after": "41",
+        },
+    )
+    run = run_preset(
+        preset_stack,
+        db_session_factory,
+        {"type": "smolagents", "options": {"max_turns": 4}},
+        [{"instruction": f"{tag} What is 6*7? Use Python.", "answer": "42"}],
+        evaluator="exact_match",
+        timeouts={"agent_s": 120},
+    )
+    assert_captured(run, min_calls=2)
+    rollout = run.rollouts[0]
+    calls = run.calls[rollout.id]
+    print(f"smolagents: {len(calls)} calls, {run.seconds:.1f}s")
+    assert len(calls) == 2, explain(run)
+    assert all(c.purpose == "agent" for c in calls)
+    tools = {t["function"]["name"] for t in calls[0].request["tools"]}
+    assert tools == {"python_interpreter", "final_answer"}
+    # the tool really ran: its output is in the next call's conversation
+    assert "42" in json.dumps(calls[1].request["messages"][2:])
+    assert rollout.reward == 1.0, explain(run)
+
+    artifacts = run.artifacts[rollout.id]
+    assert {"agent.log", "transcript"} <= set(artifacts), explain(run)
+    transcript = json.loads(artifacts["transcript"])
+    assert transcript["state"] == "success" and transcript["output"] == "42"
+    observations = [s.get("observations") or "" for s in transcript["steps"]]
+    assert any("Stdout:\n42" in o for o in observations), observations
