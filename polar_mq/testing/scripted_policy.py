@@ -10,7 +10,9 @@ tool call to make or the text to say, and how to answer the harness's side calls
      "after": "Done."}
 
 The turn is the number of assistant messages already in the conversation, so every call of the
-main loop moves the plan one step and a retried call gets the same step. A request that a `side`
+main loop moves the plan one step and a retried call gets the same step. With a tagged plan (see
+below) only the assistant messages after the tagged message count: a harness that sends few-shot
+example exchanges before the task (aider) starts at turn 0 all the same. A request that a `side`
 rule matches (the same conditions as auxiliary-call rules) gets that rule's text. Past the last
 turn the model says `after`. Serve it: `python -m polar_mq.testing.fake_vllm --script plan.json`.
 
@@ -63,12 +65,15 @@ class Script(BaseModel):
     def load(cls, path: str | Path) -> Script:
         return cls.model_validate_json(Path(path).read_bytes())
 
-    def reply(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None) -> Reply:
+    def reply(
+        self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None, start: int = 0
+    ) -> Reply:
+        """`start`: the index of the message the turns count from (the task's)."""
         request = {"messages": list(messages), "tools": tools}
         for side in self.side:
             if is_auxiliary(request, [side.when]):
                 return Reply(side.text)
-        step = sum(1 for m in messages if m.get("role") == "assistant")
+        step = sum(1 for m in messages[start:] if m.get("role") == "assistant")
         if step >= len(self.turns):
             return Reply(self.after)
         turn = self.turns[step]
@@ -98,11 +103,11 @@ class PlanDirectory:
         return cached[1]
 
     def reply(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None) -> Reply:
-        for message in messages:
+        for index, message in enumerate(messages):
             found = PLAN_TAG.search(content_text(message.get("content")))
             plan = self._plan(found.group(1)) if found else None
             if plan is not None:
-                return plan.reply(messages, tools)
+                return plan.reply(messages, tools, start=index)
         return chat_reply(messages, tools)
 
 

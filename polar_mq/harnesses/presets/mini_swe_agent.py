@@ -24,6 +24,8 @@ first line is mini's `submission`. After `mini` exits, the wrapper copies a non-
 from the trajectory to `.polar/mini/submission.txt`, the answer file; without one the answer is the
 last main-loop message.
 
+MCP servers and skills: mini has neither; options naming them are refused at submission.
+
 Artifacts: `trajectory` (mini's own trajectory JSON: every message, exit status, submission).
 Side calls: none (every call is a main-loop step with the bash tool).
 """
@@ -33,7 +35,7 @@ from __future__ import annotations
 import json
 from typing import Any, ClassVar
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from polar_mq.harnesses.base import AnswerSource
 from polar_mq.harnesses.presets.base import (
@@ -83,6 +85,12 @@ class MiniSweAgentOptions(PresetOptions):
     )
     command_timeout: int = Field(60, ge=1, description="seconds per bash command")
     model_attempts: int = Field(2, ge=1, le=20, description="tries per model call (litellm)")
+
+    @model_validator(mode="after")
+    def _no_mcp_or_skills(self) -> MiniSweAgentOptions:
+        if self.mcp_servers or self.skills:
+            raise ValueError("the mini_swe_agent preset takes no mcp_servers or skills")
+        return self
 
 
 class MiniSweAgent(Preset):

@@ -41,14 +41,20 @@ SMOL_DIR = f"{STATE_DIR}/smolagents"
 DRIVER = f"{SMOL_DIR}/driver.py"
 ANSWER = f"{SMOL_DIR}/answer.txt"
 TRANSCRIPT = f"{SMOL_DIR}/transcript.json"
+Tool = Literal["python_interpreter"]
+"""smolagents' default tools that need no network (the driver's TOOLS)."""
+
+
+def _default_tools() -> list[Tool]:
+    return ["python_interpreter"]
 
 
 class SmolagentsOptions(PresetOptions):
     agent: Literal["tool_calling", "code"] = Field(
         "tool_calling", description="ToolCallingAgent (native tool calls) or CodeAgent"
     )
-    tools: list[Literal["python_interpreter"]] = Field(
-        default_factory=lambda: ["python_interpreter"],
+    tools: list[Tool] = Field(
+        default_factory=_default_tools,
         description="smolagents default tools that need no network (final_answer is implied)",
     )
     authorized_imports: list[str] = Field(

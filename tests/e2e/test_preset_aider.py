@@ -1,0 +1,88 @@
+"""aider, installed from PyPI and run unmodified through the real pipeline and proxy.
+
+The workspace is a git repository with a buggy calc.py. The scripted fake engine answers aider's
+one message with a SEARCH/REPLACE block (aider's `diff` edit format) and an ANSWER line: aider
+applies the edit (its "tool"), the workspace diff shows it, and the reply is graded. aider asks
+for temperature 0; the job's sampling (0.7) is what the engine gets.
+"""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy.orm import Session, sessionmaker
+
+from tests.e2e.preset_support import (
+    PresetStack,
+    assert_captured,
+    explain,
+    install_preset,
+    run_preset,
+)
+
+pytestmark = pytest.mark.e2e
+
+GIT_INIT = (
+    "git init -q && git add calc.py && git -c user.name=polar -c user.email=polar@example.com "
+    "commit -q -m init"
+)
+EDIT = """I'll fix the constant.
+
+calc.py
+```python
+<<<<<<< SEARCH
+    return 41
+=======
+    return 6 * 7
+>>>>>>> REPLACE
+```
+
+ANSWER: 42
+"""
+
+
+def test_aider_edits_a_file_from_its_reply_and_job_sampling_wins(
+    preset_stack: PresetStack, db_session_factory: sessionmaker[Session]
+) -> None:
+    install_preset("aider")
+    tag = preset_stack.plan(
+        "aider",
+        {
+            "turns": [{"text": EDIT}],
+            "side": [{"when": {"system_contains": "summarize this partial"}, "text": "ANSWER: 0"}],
+            "after": "ANSWER: 41",
+        },
+    )
+    run = run_preset(
+        preset_stack,
+        db_session_factory,
+        {"type": "aider", "options": {"edit_format": "diff", "files": ["calc.py"]}},
+        [{"instruction": f"{tag} Make answer() in calc.py return 6*7.", "answer": "42"}],
+        evaluator="exact_match",
+        sampling={"temperature": 0.7, "max_tokens": 512},
+        runtime={
+            "prepare": {
+                "files": {"calc.py": "def answer():\n    return 41\n"},
+                "commands": [GIT_INIT],
+            }
+        },
+        timeouts={"agent_s": 120},
+    )
+    assert_captured(run, min_calls=1)
+    rollout = run.rollouts[0]
+    calls = run.calls[rollout.id]
+    main = [c for c in calls if c.purpose == "agent"]
+    print(f"aider: {len(calls)} calls ({len(main)} main), {run.seconds:.1f}s")
+    assert len(main) == 1, explain(run)
+    for call in main:
+        assert call.request["temperature"] == 0  # what aider asked for
+        assert call.engine_request is not None
+        assert call.engine_request["temperature"] == 0.7  # what the engine got: the job's
+    assert rollout.reward == 1.0, explain(run)
+
+    artifacts = run.artifacts[rollout.id]
+    assert {"agent.log", "chat_history", "llm_history", "workspace.diff"} <= set(artifacts)
+    diff = artifacts["workspace.diff"].decode()
+    assert "-    return 41" in diff and "+    return 6 * 7" in diff, diff
+    assert ".polar" not in diff
+    assert b"SEARCH" in artifacts["chat_history"]
+    assert b"Make answer() in calc.py return 6*7." in artifacts["llm_history"]

@@ -1,0 +1,83 @@
+"""smolagents preset: driver command line, shipped driver file, options."""
+
+from __future__ import annotations
+
+import ast
+import shlex
+from pathlib import Path
+
+import pytest
+
+from polar_mq.harnesses import get_harness
+from polar_mq.harnesses.presets.harness import PresetHarness
+from polar_mq.harnesses.presets.smolagents import ANSWER, DRIVER, DRIVER_SOURCE, TRANSCRIPT
+from tests.harnesses.preset_ctx import preset_ctx
+
+
+def harness(options: dict[str, object] | None = None) -> PresetHarness:
+    built = get_harness({"type": "smolagents", "options": options or {}})
+    assert isinstance(built, PresetHarness)
+    return built
+
+
+def argv_of(built: PresetHarness, tmp_path: Path) -> list[str]:
+    return shlex.split(built.command(preset_ctx(tmp_path)).split(" && exec ", 1)[1])
+
+
+def test_driver_runs_with_the_install_python_and_limits(tmp_path: Path) -> None:
+    ctx = preset_ctx(tmp_path)
+    argv = argv_of(harness({"max_turns": 6}), tmp_path)
+    assert argv[0] == f"{tmp_path}/harnesses/smolagents/1.26.0/venv/bin/python"
+    assert argv[1] == f"{ctx.workdir}/{DRIVER}"
+    assert argv[argv.index("--agent") + 1] == "tool_calling"
+    assert argv[argv.index("--max-steps") + 1] == "6"
+    assert argv[argv.index("--tool") + 1] == "python_interpreter"
+    assert argv[argv.index("--answer") + 1] == f"{ctx.workdir}/{ANSWER}"
+    assert argv[argv.index("--transcript") + 1] == f"{ctx.workdir}/{TRANSCRIPT}"
+    assert ctx.instruction not in argv  # the driver reads POLAR_INSTRUCTION
+    env = harness().env(ctx)
+    assert env["POLAR_INSTRUCTION"] == ctx.instruction and env["POLAR_MODEL"] == "smollm2"
+    assert env["OPENAI_BASE_URL"] == "http://127.0.0.1:8010/v1"
+
+
+def test_code_agent_and_options(tmp_path: Path) -> None:
+    options = {"agent": "code", "tools": [], "authorized_imports": ["math"], "instructions": "Hi"}
+    argv = argv_of(harness(options), tmp_path)
+    assert argv[argv.index("--agent") + 1] == "code"
+    assert "--tool" not in argv
+    assert argv[argv.index("--authorized-import") + 1] == "math"
+    assert argv[argv.index("--instructions") + 1] == "Hi"
+
+
+def test_driver_is_shipped_into_the_workspace(tmp_path: Path) -> None:
+    files = harness().files(preset_ctx(tmp_path))
+    assert files == {DRIVER: DRIVER_SOURCE.read_text()}
+    harness_answer = harness().answer
+    assert harness_answer.file == ANSWER
+    assert harness().artifacts == {"transcript": TRANSCRIPT}
+
+
+def test_driver_imports_only_smolagents_and_the_stdlib() -> None:
+    tree = ast.parse(DRIVER_SOURCE.read_text())
+    roots = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            roots |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            roots.add(node.module.split(".")[0])
+    assert "polar_mq" not in roots
+    assert roots - {"__future__", "argparse", "json", "os", "sys", "traceback", "pathlib",
+                    "typing"} == {"smolagents"}  # fmt: skip
+
+
+def test_driver_is_a_python_3_11_script() -> None:
+    compile(DRIVER_SOURCE.read_text(), str(DRIVER_SOURCE), "exec")
+
+
+def test_bad_options_are_rejected() -> None:
+    with pytest.raises(ValueError, match="agent"):
+        get_harness({"type": "smolagents", "options": {"agent": "managed"}})
+    with pytest.raises(ValueError, match="tools"):
+        get_harness({"type": "smolagents", "options": {"tools": ["web_search"]}})
+    with pytest.raises(ValueError, match="no mcp_servers or skills"):
+        get_harness({"type": "smolagents", "options": {"mcp_servers": {"x": {"url": "http://x"}}}})
