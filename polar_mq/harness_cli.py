@@ -10,6 +10,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from polar_mq.config import Settings
@@ -38,7 +39,7 @@ def harness_list() -> None:
         table.add_row(
             name,
             preset.api_family,
-            f"{package.ecosystem}:{package.name}{package.extras}",
+            escape(f"{package.ecosystem}:{package.name}{package.extras}"),  # "[openai]" is text
             package.default_version,
             ", ".join(installed_versions(root, name)) or "-",
         )
@@ -69,9 +70,11 @@ def harness_install(
             raise typer.Exit(2)
         version = version or preset.package.default_version
         try:
-            report = install(root, name, preset.package, version, log=console.print)
+            report = install(
+                root, name, preset.package, version, log=lambda line: console.print(escape(line))
+            )
         except InstallError as exc:
-            console.print(f"[red]{name}@{version} failed:[/red] {exc}")
+            console.print(f"[red]{name}@{version} failed:[/red] {escape(str(exc))}")
             failed += 1
             continue
         state = "cached" if report.cached else "installed"

@@ -8,6 +8,8 @@ rollout is graded on; the trajectory and the workspace diff (a git workspace) ar
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
@@ -19,6 +21,7 @@ from tests.e2e.preset_support import (
     install_preset,
     run_preset,
 )
+from tests.e2e.stack import real_vllm_stack
 
 pytestmark = pytest.mark.e2e
 
@@ -71,3 +74,71 @@ def test_mini_swe_agent_runs_a_bash_tool_and_submits(
     assert trajectory["info"]["submission"].strip() == "42"
     diff = artifacts["workspace.diff"].decode()
     assert "answer.txt" in diff and "+42" in diff and ".polar" not in diff
+
+
+SHORT_SYSTEM = "You are a helpful assistant that runs bash commands with the bash tool."
+SHORT_INSTANCE = (
+    "{{task}}\nCall the bash tool with one command per reply. "
+    "When done, run: echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
+)
+REAL_TASK = "Create a file hello.txt that contains the word hi, then finish."
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.timeout(1200)
+def test_mini_swe_agent_on_real_vllm_stores_the_engines_token_ids(
+    real_vllm: Any,
+    pg_url: str,
+    tmp_path: Path,
+    db_session_factory: sessionmaker[Session],
+) -> None:
+    """SmolLM2-135M (2k context) drives mini through the proxy: with mini's own prompt (one step)
+    and with a short one (three steps). Whatever the small model does, each rollout ends with a
+    recorded reason, and every stored call's ids are exactly what vLLM returned."""
+    install_preset("mini_swe_agent")
+    options = [
+        {"max_turns": 1, "model_attempts": 1},
+        {
+            "max_turns": 3,
+            "model_attempts": 1,
+            "system_template": SHORT_SYSTEM,
+            "instance_template": SHORT_INSTANCE,
+        },
+    ]
+    with real_vllm_stack(pg_url, tmp_path, real_vllm.base_url) as stack:
+        runs = [
+            run_preset(
+                PresetStack(stack, tmp_path),
+                db_session_factory,
+                {"type": "mini_swe_agent", "options": option},
+                [{"instruction": REAL_TASK}],
+                evaluator="completed",
+                sampling={"temperature": 0.7, "max_tokens": 96},
+                timeouts={"agent_s": 240},
+                timeout=600,
+            )
+            for option in options
+        ]
+    for label, run in zip(("default prompt", "short prompt"), runs, strict=True):
+        rollout = run.rollouts[0]
+        calls = run.calls[rollout.id]
+        sizes = [len(c.prompt_ids or []) for c in calls]
+        trajectory = json.loads(run.artifacts[rollout.id].get("trajectory", b"{}"))
+        print(
+            f"mini_swe_agent on vLLM ({label}): {rollout.termination_reason} "
+            f"({trajectory.get('info', {}).get('exit_status')}), {len(calls)} calls, "
+            f"prompt tokens {sizes}, {run.seconds:.1f}s"
+        )
+        assert rollout.termination_reason is not None, explain(run)
+        assert rollout.termination_reason in ("completed", "agent_error", "timeout"), explain(run)
+        ok = [c for c in calls if c.status_code == 200]
+        assert ok, explain(run)
+        for call in ok:
+            response = call.response
+            assert response is not None
+            assert call.prompt_ids == response["prompt_token_ids"]
+            assert call.completion_ids == response["choices"][0]["token_ids"]
+            assert call.engine_request is not None
+            assert call.engine_request["temperature"] == 0.7
+        assert "trajectory" in run.artifacts[rollout.id], explain(run)

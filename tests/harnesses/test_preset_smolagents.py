@@ -81,3 +81,16 @@ def test_bad_options_are_rejected() -> None:
         get_harness({"type": "smolagents", "options": {"tools": ["web_search"]}})
     with pytest.raises(ValueError, match="no mcp_servers or skills"):
         get_harness({"type": "smolagents", "options": {"mcp_servers": {"x": {"url": "http://x"}}}})
+
+
+def test_harness_list_shows_the_extra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`[openai]` is printed as text, not swallowed as rich markup."""
+    from typer.testing import CliRunner
+
+    from polar_mq.harness_cli import harness_app
+
+    monkeypatch.setenv("POLAR_MQ_HARNESS_ROOT", str(tmp_path))
+    monkeypatch.setenv("COLUMNS", "200")
+    result = CliRunner().invoke(harness_app, ["list"])
+    assert result.exit_code == 0, result.output
+    assert "pypi:smolagents[openai]" in result.output
