@@ -58,6 +58,7 @@ def test_mini_swe_agent_runs_a_bash_tool_and_submits(
     assert_captured(run, min_calls=2)
     rollout = run.rollouts[0]
     calls = run.calls[rollout.id]
+    print(f"mini_swe_agent: {len(calls)} calls, {run.seconds:.1f}s")
     assert len(calls) == 2, explain(run)  # one call per step, no side calls
     assert all(c.purpose == "agent" for c in calls)
     assert calls[0].request is not None

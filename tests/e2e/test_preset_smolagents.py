@@ -63,3 +63,29 @@ def test_smolagents_tool_calling_agent_uses_its_python_tool_and_answers(
     assert transcript["state"] == "success" and transcript["output"] == "42"
     observations = [s.get("observations") or "" for s in transcript["steps"]]
     assert any("Stdout:\n42" in o for o in observations), observations
+
+
+def test_smolagents_code_agent_runs_its_code_and_answers(
+    preset_stack: PresetStack, db_session_factory: sessionmaker[Session]
+) -> None:
+    install_preset("smolagents")
+    code = "Thought: compute it.\n<code>\nvalue = 6 * 7\nprint(value)\n</code>"
+    answer = "Thought: done.\n<code>\nfinal_answer(str(value))\n</code>"
+    tag = preset_stack.plan("smolagents_code", {"turns": [{"text": code}, {"text": answer}]})
+    run = run_preset(
+        preset_stack,
+        db_session_factory,
+        {"type": "smolagents", "options": {"agent": "code", "tools": [], "max_turns": 4}},
+        [{"instruction": f"{tag} What is 6*7?", "answer": "42"}],
+        evaluator="exact_match",
+        timeouts={"agent_s": 120},
+    )
+    assert_captured(run, min_calls=2)
+    rollout = run.rollouts[0]
+    calls = run.calls[rollout.id]
+    print(f"smolagents (code): {len(calls)} calls, {run.seconds:.1f}s")
+    assert len(calls) == 2, explain(run)
+    assert "42" in json.dumps(calls[1].request["messages"][-1])  # the code's printed output
+    assert rollout.reward == 1.0, explain(run)
+    transcript = json.loads(run.artifacts[rollout.id]["transcript"])
+    assert transcript["state"] == "success" and transcript["output"] == "42"
