@@ -40,9 +40,12 @@ ANSWER: 42
 """
 
 
+@pytest.mark.parametrize("git", [False, True], ids=["no-git", "git"])
 def test_aider_edits_a_file_from_its_reply_and_job_sampling_wins(
-    preset_stack: PresetStack, db_session_factory: sessionmaker[Session]
+    preset_stack: PresetStack, db_session_factory: sessionmaker[Session], git: bool
 ) -> None:
+    """With `git: true` aider sees the repository (repo map) but commits nothing: the diff against
+    the checked-out commit still holds its edit."""
     install_preset("aider")
     tag = preset_stack.plan(
         "aider",
@@ -55,7 +58,7 @@ def test_aider_edits_a_file_from_its_reply_and_job_sampling_wins(
     run = run_preset(
         preset_stack,
         db_session_factory,
-        {"type": "aider", "options": {"edit_format": "diff", "files": ["calc.py"]}},
+        {"type": "aider", "options": {"edit_format": "diff", "files": ["calc.py"], "git": git}},
         [{"instruction": f"{tag} Make answer() in calc.py return 6*7.", "answer": "42"}],
         evaluator="exact_match",
         sampling={"temperature": 0.7, "max_tokens": 512},
@@ -71,7 +74,7 @@ def test_aider_edits_a_file_from_its_reply_and_job_sampling_wins(
     rollout = run.rollouts[0]
     calls = run.calls[rollout.id]
     main = [c for c in calls if c.purpose == "agent"]
-    print(f"aider: {len(calls)} calls ({len(main)} main), {run.seconds:.1f}s")
+    print(f"aider (git={git}): {len(calls)} calls ({len(main)} main), {run.seconds:.1f}s")
     assert len(main) == 1, explain(run)
     for call in main:
         assert call.request["temperature"] == 0  # what aider asked for
@@ -83,6 +86,6 @@ def test_aider_edits_a_file_from_its_reply_and_job_sampling_wins(
     assert {"agent.log", "chat_history", "llm_history", "workspace.diff"} <= set(artifacts)
     diff = artifacts["workspace.diff"].decode()
     assert "-    return 41" in diff and "+    return 6 * 7" in diff, diff
-    assert ".polar" not in diff
+    assert ".polar" not in diff and ".aider" not in diff, diff
     assert b"SEARCH" in artifacts["chat_history"]
     assert b"Make answer() in calc.py return 6*7." in artifacts["llm_history"]

@@ -110,3 +110,29 @@ def test_bad_options_are_rejected() -> None:
         get_harness({"type": "aider", "options": {"edit_format": "diff; rm -rf /"}})
     with pytest.raises(ValueError, match="no mcp_servers or skills"):
         get_harness({"type": "aider", "options": {"skills": {"x": "y"}}})
+
+
+def test_git_mode_excludes_aiders_cache_locally_then_runs_aider(tmp_path: Path) -> None:
+    import subprocess
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    argv = argv_of(harness({"git": True}), tmp_path)
+    assert argv[:2] == ["/bin/sh", "-c"] and argv[4].endswith("/venv/bin/aider")
+    wrapper = [*argv[:4], "sh", "-c", "echo ran > out.txt"]
+    for _ in range(2):
+        subprocess.run(wrapper, cwd=repo, check=True)
+    assert (repo / "out.txt").read_text() == "ran\n"
+    exclude = (repo / ".git" / "info" / "exclude").read_text().splitlines()
+    assert exclude.count(".aider*") == 1
+    (repo / ".aider.tags.cache.v4").mkdir()
+    (repo / ".aider.tags.cache.v4" / "cache.db").write_text("x")
+    status = subprocess.run(
+        ["git", "status", "--porcelain", "-uall"], cwd=repo, capture_output=True, text=True
+    )
+    assert ".aider" not in status.stdout
+    elsewhere = tmp_path / "plain"
+    elsewhere.mkdir()  # not a repository: aider still runs
+    subprocess.run([*argv[:4], "sh", "-c", "echo ran > out.txt"], cwd=elsewhere, check=True)
+    assert (elsewhere / "out.txt").exists()

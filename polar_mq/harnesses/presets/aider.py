@@ -14,10 +14,12 @@ lint errors), so `options.max_turns` is not used.
 Git: `--no-git` by default: aider neither creates nor commits to a repository (so it makes no
 commit-message calls), and a git workspace's changes still show in `workspace.diff`.
 `options.git: true` lets aider use the workspace's repository for its repo map (still
-`--no-auto-commits --no-dirty-commits --no-gitignore`; in a directory without a repository,
-aider would create one). `options.files` / `options.read` add files to the chat (`--file` /
-`--read`); `options.edit_format` picks aider's edit format (`diff`: SEARCH/REPLACE blocks,
-`whole`: whole files, ...; unset: aider's default for an unknown model, `whole`).
+`--no-auto-commits --no-dirty-commits --no-gitignore`; its repo-map cache
+`.aider.tags.cache.v4/` is excluded through `.git/info/exclude`, so it stays out of the diff; in
+a directory without a repository, aider would create one). `options.files` / `options.read` add
+files to the chat (`--file` / `--read`); `options.edit_format` picks aider's edit format
+(`diff`: SEARCH/REPLACE blocks, `whole`: whole files, ...; unset: aider's default for an unknown
+model, `whole`).
 
 Model metadata: aider looks up an unknown model's context window in litellm's price list, which
 it downloads; a metadata file in `.polar/aider/` (`options.context_window`, zero prices) answers
@@ -54,6 +56,16 @@ CHAT_HISTORY = f"{AIDER_DIR}/chat.history.md"
 LLM_HISTORY = f"{AIDER_DIR}/llm.history.txt"
 INPUT_HISTORY = f"{AIDER_DIR}/input.history"
 METADATA = f"{AIDER_DIR}/model-metadata.json"
+
+# git: true: aider keeps its repo-map cache (`.aider.tags.cache.v4/`) in the repository's root.
+# Excluding `.aider*` locally (.git/info/exclude, outside the work tree) keeps it out of the
+# workspace diff without touching the tracked .gitignore; then aider runs ("$@").
+_GIT_EXCLUDE = """exclude=$(git rev-parse --git-path info/exclude 2>/dev/null) && {
+  grep -qxF '.aider*' "$exclude" 2>/dev/null || {
+    mkdir -p "$(dirname "$exclude")" && echo '.aider*' >> "$exclude"; }
+}
+exec "$@"
+"""
 
 
 class AiderOptions(PresetOptions):
@@ -132,6 +144,8 @@ class Aider(Preset):
             argv += ["--file", path]
         for path in options.read:
             argv += ["--read", path]
+        if options.git:
+            return ["/bin/sh", "-c", _GIT_EXCLUDE, "aider", *argv]
         return argv
 
     def files(self, run: PresetRun) -> dict[str, str]:
