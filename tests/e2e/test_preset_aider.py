@@ -8,6 +8,8 @@ for temperature 0; the job's sampling (0.7) is what the engine gets.
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -40,12 +42,17 @@ ANSWER: 42
 """
 
 
-@pytest.mark.parametrize("git", [False, True], ids=["no-git", "git"])
+@pytest.mark.parametrize(
+    ("git", "kind"), [(False, "local"), (True, "local"), (False, "bwrap")],
+    ids=["no-git", "git", "bwrap"],
+)  # fmt: skip
 def test_aider_edits_a_file_from_its_reply_and_job_sampling_wins(
-    preset_stack: PresetStack, db_session_factory: sessionmaker[Session], git: bool
+    preset_stack: PresetStack, db_session_factory: sessionmaker[Session], git: bool, kind: str
 ) -> None:
     """With `git: true` aider sees the repository (repo map) but commits nothing: the diff against
-    the checked-out commit still holds its edit."""
+    the checked-out commit still holds its edit. Also in a bwrap sandbox (install read-only)."""
+    if kind == "bwrap" and shutil.which("bwrap") is None:
+        pytest.skip("bwrap is not installed")
     install_preset("aider")
     tag = preset_stack.plan(
         "aider",
@@ -63,10 +70,11 @@ def test_aider_edits_a_file_from_its_reply_and_job_sampling_wins(
         evaluator="exact_match",
         sampling={"temperature": 0.7, "max_tokens": 512},
         runtime={
+            "kind": kind,
             "prepare": {
                 "files": {"calc.py": "def answer():\n    return 41\n"},
                 "commands": [GIT_INIT],
-            }
+            },
         },
         timeouts={"agent_s": 120},
     )
@@ -74,7 +82,7 @@ def test_aider_edits_a_file_from_its_reply_and_job_sampling_wins(
     rollout = run.rollouts[0]
     calls = run.calls[rollout.id]
     main = [c for c in calls if c.purpose == "agent"]
-    print(f"aider (git={git}): {len(calls)} calls ({len(main)} main), {run.seconds:.1f}s")
+    print(f"aider (git={git}, {kind}): {len(calls)} calls ({len(main)} main), {run.seconds:.1f}s")
     assert len(main) == 1, explain(run)
     for call in main:
         assert call.request["temperature"] == 0  # what aider asked for

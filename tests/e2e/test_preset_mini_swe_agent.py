@@ -8,6 +8,7 @@ rollout is graded on; the trajectory and the workspace diff (a git workspace) ar
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +33,13 @@ GIT_INIT = (
 SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && cat answer.txt"
 
 
+@pytest.mark.parametrize("kind", ["local", "bwrap"])
 def test_mini_swe_agent_runs_a_bash_tool_and_submits(
-    preset_stack: PresetStack, db_session_factory: sessionmaker[Session]
+    preset_stack: PresetStack, db_session_factory: sessionmaker[Session], kind: str
 ) -> None:
+    """Also in a bwrap sandbox, where the install is mounted read-only."""
+    if kind == "bwrap" and shutil.which("bwrap") is None:
+        pytest.skip("bwrap is not installed")
     install_preset("mini_swe_agent")
     tag = preset_stack.plan(
         "mini_swe_agent",
@@ -52,13 +57,13 @@ def test_mini_swe_agent_runs_a_bash_tool_and_submits(
         {"type": "mini_swe_agent", "options": {"max_turns": 5}},
         [{"instruction": f"{tag} What is 6*7? Write it to answer.txt.", "answer": "42"}],
         evaluator="exact_match",
-        runtime={"prepare": {"commands": [GIT_INIT]}},
+        runtime={"kind": kind, "prepare": {"commands": [GIT_INIT]}},
         timeouts={"agent_s": 120},
     )
     assert_captured(run, min_calls=2)
     rollout = run.rollouts[0]
     calls = run.calls[rollout.id]
-    print(f"mini_swe_agent: {len(calls)} calls, {run.seconds:.1f}s")
+    print(f"mini_swe_agent ({kind}): {len(calls)} calls, {run.seconds:.1f}s")
     assert len(calls) == 2, explain(run)  # one call per step, no side calls
     assert all(c.purpose == "agent" for c in calls)
     assert calls[0].request is not None

@@ -8,6 +8,7 @@ the agent's memory (the transcript artifact).
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
@@ -23,9 +24,13 @@ from tests.e2e.preset_support import (
 pytestmark = pytest.mark.e2e
 
 
+@pytest.mark.parametrize("kind", ["local", "bwrap"])
 def test_smolagents_tool_calling_agent_uses_its_python_tool_and_answers(
-    preset_stack: PresetStack, db_session_factory: sessionmaker[Session]
+    preset_stack: PresetStack, db_session_factory: sessionmaker[Session], kind: str
 ) -> None:
+    """Also in a bwrap sandbox, where the install is mounted read-only."""
+    if kind == "bwrap" and shutil.which("bwrap") is None:
+        pytest.skip("bwrap is not installed")
     install_preset("smolagents")
     tag = preset_stack.plan(
         "smolagents",
@@ -43,12 +48,13 @@ def test_smolagents_tool_calling_agent_uses_its_python_tool_and_answers(
         {"type": "smolagents", "options": {"max_turns": 4}},
         [{"instruction": f"{tag} What is 6*7? Use Python.", "answer": "42"}],
         evaluator="exact_match",
+        runtime={"kind": kind},
         timeouts={"agent_s": 120},
     )
     assert_captured(run, min_calls=2)
     rollout = run.rollouts[0]
     calls = run.calls[rollout.id]
-    print(f"smolagents: {len(calls)} calls, {run.seconds:.1f}s")
+    print(f"smolagents ({kind}): {len(calls)} calls, {run.seconds:.1f}s")
     assert len(calls) == 2, explain(run)
     assert all(c.purpose == "agent" for c in calls)
     tools = {t["function"]["name"] for t in calls[0].request["tools"]}
