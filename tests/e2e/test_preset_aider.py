@@ -97,3 +97,52 @@ def test_aider_edits_a_file_from_its_reply_and_job_sampling_wins(
     assert ".polar" not in diff and ".aider" not in diff, diff
     assert b"SEARCH" in artifacts["chat_history"]
     assert b"Make answer() in calc.py return 6*7." in artifacts["llm_history"]
+
+
+def test_aider_history_summary_is_auxiliary_and_not_graded(
+    preset_stack: PresetStack, db_session_factory: sessionmaker[Session]
+) -> None:
+    """A chat history over aider's budget (`--max-chat-history-tokens`, small here) makes aider
+    summarise it with a side call after the reply; the preset's rule marks it auxiliary, and the
+    rollout is graded on the main loop's reply (the summary says "ANSWER: 0")."""
+    install_preset("aider")
+    long_reply = "Some reasoning about the constant. " * 40 + "\n\n" + EDIT
+    tag = preset_stack.plan(
+        "aider_summary",
+        {
+            "turns": [{"text": long_reply}],
+            "side": [
+                {
+                    "when": {"system_contains": "summarize this partial conversation"},
+                    "text": "I asked you to fix calc.py. ANSWER: 0",
+                }
+            ],
+            "after": "ANSWER: 41",
+        },
+    )
+    options = {
+        "edit_format": "diff",
+        "files": ["calc.py"],
+        "extra_args": ["--max-chat-history-tokens", "100"],
+    }
+    run = run_preset(
+        preset_stack,
+        db_session_factory,
+        {"type": "aider", "options": options},
+        [{"instruction": f"{tag} Make answer() in calc.py return 6*7.", "answer": "42"}],
+        evaluator="exact_match",
+        runtime={
+            "prepare": {
+                "files": {"calc.py": "def answer():\n    return 41\n"},
+                "commands": [GIT_INIT],
+            }
+        },
+        timeouts={"agent_s": 120},
+    )
+    assert_captured(run, min_calls=2)
+    rollout = run.rollouts[0]
+    calls = run.calls[rollout.id]
+    print(f"aider (summary): {[c.purpose for c in calls]}, {run.seconds:.1f}s")
+    assert [c.purpose for c in calls] == ["agent", "auxiliary"], explain(run)
+    assert rollout.reward == 1.0, explain(run)  # the reply's ANSWER: 42, not the summary's
+    assert "+    return 6 * 7" in run.artifacts[rollout.id]["workspace.diff"].decode()
