@@ -9,7 +9,8 @@ How it is run: `aider --model openai/<model> --openai-api-base <proxy> --message
 and exit; `--yes-always` accepts its confirmations (editing or creating files the model names; it
 never runs shell commands the model suggests, which need an explicit yes). aider has no step
 limit: a run is the reply plus at most 3 reflections (aider's own bound, after a malformed edit or
-lint errors), so `options.max_turns` is not used.
+lint errors), so `options.max_turns` is not used. As in aider's chat, an instruction that starts
+with `/` is an aider command (`/ask ...`, `/run ...`).
 
 Git: `--no-git` by default: aider neither creates nor commits to a repository (so it makes no
 commit-message calls), and a git workspace's changes still show in `workspace.diff`.
