@@ -2,7 +2,7 @@
 
 How it is run::
 
-    sh -c '"$@"; ...copy the session transcript...' codex-preset \
+    sh -c '"$@"; ...keep the session file...' codex-preset \
         codex exec --skip-git-repo-check --json --dangerously-bypass-approvals-and-sandbox \
             --output-last-message <ws>/.polar/codex/last_message.txt -C <ws> -m MODEL INSTRUCTION
 
@@ -42,6 +42,7 @@ from pydantic import Field, field_validator
 
 from polar_mq.harnesses.base import AnswerSource
 from polar_mq.harnesses.presets.base import Ecosystem, Package, Preset, PresetOptions, PresetRun
+from polar_mq.harnesses.presets.keep_file import then_copy
 
 CODEX_HOME = ".polar/codex"
 LAST_MESSAGE = f"{CODEX_HOME}/last_message.txt"
@@ -65,12 +66,8 @@ DISABLED_FEATURES = (
 )
 """Off: network-only features, tools the proxy cannot carry, and retrying forever."""
 
-_COPY_TRANSCRIPT = (
-    '"$@"; status=$?; '
-    'for f in "$CODEX_HOME"/sessions/*/*/*/rollout-*.jsonl; do '
-    '[ -f "$f" ] && cp "$f" "$POLAR_WORKDIR/' + TRANSCRIPT + '"; done; exit $status'
-)
-"""Run Codex (its arguments are `"$@"`), then keep its session file under a fixed name."""
+SESSION_FILES = '"$CODEX_HOME"/sessions/*/*/*/rollout-*.jsonl'
+"""Codex's session rollout files (one per run: the workspace's CODEX_HOME is fresh)."""
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 _SKILL_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
 
@@ -131,7 +128,7 @@ class CodexPreset(Preset):
     def argv(self, run: PresetRun) -> list[str]:
         workdir = run.ctx.workdir
         return [
-            "sh", "-c", _COPY_TRANSCRIPT, "codex-preset",
+            *then_copy(SESSION_FILES, f'"$POLAR_WORKDIR"/{TRANSCRIPT}', "codex-preset"),
             run.install.program("codex"), "exec",
             "--skip-git-repo-check",
             "--json",
