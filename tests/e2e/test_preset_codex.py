@@ -82,6 +82,47 @@ def test_codex_runs_a_tool_and_answers(
     assert b'"turn.completed"' in artifacts["agent.log"]  # the --json event stream
 
 
+PATCH = "*** Begin Patch\n*** Add File: patched.txt\n+42\n*** End Patch\n"
+
+
+def test_codex_freeform_apply_patch_with_a_catalog_model_name(
+    preset_stack: PresetStack, db_session_factory: sessionmaker[Session]
+) -> None:
+    """A model name from Codex's own catalog makes Codex offer `apply_patch` as a `custom`
+    (freeform) tool; the proxy carries it as a one-string-argument function and turns the
+    engine's call back into a `custom_tool_call`, which Codex applies."""
+    install_preset("codex")
+    tag = preset_stack.plan(
+        "codex_patch",
+        {
+            "turns": [
+                {"tool": "apply_patch", "arguments": {"input": PATCH}},
+                {"text": "ANSWER: 42"},
+            ],
+            "after": "ANSWER: 7",
+        },
+    )
+    run = run_preset(
+        preset_stack,
+        db_session_factory,
+        {"type": "codex"},
+        [{"instruction": f"{tag} Write 42 to patched.txt.", "answer": "42"}],
+        evaluator="exact_match",
+        runtime=GIT_INIT,
+        timeouts={"agent_s": 180},
+        model="gpt-5.5",
+    )
+    assert_captured(run, min_calls=2)
+    rollout = run.rollouts[0]
+    calls = run.calls[rollout.id]
+    assert any(t.get("type") == "custom" for t in calls[0].request["tools"])
+    assert rollout.reward == 1.0, explain(run)
+    second = calls[1].request["input"]
+    assert any(item.get("type") == "custom_tool_call_output" for item in second), second
+    diff = run.artifacts[rollout.id]["workspace.diff"].decode()
+    assert "patched.txt" in diff and "+42" in diff
+
+
 SHORT_INSTRUCTIONS = (
     "You are a coding agent in a terminal. Run shell commands with the exec_command tool. "
     "Reply briefly."
