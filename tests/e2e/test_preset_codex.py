@@ -62,6 +62,7 @@ def test_codex_runs_a_tool_and_answers(
         timeouts={"agent_s": 180},
     )
     assert_captured(run, min_calls=2)
+    print(f"codex: {[len(c) for c in run.calls.values()]} calls, {run.seconds:.1f} s")
     rollout = run.rollouts[0]
     calls = run.calls[rollout.id]
     assert [c.purpose for c in calls] == ["agent", "agent"]  # codex exec makes no side calls

@@ -62,6 +62,7 @@ def test_opencode_runs_a_tool_and_answers_title_call_is_auxiliary(
         timeouts={"agent_s": 240},
     )
     assert_captured(run, min_calls=3)
+    print(f"opencode: {[len(c) for c in run.calls.values()]} calls, {run.seconds:.1f} s")
     rollout = run.rollouts[0]
     calls = run.calls[rollout.id]
     assert sorted(c.purpose for c in calls) == ["agent", "agent", "auxiliary"], explain(run)

@@ -55,6 +55,7 @@ def test_qwen_code_runs_a_tool_and_its_memory_call_is_auxiliary(
         timeouts={"agent_s": 240},
     )
     assert_captured(run, min_calls=2)
+    print(f"qwen_code: {[len(c) for c in run.calls.values()]} calls, {run.seconds:.1f} s")
     by_plan = {("qwen_tool", "qwen_direct")[r.task_index]: r for r in run.rollouts}
     for rollout in run.rollouts:
         assert rollout.reward == 1.0, explain(run)

@@ -80,6 +80,7 @@ class OpencodePreset(Preset):
     options_model = OpencodeOptions
     auxiliary = (AuxiliaryRule(system_contains=TITLE_SYSTEM, no_tools=True),)
     artifacts: ClassVar[dict[str, str]] = {"transcript": TRANSCRIPT}
+    notes = "provider adapter bundled: nothing is installed at run time"
 
     def argv(self, run: PresetRun) -> list[str]:
         options = run.options

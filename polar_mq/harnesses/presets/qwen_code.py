@@ -70,6 +70,7 @@ class QwenCodePreset(Preset):
     options_model = QwenCodeOptions
     auxiliary = tuple(AuxiliaryRule(system_contains=phrase) for phrase in BACKGROUND_AGENTS)
     artifacts: ClassVar[dict[str, str]] = {"transcript": TRANSCRIPT}
+    notes = "declares Node >= 22; runs on Node 20 in our tests"
 
     def argv(self, run: PresetRun) -> list[str]:
         return [
