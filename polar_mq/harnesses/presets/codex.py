@@ -19,7 +19,7 @@ With a model name Codex's catalog does not know (the usual case for RL), Codex u
 metadata and offers `exec_command` + `write_stdin` (no freeform `apply_patch`).
 
 - Turn limit: Codex has none; `options.max_turns` is not applied (bound the run with the job's
-  `timeouts.agent_s`).
+  `timeouts.agent_s`). An answer cut at the token limit fails Codex's turn (exit 1).
 - `options.instructions`: replaces Codex's ~17 KB base instructions (`model_instructions_file`), for
   small-context models; `options.environment_context: false` (the default) leaves out the
   `<environment_context>` message.
