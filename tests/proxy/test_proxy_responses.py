@@ -49,7 +49,11 @@ VOLATILE = frozenset(
     }
 )
 """Keys whose values differ per call or per model: compared by type (unless an object)."""
-DELTAS = ("response.output_text.delta", "response.function_call_arguments.delta")
+DELTAS = (
+    "response.output_text.delta",
+    "response.function_call_arguments.delta",
+    "response.custom_tool_call_input.delta",
+)
 CALCULATOR: Any = {
     "type": "function",
     "name": "calculator",
@@ -131,7 +135,9 @@ def no_token_ids(raw: bytes) -> None:
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("name", ["text_response", "function_call_response"])
+@pytest.mark.parametrize(
+    "name", ["text_response", "function_call_response", "custom_tool_call_response"]
+)
 async def test_answer_matches_golden_response(harness: Harness, name: str) -> None:
     case, response = await post_golden(harness, name)
     assert response.headers["content-type"] == "application/json"
@@ -146,7 +152,7 @@ async def test_answer_matches_golden_response(harness: Harness, name: str) -> No
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("name", ["text_stream", "function_call_stream"])
+@pytest.mark.parametrize("name", ["text_stream", "function_call_stream", "custom_tool_call_stream"])
 async def test_stream_matches_golden_events(harness: Harness, name: str) -> None:
     case, response = await post_golden(harness, name)
     assert response.headers["content-type"].startswith("text/event-stream")
@@ -162,9 +168,11 @@ async def test_stream_matches_golden_events(harness: Harness, name: str) -> None
     final = events[-1]["data"]["response"]
     item = final["output"][0]
     pieces = "".join(e["data"]["delta"] for e in events if e["event"] in DELTAS)
-    assert pieces == (
-        item["content"][0]["text"] if item["type"] == "message" else item["arguments"]
-    )
+    whole = {
+        "message": lambda: item["content"][0]["text"],
+        "custom_tool_call": lambda: item["input"],
+    }
+    assert pieces == whole.get(item["type"], lambda: item["arguments"])()
 
 
 # In-process: what is stored ----------------------------------------------------------------
@@ -510,6 +518,114 @@ def test_items_become_chat_messages() -> None:
             "json_schema": {"name": "out", "schema": {"type": "object"}, "strict": True},
         },
     }
+
+
+def test_custom_tools_become_functions_with_one_string_argument() -> None:
+    grammar = {"type": "grammar", "syntax": "lark", "definition": "start: WORD"}
+    body = {
+        "model": "m",
+        "input": [
+            {"role": "user", "content": "Patch it."},
+            {"type": "custom_tool_call", "call_id": "c1", "name": "apply_patch", "input": "*** X"},
+            {"type": "custom_tool_call_output", "call_id": "c1", "output": "Done!"},
+        ],
+        "tools": [
+            {
+                "type": "custom",
+                "name": "apply_patch",
+                "description": "Edit files.",
+                "format": grammar,
+            },
+            {"type": "custom", "name": "note"},
+        ],
+        "tool_choice": {"type": "custom", "name": "apply_patch"},
+    }
+    chat = translate(body).chat
+    patch, note = chat["tools"]
+    assert patch["function"]["name"] == "apply_patch"
+    assert patch["function"]["description"] == "Edit files."
+    parameters = patch["function"]["parameters"]
+    assert parameters["required"] == ["input"] and parameters["additionalProperties"] is False
+    assert parameters["properties"]["input"]["type"] == "string"
+    assert "lark grammar:\nstart: WORD" in parameters["properties"]["input"]["description"]
+    assert "description" not in note["function"]
+    assert chat["tool_choice"] == {"type": "function", "function": {"name": "apply_patch"}}
+    assert chat["messages"][1:] == [
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "c1",
+                    "type": "function",
+                    "function": {"name": "apply_patch", "arguments": '{"input": "*** X"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "Done!"},
+    ]
+    assert translate(body).chat == chat  # deterministic: a re-sent history renders the same
+
+
+@pytest.mark.parametrize(
+    ("arguments", "tool_input"),
+    [
+        ('{"input": "a\\nb"}', "a\nb"),
+        ('{"patch": "p"}', "p"),  # the model named the one argument its own way
+        ("raw text", "raw text"),
+        ('{"a": "1", "b": "2"}', '{"a": "1", "b": "2"}'),
+    ],
+)
+def test_custom_tool_call_input_from_the_models_arguments(arguments: str, tool_input: str) -> None:
+    tools = [{"type": "custom", "name": "apply_patch"}, CALCULATOR]
+    translation = translate({"model": "m", "input": "x", "tools": tools})
+    calls = [
+        {
+            "id": "c1",
+            "type": "function",
+            "function": {"name": "apply_patch", "arguments": arguments},
+        },
+        {"id": "c2", "type": "function", "function": {"name": "calculator", "arguments": "{}"}},
+    ]
+    message = {"role": "assistant", "content": None, "tool_calls": calls}
+    data = {"choices": [{"index": 0, "message": message, "finish_reason": "tool_calls"}]}
+    answer = responses.render(data, translation)
+    SdkResponse.model_validate(answer)
+    patch, calc = answer["output"]
+    assert patch["type"] == "custom_tool_call" and patch["id"].startswith("ctc_")
+    assert (patch["call_id"], patch["name"], patch["input"]) == ("c1", "apply_patch", tool_input)
+    assert calc["type"] == "function_call" and calc["arguments"] == "{}"
+
+
+def test_stream_custom_tool_call_is_sent_decoded_and_whole() -> None:
+    tools = [{"type": "custom", "name": "apply_patch"}]
+    translator = responses.stream(translate({"model": "m", "input": "x", "tools": tools}))
+    chunks = [
+        chunk(tool_delta(0, "", id="call_p", type="function", name="apply_patch")),
+        chunk(tool_delta(0, '{"input": "*** Begin')),
+        chunk(tool_delta(0, ' Patch\\n"}')),
+        chunk({}, finish="tool_calls"),
+    ]
+    raw = b"".join(translator.chunk(c) for c in chunks) + translator.done()
+    events = sse(raw)
+    names = [e["event"] for e in events]
+    assert names[2:] == [
+        "response.output_item.added",
+        "response.custom_tool_call_input.delta",
+        "response.custom_tool_call_input.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    added = events[2]["data"]["item"]
+    assert (added["type"], added["input"], added["status"]) == (
+        "custom_tool_call",
+        "",
+        "in_progress",
+    )
+    assert events[3]["data"]["delta"] == events[4]["data"]["input"] == "*** Begin Patch\n"
+    final = events[-1]["data"]["response"]["output"]
+    assert final == [events[5]["data"]["item"]]
+    assert final[0]["input"] == "*** Begin Patch\n" and final[0]["call_id"] == "call_p"
 
 
 def test_json_object_and_stream_options() -> None:

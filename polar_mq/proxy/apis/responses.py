@@ -4,9 +4,11 @@ The request becomes the engine's chat request so the captured token ids are the 
 `instructions` a leading system message, `message` items chat messages (`developer` as `system`),
 `function_call` items the assistant's `tool_calls` (merged with the assistant text before them),
 `function_call_output` items `tool` messages, `reasoning` items the next assistant message's
-`reasoning` field, function tools chat function tools. The translation is deterministic, so a
-history re-sent unchanged (Codex sends `store: false` and the whole history every turn) renders to
-the same prompt tokens and `prefix_merge` chains the turns.
+`reasoning` field, function tools chat function tools, and `custom` (freeform) tools functions
+with one string argument whose calls come back as `custom_tool_call` items (`responses_custom`).
+The translation is deterministic, so a history re-sent unchanged (Codex sends `store: false` and
+the whole history every turn) renders to the same prompt tokens and `prefix_merge` chains the
+turns.
 
 `previous_response_id` is served from the proxy's own `ResponseStore` (the engine keeps no
 state): the stored conversation is put in front of the new input. The engine's answer comes back
@@ -24,6 +26,7 @@ from typing import Any
 import orjson
 from starlette.responses import Response
 
+from polar_mq.proxy.apis import responses_custom as custom
 from polar_mq.proxy.apis.base import (
     AUTHENTICATION,
     INVALID_REQUEST,
@@ -164,12 +167,15 @@ class _Conversation:
             self.messages.append({"role": role, "content": content})
 
     def function_call(self, item: dict[str, Any], where: str) -> None:
-        for key in ("call_id", "name", "arguments"):
+        is_custom = item.get("type") == custom.CALL_ITEM
+        value = "input" if is_custom else "arguments"
+        for key in ("call_id", "name", value):
             _need(isinstance(item.get(key), str), f"{where}.{key}: expected a string")
+        arguments = custom.arguments_of(item["input"]) if is_custom else item["arguments"]
         call = {
             "id": item["call_id"],
             "type": "function",
-            "function": {"name": item["name"], "arguments": item["arguments"]},
+            "function": {"name": item["name"], "arguments": arguments},
         }
         last = self.messages[-1] if self.messages else None
         if last is not None and last["role"] == "assistant" and self._reasoning is None:
@@ -196,9 +202,9 @@ class _Conversation:
         kind = item.get("type")
         if kind == "message" or (kind is None and "role" in item):
             self.message(item, where)
-        elif kind == "function_call":
+        elif kind in ("function_call", custom.CALL_ITEM):
             self.function_call(item, where)
-        elif kind == "function_call_output":
+        elif kind in ("function_call_output", custom.OUTPUT_ITEM):
             self.function_call_output(item, where)
         elif kind == "reasoning":
             self.reasoning(item, where)
@@ -221,7 +227,13 @@ def _tools(value: Any) -> list[dict[str, Any]]:
         where = f"tools[{i}]"
         _need(isinstance(tool, dict), f"{where}: expected a tool object")
         kind = tool.get("type")
-        _need(kind == "function", f"{where}.type: unsupported tool type {kind!r} (only function)")
+        if kind == custom.CUSTOM:
+            out.append(custom.chat_tool(tool, where))
+            continue
+        _need(
+            kind == "function",
+            f"{where}.type: unsupported tool type {kind!r} (only function and custom)",
+        )
         _need(isinstance(tool.get("name"), str), f"{where}.name: expected a string")
         function = {"name": tool["name"]}
         for key in ("description", "parameters", "strict"):
@@ -234,10 +246,12 @@ def _tools(value: Any) -> list[dict[str, Any]]:
 def _tool_choice(value: Any) -> Any:
     if value in TOOL_CHOICES:
         return value
-    if isinstance(value, dict) and value.get("type") == "function":
+    if isinstance(value, dict) and value.get("type") in ("function", custom.CUSTOM):
         _need(isinstance(value.get("name"), str), "tool_choice.name: expected a string")
         return {"type": "function", "function": {"name": value["name"]}}
-    raise FamilyError("tool_choice: expected auto, none, required or a function tool choice")
+    raise FamilyError(
+        "tool_choice: expected auto, none, required or a function or custom tool choice"
+    )
 
 
 def _response_format(text: Any) -> dict[str, Any] | None:
@@ -359,6 +373,7 @@ def to_chat(body: dict[str, Any], request: FamilyRequest) -> Translation:
         store=body.get("store", True) is not False,
         rollout_id=request.rollout_id,
         responses=request.responses,
+        custom_tools=custom.names(body.get("tools")),
     )
     return Translation(chat=chat, stream=streaming, agent_model=model, context={TURN: turn})
 

@@ -2,9 +2,9 @@
 
 Shared by the non-streaming answer (`render`) and the event stream (`responses_stream`), so both
 produce the same object: output items in the order the model produced them (reasoning, then the
-message text, then one `function_call` per tool call), usage in Responses terms, and the request
-fields OpenAI echoes. No token id or logprob of the engine's ever reaches the agent here; they are
-captured and stored before the answer is rendered.
+message text, then one `function_call`, or `custom_tool_call` for a custom tool, per tool call),
+usage in Responses terms, and the request fields OpenAI echoes. No token id or logprob of the
+engine's ever reaches the agent here; they are captured and stored before the answer is rendered.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from polar_mq.proxy.apis import responses_custom as custom
 from polar_mq.proxy.apis.base import FINISH_LENGTH, Translation, reasoning_of
 
 TURN = "turn"
@@ -43,6 +44,8 @@ class Turn:
     rollout_id: uuid.UUID
     responses: Any
     """The proxy's `ResponseStore` (None when there is none)."""
+    custom_tools: frozenset[str] = frozenset()
+    """Names of the request's custom tools: their calls are `custom_tool_call` items."""
 
     def remember(self, output: list[dict[str, Any]]) -> None:
         """Keep the whole conversation under this response's id for `previous_response_id`."""
@@ -136,17 +139,29 @@ def response_object(
     }
 
 
-def _tool_call_items(message: dict[str, Any]) -> list[dict[str, Any]]:
+def tool_call_item(
+    turn: Turn, item_id: str, call_id: str, name: str, arguments: str, status: str
+) -> dict[str, Any]:
+    """A `function_call` item, or a `custom_tool_call` item when `name` is a custom tool."""
+    if name in turn.custom_tools:
+        return custom.call_item(item_id, call_id, name, custom.input_of(arguments), status)
+    return function_call_item(item_id, call_id, name, arguments, status)
+
+
+def _tool_call_items(turn: Turn, message: dict[str, Any]) -> list[dict[str, Any]]:
     items = []
     for call in message.get("tool_calls") or ():
         if not isinstance(call, dict):
             continue
         function = call.get("function") or {}
+        name = str(function.get("name") or "")
+        prefix = "ctc_" if name in turn.custom_tools else "fc_"
         items.append(
-            function_call_item(
-                new_id("fc_"),
+            tool_call_item(
+                turn,
+                new_id(prefix),
                 str(call.get("id") or new_id("call_")),
-                str(function.get("name") or ""),
+                name,
                 str(function.get("arguments") or ""),
                 COMPLETED,
             )
@@ -168,7 +183,7 @@ def render(data: dict[str, Any], translation: Translation) -> dict[str, Any]:
     text = message.get("content")
     if isinstance(text, str) and text:
         output.append(message_item(new_id("msg_"), text, COMPLETED))
-    output += _tool_call_items(message)
+    output += _tool_call_items(turn, message)
     if output and status == INCOMPLETE:
         output[-1]["status"] = INCOMPLETE  # only the item being generated was cut off
     turn.remember(output)

@@ -5,10 +5,12 @@ being generated), in OpenAI's order: `response.created` and `response.in_progres
 output item at a time (`response.output_item.added` … its deltas … `response.output_item.done`):
 a reasoning item for the engine's reasoning deltas, a message item (with one `output_text`
 content part) for text, one `function_call` item per tool call, whose arguments may come in many
-chunks; finally `response.completed` (or `response.incomplete` when the engine stopped at the
-token limit) with the whole `response`. An engine error chunk or a broken upstream ends the stream
-with `response.failed`. Every event carries its `type` and an increasing `sequence_number`; no
-`[DONE]` is sent (the Responses API has none).
+chunks (a call of a custom tool is a `custom_tool_call` item: its input is the decoded string
+argument, so it is sent whole when the call ends); finally `response.completed` (or
+`response.incomplete` when the engine stopped at the token limit) with the whole `response`. An
+engine error chunk or a broken upstream ends the stream with `response.failed`. Every event
+carries its `type` and an increasing `sequence_number`; no `[DONE]` is sent (the Responses API
+has none).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 
 import orjson
 
+from polar_mq.proxy.apis import responses_custom as custom
 from polar_mq.proxy.apis.base import Translation, reasoning_of, sse_event
 from polar_mq.proxy.apis.responses_render import (
     COMPLETED,
@@ -37,6 +40,7 @@ from polar_mq.proxy.apis.responses_render import (
 )
 
 REASONING, MESSAGE, FUNCTION_CALL = "reasoning", "message", "function_call"
+CUSTOM_CALL = custom.CALL_ITEM
 
 
 @dataclass(slots=True)
@@ -63,6 +67,9 @@ class _Item:
             return item
         if self.kind == MESSAGE:
             return message_item(self.item_id, self.text if done else None, status)
+        if self.kind == CUSTOM_CALL:
+            tool_input = custom.input_of(self.text) if done else ""
+            return custom.call_item(self.item_id, self.call_id, self.name, tool_input, status)
         return function_call_item(
             self.item_id, self.call_id, self.name, self.text if done else "", status
         )
@@ -137,6 +144,13 @@ class ResponsesStream:
             )
             part = text_part(item.text)
             out += self._event("response.content_part.done", **common, content_index=0, part=part)
+        elif item.kind == CUSTOM_CALL:
+            tool_input = custom.input_of(item.text)
+            if tool_input:
+                out += self._event(
+                    "response.custom_tool_call_input.delta", **common, delta=tool_input
+                )
+            out += self._event("response.custom_tool_call_input.done", **common, input=tool_input)
         else:
             out += self._event(
                 "response.function_call_arguments.done", **common, arguments=item.text
@@ -167,6 +181,8 @@ class ResponsesStream:
         if not delta:
             return b""
         item.text += delta
+        if item.kind == CUSTOM_CALL:
+            return b""  # JSON-encoded pieces of the input: sent decoded, whole, at the end
         return self._event(
             "response.function_call_arguments.delta",
             item_id=item.item_id,
@@ -180,7 +196,11 @@ class ResponsesStream:
         function = delta.get("function") or {}
         out = b""
         item = self._open
-        if item is None or item.kind != FUNCTION_CALL or item.tool_index != index:
+        if (
+            item is None
+            or item.kind not in (FUNCTION_CALL, CUSTOM_CALL)
+            or item.tool_index != index
+        ):
             if index in self._tool_ids:
                 return b""  # a late piece of a call already closed: nothing valid to send
             self._tool_ids.add(index)
@@ -196,6 +216,8 @@ class ResponsesStream:
             if not item.name:
                 item.pending.append(arguments)
                 return out
+            if item.name in self._turn.custom_tools:
+                item.kind, item.item_id = CUSTOM_CALL, new_id("ctc_")
             out += self._open_item(item)
             arguments = "".join(item.pending) + arguments
             item.pending.clear()

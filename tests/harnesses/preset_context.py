@@ -1,0 +1,32 @@
+"""A rollout context and a preset harness for command-line / config unit tests (no install)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from polar_mq.harnesses.base import AgentContext
+from polar_mq.harnesses.presets.harness import PresetHarness
+from polar_mq.harnesses.presets.registry import get_preset
+
+WORKDIR = "/work/rollout/workspace"
+PROXY = "http://127.0.0.1:8401/v1"
+
+
+def context(instruction: str = "Fix the bug; it's in 'a b'.txt") -> AgentContext:
+    return AgentContext(
+        rollout_id="r-1",
+        instruction=instruction,
+        task_file=f"{WORKDIR}/task.json",
+        workdir=WORKDIR,
+        proxy_base_url=PROXY,
+        api_key="rollout-token",
+        model="my-model",
+        harness_root=Path("/cache/harnesses"),
+    )
+
+
+def harness(name: str, **spec: Any) -> PresetHarness:
+    preset = get_preset(name)
+    assert preset is not None, name
+    return PresetHarness(preset, {"type": name, **spec})
