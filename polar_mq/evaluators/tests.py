@@ -109,7 +109,13 @@ class TestsEvaluator(Evaluator):
         junit = f".polar_mq-junit-{uuid.uuid4().hex}.xml"  # unguessable: the agent cannot plant it
         result = runtime.exec(
             self._command(spec, runtime, junit, files),
-            env={**self.env, "POLAR_ROLLOUT_ID": ctx.rollout_id},
+            env={
+                **self.env,
+                "POLAR_ROLLOUT_ID": ctx.rollout_id,
+                # bytecode of its own: a .pyc the agent's (or an earlier) run left for a source
+                # edited within the same second at the same size would otherwise be reused
+                "PYTHONPYCACHEPREFIX": f"{workspace}/.polar/pycache-{uuid.uuid4().hex}",
+            },
             timeout=spec.timeout or self.timeout,
         )
         detail.update(_run_detail(result))

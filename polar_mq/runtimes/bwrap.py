@@ -178,13 +178,15 @@ class BwrapRuntime(LocalRuntime):
         ]
         if settings.get("network") == "none":
             argv.append("--unshare-net")
+        # /tmp first: a bind below it (a checkout or venv under /tmp) is mounted onto the tmpfs
+        # instead of being hidden by it
+        argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
         ro = [*_SYSTEM_DIRS, *_python_dirs(), *_as_strs(settings.get("ro"))]
         for path in dict.fromkeys(ro):  # ordered, no duplicates
             if os.path.islink(path):
                 argv += ["--symlink", os.readlink(path), path]
             else:
                 argv += ["--ro-bind-try", path, path]
-        argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
         for directory in (self.workdir, self.path / "home", self.path / "tmp"):
             argv += ["--bind", str(directory), str(directory)]
         argv += ["--chdir", str(cwd), "--", *inner]

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from unittest.mock import ANY
 
 import httpx
 import psycopg
@@ -111,7 +112,7 @@ async def test_proxy_calls_land_in_postgres_exactly(
                 )
             ).status_code == 200
         flushed = await client.post("/admin/flush")
-        assert flushed.json() == {**IDLE, "written": 2}
+        assert flushed.json() == {**IDLE, "written": 2, "started_at": ANY}
         assert count(db_session_factory) == 2  # committed when flush returned
         direct = (
             await upstream.post(
