@@ -34,9 +34,7 @@ PLAN = {
     "side": [{"when": {"no_tools": True}, "text": "ANSWER: 7"}],
     "after": "ANSWER: 7",
 }
-GIT_INIT = (
-    "git init -q . && git -c user.email=t@t -c user.name=t commit -q --allow-empty -m init"
-)
+GIT_INIT = "git init -q . && git -c user.email=t@t -c user.name=t commit -q --allow-empty -m init"
 
 
 def test_claude_code_runs_a_tool_and_answers(
@@ -69,9 +67,10 @@ def test_claude_code_runs_a_tool_and_answers(
     # the tool really ran: its output came back in the next call, and the file is in the diff
     assert "tool_result" in json.dumps(main[1].request)
     artifacts = run.artifacts[rollout.id]
-    assert "+42" in artifacts["workspace.diff"].decode() and "result.txt" in artifacts[
-        "workspace.diff"
-    ].decode()
+    assert (
+        "+42" in artifacts["workspace.diff"].decode()
+        and "result.txt" in artifacts["workspace.diff"].decode()
+    )
     assert ".polar" not in artifacts["workspace.diff"].decode()
     transcript = [json.loads(line) for line in artifacts["transcript"].splitlines() if line]
     result = transcript[-1]

@@ -39,6 +39,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+from collections.abc import Mapping
 from typing import ClassVar
 
 from pydantic import Field, field_validator
@@ -114,7 +115,7 @@ class ClaudeCode(Preset):
     options_model: ClassVar[type[PresetOptions]] = ClaudeCodeOptions
     answer = AnswerSource(None, "the result text: the main loop's last assistant message")
     auxiliary = (AuxiliaryRule(no_tools=True),)
-    artifacts = {"transcript": TRANSCRIPT}
+    artifacts: ClassVar[Mapping[str, str]] = {"transcript": TRANSCRIPT}
     notes = "native binary; bypassPermissions as root needs IS_SANDBOX=1 (set)"
 
     def argv(self, run: PresetRun) -> list[str]:

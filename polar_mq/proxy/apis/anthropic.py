@@ -1,12 +1,13 @@
 """Anthropic Messages (`POST /v1/messages`, Claude Code and the Anthropic SDK) over chat.
 
 The request becomes the engine's chat request: the system prompt a leading system message, a
-`system` turn inside `messages` a system message in place, `tool_use` blocks the assistant's `tool_calls`, `tool_result` blocks `tool` messages (placed
-before the rest of that user turn, as chat templates expect), `thinking` blocks the assistant's
-`reasoning` field, `tools`/`tool_choice` chat function tools, `stop_sequences` `stop`. The
-translation is deterministic, so a history re-sent unchanged renders to the same prompt tokens and
-`prefix_merge` chains the turns. The engine's chat answer comes back as a `message` (non-streamed,
-`render`) or as Anthropic's event sequence (`anthropic_stream.MessagesStream`).
+`system` turn inside `messages` a system message in place, `tool_use` blocks the assistant's
+`tool_calls`, `tool_result` blocks `tool` messages (placed before the rest of that user turn, as
+chat templates expect), `thinking` blocks the assistant's `reasoning` field, `tools`/`tool_choice`
+chat function tools, `stop_sequences` `stop`. The translation is deterministic, so a history
+re-sent unchanged renders to the same prompt tokens and `prefix_merge` chains the turns. The
+engine's chat answer comes back as a `message` (non-streamed, `render`) or as Anthropic's event
+sequence (`anthropic_stream.MessagesStream`).
 
 `/v1/messages/count_tokens` translates the same way and asks the engine's `/tokenize` (no call is
 logged: nothing is generated). Errors use Anthropic's shape
