@@ -10,12 +10,16 @@ would score 0.
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from polar_mq.models import TrajectorySample
+from polar_mq.inference import local_vllm
+from polar_mq.models import LlmCall, Rollout, RolloutArtifact, TrajectorySample
 from tests.e2e.preset_support import (
     PresetStack,
     assert_captured,
@@ -23,6 +27,7 @@ from tests.e2e.preset_support import (
     install_preset,
     run_preset,
 )
+from tests.e2e.stack import client_of, real_vllm_stack
 
 pytestmark = pytest.mark.e2e
 
@@ -82,3 +87,69 @@ def test_claude_code_runs_a_tool_and_answers(
             select(TrajectorySample).where(TrajectorySample.rollout_id == rollout.id)
         ).all()
     assert samples and all(s.response_ids for s in samples)
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.timeout(1200)  # the first vLLM test of a session also starts the server
+def test_claude_code_on_real_vllm_stores_the_servers_ids(
+    real_vllm: Any, pg_url: str, tmp_path: Path, db_session_factory: sessionmaker[Session]
+) -> None:
+    """SmolLM2-135M behind the proxy: Claude Code's prompt shrunk (a one-line system prompt, only
+    the Bash tool) to fit the server's context. The small model need not solve the task; the
+    rollout must end with a recorded reason, and every successful call's ids must be vLLM's own:
+    the prompt ids are what vLLM's tokenizer makes of the chat request it was sent, and the
+    completion ids detokenize to the text the proxy returned."""
+    install_preset("claude_code")
+    harness = {
+        "type": "claude_code",
+        "options": {"max_turns": 2, "system_prompt": "You are a helpful agent.", "tools": ["Bash"]},
+    }
+    with real_vllm_stack(pg_url, tmp_path, real_vllm.base_url) as stack:
+        client = client_of(stack)
+        job = client.submit(
+            [{"instruction": "What is 6*7? Reply with the number.", "answer": "42"}],
+            harness=harness,
+            evaluator="exact_match",
+            sampling={"temperature": 0.7, "max_tokens": 48},
+            timeouts={"agent_s": 240},
+        )
+        client.wait(str(job.job_id), progress=False, timeout=600)
+    with db_session_factory() as session:
+        (rollout,) = session.scalars(select(Rollout).where(Rollout.job_id == job.job_id)).all()
+        calls = session.scalars(
+            select(LlmCall).where(LlmCall.rollout_id == rollout.id).order_by(LlmCall.seq)
+        ).all()
+        log = session.scalars(
+            select(RolloutArtifact.content).where(
+                RolloutArtifact.rollout_id == rollout.id, RolloutArtifact.name == "agent.log"
+            )
+        ).first()
+    tail = bytes(log or b"")[-2000:].decode(errors="replace")
+    assert rollout.termination_reason is not None, (rollout.status, tail)
+    ok = [c for c in calls if c.status_code == 200 and c.complete]
+    assert ok, (rollout.termination_reason, rollout.error, [c.status_code for c in calls], tail)
+    print(
+        f"claude_code on vLLM: {rollout.termination_reason}, {len(calls)} calls, "
+        f"prompt {[len(c.prompt_ids or []) for c in ok]} tokens"
+    )
+    with httpx.Client(base_url=real_vllm.base_url, timeout=60) as http:
+        for call in ok:
+            sent = call.engine_request
+            assert sent is not None and sent["model"] == local_vllm.SERVED_MODEL
+            assert call.prompt_ids and call.completion_ids
+            response = call.response or {}
+            if "prompt_token_ids" in response:  # the engine's own answer, as stored
+                assert call.prompt_ids == response["prompt_token_ids"]
+                assert call.completion_ids == response["choices"][0]["token_ids"]
+            body = {
+                "model": local_vllm.SERVED_MODEL,
+                "messages": sent["messages"],
+                "add_generation_prompt": True,
+            }
+            if sent.get("tools"):
+                body["tools"] = sent["tools"]
+            tokenized = http.post("/tokenize", json=body)
+            assert tokenized.status_code == 200, tokenized.text
+            assert call.prompt_ids == tokenized.json()["tokens"]
+            assert len(call.logprobs or []) == len(call.completion_ids)
