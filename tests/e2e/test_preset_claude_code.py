@@ -130,8 +130,9 @@ def test_claude_code_on_real_vllm_stores_the_servers_ids(
     ok = [c for c in calls if c.status_code == 200 and c.complete]
     assert ok, (rollout.termination_reason, rollout.error, [c.status_code for c in calls], tail)
     print(
-        f"claude_code on vLLM: {rollout.termination_reason}, {len(calls)} calls, "
-        f"prompt {[len(c.prompt_ids or []) for c in ok]} tokens"
+        f"claude_code on vLLM: {rollout.termination_reason}, {len(calls)} calls "
+        f"({[(c.status_code, c.finish_reason, len(c.prompt_ids or [])) for c in calls]}), "
+        f"error: {rollout.error}"
     )
     with httpx.Client(base_url=real_vllm.base_url, timeout=60) as http:
         for call in ok:
