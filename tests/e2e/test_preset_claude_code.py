@@ -67,7 +67,8 @@ def test_claude_code_runs_a_tool_and_answers(
     for call in main:
         assert call.api_type == "anthropic_messages"
         assert call.engine_request is not None
-        assert call.engine_request["max_tokens"] == 512  # Claude Code asked for 32000
+        assert call.engine_request["max_tokens"] == 512
+        assert call.request["max_tokens"] == 512  # told the job's budget (it asks 32000 untold)
         assert call.engine_request["temperature"] == 0.7
     # the tool really ran: its output came back in the next call, and the file is in the diff
     assert "tool_result" in json.dumps(main[1].request)

@@ -7,6 +7,7 @@ status are checked as the run-agent stage would see them.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import os
@@ -96,6 +97,12 @@ def test_environment_keeps_state_in_the_workspace_and_traffic_off(tmp_path: Path
     )
     assert env["ANTHROPIC_BASE_URL"] == "http://127.0.0.1:8001"  # the proxy's root
     assert env["ANTHROPIC_API_KEY"] == env["ANTHROPIC_AUTH_TOKEN"] == "tok"
+
+
+def test_the_jobs_token_budget_is_what_it_asks_for(tmp_path: Path) -> None:
+    assert "CLAUDE_CODE_MAX_OUTPUT_TOKENS" not in _harness().env(_ctx(tmp_path))
+    ctx = dataclasses.replace(_ctx(tmp_path), extra_env={"POLAR_AGENT_MAX_TOKENS": "512"})
+    assert _harness().env(ctx)["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] == "512"
 
 
 def test_user_env_cannot_take_the_proxy_wiring(tmp_path: Path) -> None:

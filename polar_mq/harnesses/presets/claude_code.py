@@ -9,8 +9,11 @@ How it is run (one shell line, `sh -c`, from the workspace)::
 
 - Endpoint and key: `ANTHROPIC_BASE_URL` (the proxy's root) and `ANTHROPIC_API_KEY` /
   `ANTHROPIC_AUTH_TOKEN` (the rollout token), set for every harness. It first probes `HEAD /`,
-  then posts `/v1/messages?beta=true` with ~64 KB of tool definitions and `max_tokens` 32000 (the
-  job's sampling policy clamps that in the proxy). Every model alias it may pick for itself
+  then posts `/v1/messages?beta=true` with ~64 KB of tool definitions and `max_tokens` 32000
+  unless told: with a job `sampling.max_tokens` it is told that budget
+  (`CLAUDE_CODE_MAX_OUTPUT_TOKENS`; the proxy enforces it either way). An answer cut at the budget
+  makes it ask the model to go on, up to three times, then exit 1 ("exceeded the output token
+  maximum"): give it a budget its answers fit in. Every model alias it may pick for itself
   (haiku/sonnet/opus class, sub-agents) is pointed at `ctx.model`.
 - Config and state: `CLAUDE_CONFIG_DIR=<workspace>/.polar/claude` (settings, session jsonl,
   skills), HOME is `<workspace>/.polar/home`. Telemetry, error reporting, auto-update, the bug
@@ -166,8 +169,15 @@ class ClaudeCode(Preset):
         return files
 
     def env(self, run: PresetRun) -> dict[str, str]:
-        models = dict.fromkeys(_MODEL_VARS, run.ctx.model)
-        return {"CLAUDE_CONFIG_DIR": f"{run.ctx.workdir}/{CONFIG_DIR}", **_QUIET, **models}
+        env = {
+            "CLAUDE_CONFIG_DIR": f"{run.ctx.workdir}/{CONFIG_DIR}",
+            **_QUIET,
+            **dict.fromkeys(_MODEL_VARS, run.ctx.model),
+        }
+        budget = run.ctx.extra_env.get("POLAR_AGENT_MAX_TOKENS")
+        if budget is not None:  # ask for the job's budget (the proxy enforces it anyway)
+            env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] = budget
+        return env
 
 
 def _mcp_entry(server: McpServer) -> dict[str, object]:
