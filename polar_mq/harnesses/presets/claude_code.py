@@ -26,6 +26,8 @@ How it is run (one shell line, `sh -c`, from the workspace)::
 - MCP servers: `options.mcp_servers` as `{"mcpServers": {...}}` in `.polar/claude/mcp.json`
   (`--mcp-config`, `--strict-mcp-config`: no other MCP source). Skills: `options.skills` as
   `.polar/claude/skills/<name>/SKILL.md`.
+- Every tool is sent inline (`ENABLE_TOOL_SEARCH=false`): deferred tools (MCP tools by default)
+  rely on a server-side tool search that an engine behind the proxy does not have.
 - Prompt size: `options.system_prompt` replaces its long default system prompt and
   `options.tools` limits its built-in tools (e.g. `["Bash"]`), for models with a short context.
 
@@ -81,6 +83,7 @@ _QUIET = {
     "CLAUDE_CODE_DISABLE_TERMINAL_TITLE": "1",
     "CLAUDE_CODE_DISABLE_FEEDBACK_SURVEY": "1",
     "IS_SANDBOX": "1",
+    "ENABLE_TOOL_SEARCH": "false",
 }
 
 
