@@ -9,8 +9,8 @@ How it is run (one shell line, `sh -c`, from the workspace)::
 
 - Endpoint and key: `ANTHROPIC_BASE_URL` (the proxy's root) and `ANTHROPIC_API_KEY` /
   `ANTHROPIC_AUTH_TOKEN` (the rollout token), set for every harness. It first probes `HEAD /`,
-  then posts `/v1/messages?beta=true` with ~64 KB of tool definitions and `max_tokens` 32000
-  unless told: with a job `sampling.max_tokens` it is told that budget
+  then posts `/v1/messages?beta=true` with 48-78 KB of prompt and tool definitions and
+  `max_tokens` 32000 unless told: with a job `sampling.max_tokens` it is told that budget
   (`CLAUDE_CODE_MAX_OUTPUT_TOKENS`; the proxy enforces it either way). An answer cut at the budget
   makes it ask the model to go on, up to three times, then exit 1 ("exceeded the output token
   maximum"): give it a budget its answers fit in. Every model alias it may pick for itself
@@ -25,7 +25,7 @@ How it is run (one shell line, `sh -c`, from the workspace)::
 - Turn limit: `--max-turns options.max_turns` (it exits 1 with "Reached max turns" past it).
 - MCP servers: `options.mcp_servers` as `{"mcpServers": {...}}` in `.polar/claude/mcp.json`
   (`--mcp-config`, `--strict-mcp-config`: no other MCP source). Skills: `options.skills` as
-  `.polar/claude/skills/<name>/SKILL.md`.
+  `.polar/claude/skills/<name>/SKILL.md` (offered through its `Skill` tool).
 - Every tool is sent inline (`ENABLE_TOOL_SEARCH=false`): deferred tools (MCP tools by default)
   rely on a server-side tool search that an engine behind the proxy does not have.
 - Prompt size: `options.system_prompt` replaces its long default system prompt and
@@ -35,8 +35,10 @@ Answer: the result text, i.e. the last assistant message of the main loop (side 
 Artifacts: `transcript` = the `stream-json` event stream (init, every assistant message, every
 tool result, the final `result` with turns and errors), also printed to the agent log.
 Side calls (stored as auxiliary, never samples): requests without tools (session titles, topic
-detection, quota/haiku probes: the main loop always offers its tools) and any request asking for
-at most 512 tokens.
+detection, quota/haiku probes, summaries: the main loop always offers its tools, so
+`options.tools` cannot be empty). 2.1.332 made none in `--print` mode in our runs, with or without
+non-essential traffic. A `max_tokens` rule would not do: the rules see the request after the
+job's budget was applied.
 """
 
 from __future__ import annotations
