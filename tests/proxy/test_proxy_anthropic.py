@@ -93,6 +93,34 @@ async def test_text_answer_matches_the_golden_message(harness: Harness) -> None:
     await _assert_exact_ids(harness, row)
 
 
+async def test_a_system_turn_inside_messages_stays_a_system_message_in_place(
+    harness: Harness,
+) -> None:
+    """Claude Code 2.1.3xx sends its environment section as a `system` turn after the first user
+    turn; it is a system message at that place in the engine's chat, and the call is logged."""
+    body = {
+        "model": "claude-sonnet-4-5",
+        "max_tokens": 50,
+        "system": "Be brief.",
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "Say hello."}]},
+            {
+                "role": "system",
+                "content": [{"type": "text", "text": "# Environment", "cache_control": {}}],
+            },
+        ],
+    }
+    response = await _post(harness, body)
+    assert response.status_code == 200, response.text
+    (row,) = await harness.rows()
+    assert row["engine_request"]["messages"] == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Say hello."},
+        {"role": "system", "content": "# Environment"},
+    ]
+    assert row["prompt_ids"] and row["completion_ids"]
+
+
 async def test_tool_loop_non_streamed_is_one_merged_sample(harness: Harness) -> None:
     body: dict[str, Any] = {
         "model": "claude-opus-4-1",
@@ -363,7 +391,7 @@ def test_render_maps_reasoning_stop_sequences_and_length() -> None:
         ),
         ({"model": "m", "max_tokens": 5, "messages": []}, "messages"),
         (
-            {"model": "m", "max_tokens": 5, "messages": [{"role": "system", "content": "x"}]},
+            {"model": "m", "max_tokens": 5, "messages": [{"role": "tool", "content": "x"}]},
             "role",
         ),
         (

@@ -1,12 +1,13 @@
 """Anthropic Messages (`POST /v1/messages`, Claude Code and the Anthropic SDK) over chat.
 
-The request becomes the engine's chat request: the system prompt a leading system message,
-`tool_use` blocks the assistant's `tool_calls`, `tool_result` blocks `tool` messages (placed
-before the rest of that user turn, as chat templates expect), `thinking` blocks the assistant's
-`reasoning` field, `tools`/`tool_choice` chat function tools, `stop_sequences` `stop`. The
-translation is deterministic, so a history re-sent unchanged renders to the same prompt tokens and
-`prefix_merge` chains the turns. The engine's chat answer comes back as a `message` (non-streamed,
-`render`) or as Anthropic's event sequence (`anthropic_stream.MessagesStream`).
+The request becomes the engine's chat request: the system prompt a leading system message, a
+`system` turn inside `messages` a system message in place, `tool_use` blocks the assistant's
+`tool_calls`, `tool_result` blocks `tool` messages (placed before the rest of that user turn, as
+chat templates expect), `thinking` blocks the assistant's `reasoning` field, `tools`/`tool_choice`
+chat function tools, `stop_sequences` `stop`. The translation is deterministic, so a history
+re-sent unchanged renders to the same prompt tokens and `prefix_merge` chains the turns. The
+engine's chat answer comes back as a `message` (non-streamed, `render`) or as Anthropic's event
+sequence (`anthropic_stream.MessagesStream`).
 
 `/v1/messages/count_tokens` translates the same way and asks the engine's `/tokenize` (no call is
 logged: nothing is generated). Errors use Anthropic's shape
@@ -205,8 +206,13 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
             out.extend(_user_turn(message.get("content"), where))
         elif role == "assistant":
             out.append(_assistant_turn(message.get("content"), where))
+        elif role == "system":  # a mid-conversation system turn (Claude Code 2.1.3xx sends them)
+            text = _text_of(message.get("content"), f"{where}.content")
+            out.append({"role": "system", "content": text})
         else:
-            raise FamilyError(f"{where}.role: expected 'user' or 'assistant', got {role!r}")
+            raise FamilyError(
+                f"{where}.role: expected 'user', 'assistant' or 'system', got {role!r}"
+            )
     return out
 
 
