@@ -2,7 +2,9 @@
 
 Runs once the proxy has flushed the attempt's calls, before the stage's finish commits; re-running
 it gives the same marks, so a retried stage is harmless. Only what the rules look at is read: the
-system and last user messages, the token budget, whether tools were offered.
+system and last user messages and whether tools were offered (from the chat request the engine
+got), and the token budget the agent itself asked for (in its own API family's field: the job's
+sampling may have clamped the engine's, which would make every call look small).
 """
 
 from __future__ import annotations
@@ -24,14 +26,11 @@ AUXILIARY = "auxiliary"
 _PROMPT_MESSAGES = '$[*] ? (@.role == "system" || @.role == "developer" || @.role == "user")'
 
 
-def _shape(
-    messages: list[Any] | None, max_tokens: Any, max_completion: Any, has_tools: bool
-) -> dict[str, Any]:
+def _shape(messages: list[Any] | None, max_tokens: Any, has_tools: bool) -> dict[str, Any]:
     """The chat request as far as the rules look at it (tools as a one-element stand-in)."""
     return {
         "messages": messages or [],
         "max_tokens": max_tokens,
-        "max_completion_tokens": max_completion,
         "tools": [{}] if has_tools else None,
     }
 
@@ -45,13 +44,19 @@ def mark_auxiliary_calls(
     """Set purpose `auxiliary` on the attempt's agent calls that a rule matches; how many."""
     if not rules:
         return 0
-    request = func.coalesce(LlmCall.engine_request, LlmCall.request)
+    chat = func.coalesce(LlmCall.engine_request, LlmCall.request)
+    sent = LlmCall.request  # the budget the agent asked for, before the job's sampling applied
+    asked = func.coalesce(
+        sent["max_tokens"],
+        sent["max_completion_tokens"],
+        sent["max_output_tokens"],
+        sent["generationConfig"]["maxOutputTokens"],
+    )
     query = select(
         LlmCall.id,
-        func.jsonb_path_query_array(request["messages"], cast(literal(_PROMPT_MESSAGES), JSONPATH)),
-        request["max_tokens"],
-        request["max_completion_tokens"],
-        func.coalesce(func.jsonb_typeof(request["tools"]) == "array", False),
+        func.jsonb_path_query_array(chat["messages"], cast(literal(_PROMPT_MESSAGES), JSONPATH)),
+        asked,
+        func.coalesce(func.jsonb_typeof(chat["tools"]) == "array", False),
     ).where(
         LlmCall.rollout_id == rollout_id,
         LlmCall.attempt == attempt,

@@ -41,7 +41,9 @@ def test_side_call_is_auxiliary_answer_from_main_loop_and_artifacts_stored(
     harness = {
         "type": "command",
         "command": f"{shlex.quote(sys.executable)} {shlex.quote(str(AGENT))}",
-        "auxiliary_calls": [{"system_contains": "five-word title", "no_tools": True}],
+        # the title call asks for 20 tokens, the main loop for 32,000: the rule reads what the
+        # agent asked for, not the job's 256 that the proxy sent the engine for every call
+        "auxiliary_calls": [{"max_tokens_at_most": 64}],
         "artifacts": {"transcript": "transcript.json"},
     }
     run = run_preset(
