@@ -108,7 +108,7 @@ def test_summaries_and_commit_messages_are_auxiliary() -> None:
 def test_bad_options_are_rejected() -> None:
     with pytest.raises(ValueError, match="edit_format"):
         get_harness({"type": "aider", "options": {"edit_format": "diff; rm -rf /"}})
-    with pytest.raises(ValueError, match="no mcp_servers or skills"):
+    with pytest.raises(ValueError, match="takes no skills"):
         get_harness({"type": "aider", "options": {"skills": {"x": "y"}}})
 
 

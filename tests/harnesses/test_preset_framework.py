@@ -199,3 +199,13 @@ def test_harness_cli_list_and_errors(tmp_path: Path) -> None:
         [*cli, "install"], capture_output=True, text=True, env=env, check=False
     )
     assert nothing.returncode == 2 and "--all" in nothing.stderr
+
+
+def test_a_preset_without_mcp_or_skills_refuses_them(
+    echo: Preset, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(EchoPreset, "takes_mcp", False)
+    mcp = {"mcp_servers": {"m": {"url": "http://m"}}}
+    with pytest.raises(ValueError, match=r"the echo_test preset takes no mcp_servers$"):
+        get_harness({"type": "echo_test", "options": mcp})
+    get_harness({"type": "echo_test", "options": {"skills": {"s": "# S"}}})  # still taken

@@ -119,5 +119,5 @@ def test_bad_options_are_rejected() -> None:
         get_harness({"type": "mini_swe_agent", "options": {"command_timeout": 0}})
     with pytest.raises(ValueError, match="nope"):
         get_harness({"type": "mini_swe_agent", "options": {"nope": 1}})
-    with pytest.raises(ValueError, match="no mcp_servers or skills"):
+    with pytest.raises(ValueError, match="takes no skills"):
         get_harness({"type": "mini_swe_agent", "options": {"skills": {"a": "b"}}})

@@ -79,7 +79,7 @@ def test_bad_options_are_rejected() -> None:
         get_harness({"type": "smolagents", "options": {"agent": "managed"}})
     with pytest.raises(ValueError, match="tools"):
         get_harness({"type": "smolagents", "options": {"tools": ["web_search"]}})
-    with pytest.raises(ValueError, match="no mcp_servers or skills"):
+    with pytest.raises(ValueError, match="takes no mcp_servers"):
         get_harness({"type": "smolagents", "options": {"mcp_servers": {"x": {"url": "http://x"}}}})
 
 

@@ -40,7 +40,7 @@ from __future__ import annotations
 import json
 from typing import ClassVar
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from polar_mq.harnesses.auxiliary import AuxiliaryRule
 from polar_mq.harnesses.presets.base import (
@@ -80,18 +80,14 @@ class AiderOptions(PresetOptions):
     max_output_tokens: int = Field(4096, ge=1, description="the model's output limit (metadata)")
     timeout: float | None = Field(None, gt=0, description="seconds per API call (--timeout)")
 
-    @model_validator(mode="after")
-    def _no_mcp_or_skills(self) -> AiderOptions:
-        if self.mcp_servers or self.skills:
-            raise ValueError("the aider preset takes no mcp_servers or skills")
-        return self
-
 
 class Aider(Preset):
     name: ClassVar[str] = "aider"
     api_family: ClassVar[str] = "chat"
     package: ClassVar[Package] = Package(Ecosystem.PYPI, "aider-chat", "0.86.2")
     options_model: ClassVar[type[PresetOptions]] = AiderOptions
+    takes_mcp: ClassVar[bool] = False
+    takes_skills: ClassVar[bool] = False
     auxiliary: ClassVar[tuple[AuxiliaryRule, ...]] = (
         AuxiliaryRule(system_contains="summarize this partial conversation", no_tools=True),
         AuxiliaryRule(system_contains="one-line Git commit messages", no_tools=True),

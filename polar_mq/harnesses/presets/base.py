@@ -127,7 +127,23 @@ class Preset(ABC):
     auxiliary: ClassVar[tuple[AuxiliaryRule, ...]] = ()
     artifacts: ClassVar[Mapping[str, str]] = {}
     """Artifact name -> workspace-relative path of a file the harness writes (its transcript)."""
+    takes_mcp: ClassVar[bool] = True
+    takes_skills: ClassVar[bool] = True
+    """False: the harness has no MCP client / skill format; a job that names some is refused."""
     notes: ClassVar[str] = ""
+
+    def check_options(self, options: PresetOptions) -> None:
+        """Refuse (ValueError) what this harness cannot take: MCP servers, skills."""
+        refused = [
+            name
+            for name, given, taken in (
+                ("mcp_servers", options.mcp_servers, self.takes_mcp),
+                ("skills", options.skills, self.takes_skills),
+            )
+            if given and not taken
+        ]
+        if refused:
+            raise ValueError(f"the {self.name} preset takes no {' or '.join(refused)}")
 
     @abstractmethod
     def argv(self, run: PresetRun) -> list[str]:

@@ -42,6 +42,7 @@ class PresetHarness(Harness):
             self.options = preset.options_model.model_validate(spec.get("options") or {})
         except ValidationError as exc:
             raise ValueError(f"bad {preset.name!r} options: {_first_error(exc)}") from exc
+        preset.check_options(self.options)
         auto_install = spec.get("auto_install", False)
         if not isinstance(auto_install, bool):
             raise ValueError("harness 'auto_install' must be true or false")

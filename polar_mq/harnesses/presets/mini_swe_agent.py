@@ -35,7 +35,7 @@ from __future__ import annotations
 import json
 from typing import Any, ClassVar
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from polar_mq.harnesses.base import AnswerSource
 from polar_mq.harnesses.presets.base import (
@@ -86,18 +86,14 @@ class MiniSweAgentOptions(PresetOptions):
     command_timeout: int = Field(60, ge=1, description="seconds per bash command")
     model_attempts: int = Field(2, ge=1, le=20, description="tries per model call (litellm)")
 
-    @model_validator(mode="after")
-    def _no_mcp_or_skills(self) -> MiniSweAgentOptions:
-        if self.mcp_servers or self.skills:
-            raise ValueError("the mini_swe_agent preset takes no mcp_servers or skills")
-        return self
-
 
 class MiniSweAgent(Preset):
     name: ClassVar[str] = "mini_swe_agent"
     api_family: ClassVar[str] = "chat"
     package: ClassVar[Package] = Package(Ecosystem.PYPI, "mini-swe-agent", "2.4.6")
     options_model: ClassVar[type[PresetOptions]] = MiniSweAgentOptions
+    takes_mcp: ClassVar[bool] = False
+    takes_skills: ClassVar[bool] = False
     answer: ClassVar[AnswerSource] = AnswerSource(
         SUBMISSION,
         "the submission (output after `echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT`), "

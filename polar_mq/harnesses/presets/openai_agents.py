@@ -33,7 +33,7 @@ import json
 from pathlib import Path
 from typing import ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from polar_mq.harnesses.base import AnswerSource
 from polar_mq.harnesses.presets.base import (
@@ -63,18 +63,13 @@ class OpenAIAgentsOptions(PresetOptions):
     instructions: str = Field(DEFAULT_INSTRUCTIONS, description="the agent's system prompt")
     shell_timeout_s: float = Field(120.0, gt=0, le=3600, description="per run_shell command")
 
-    @model_validator(mode="after")
-    def _no_skills(self) -> OpenAIAgentsOptions:
-        if self.skills:
-            raise ValueError("the OpenAI Agents SDK has no skill format: leave 'skills' empty")
-        return self
-
 
 class OpenAIAgents(Preset):
     name: ClassVar[str] = "openai_agents"
     api_family: ClassVar[str] = "responses"
     package: ClassVar[Package] = Package(Ecosystem.PYPI, "openai-agents", "0.24.0")
     options_model: ClassVar[type[PresetOptions]] = OpenAIAgentsOptions
+    takes_skills: ClassVar[bool] = False
     answer: ClassVar[AnswerSource] = AnswerSource(ANSWER_FILE, "the run's final_output")
     artifacts: ClassVar[dict[str, str]] = {"transcript": TRANSCRIPT_FILE}
     notes: ClassVar[str] = "driver script; options.api = responses (default) | chat"

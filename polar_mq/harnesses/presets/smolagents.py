@@ -25,7 +25,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from polar_mq.harnesses.base import AnswerSource
 from polar_mq.harnesses.presets.base import (
@@ -63,18 +63,14 @@ class SmolagentsOptions(PresetOptions):
     )
     instructions: str | None = Field(None, description="added to the agent's system prompt")
 
-    @model_validator(mode="after")
-    def _no_mcp_or_skills(self) -> SmolagentsOptions:
-        if self.mcp_servers or self.skills:
-            raise ValueError("the smolagents preset takes no mcp_servers or skills")
-        return self
-
 
 class Smolagents(Preset):
     name: ClassVar[str] = "smolagents"
     api_family: ClassVar[str] = "chat"
     package: ClassVar[Package] = Package(Ecosystem.PYPI, "smolagents", "1.26.0", "[openai]")
     options_model: ClassVar[type[PresetOptions]] = SmolagentsOptions
+    takes_mcp: ClassVar[bool] = False
+    takes_skills: ClassVar[bool] = False
     answer: ClassVar[AnswerSource] = AnswerSource(
         ANSWER, "the value given to the final_answer tool (written by the driver)"
     )
