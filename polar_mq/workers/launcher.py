@@ -148,6 +148,9 @@ class Supervisor:
         self.drain = drain
         self.state = "running"  # -> "draining" -> "stopping"
         self.procs: list[subprocess.Popen[bytes]] = []
+        self.terminated: set[int] = set()
+        """Workers already sent SIGTERM: never sent it twice (a Python process that gets a second
+        SIGTERM while it exits has its default handler back and dies by the signal)."""
 
     def _on_signal(self, signum: int, _frame: object) -> None:
         if signum == signal.SIGTERM and self.drain is not None and self.state == "running":
@@ -199,6 +202,7 @@ class Supervisor:
                 restart_at = due[i]
                 if restart_at is not None and now >= restart_at:
                     self.procs[i] = spawn_one(self.workers[i], self.env)
+                    self.terminated.discard(i)  # a new process: not signalled yet
                     started[i] = now
                     due[i] = None
             time.sleep(self.poll_s)
@@ -247,6 +251,10 @@ class Supervisor:
             return None
 
     def _signal(self, i: int, sig: int) -> None:
+        if sig == signal.SIGTERM:
+            if i in self.terminated:
+                return
+            self.terminated.add(i)
         if self.procs[i].poll() is None:
             self.procs[i].send_signal(sig)
 

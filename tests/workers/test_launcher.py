@@ -55,6 +55,7 @@ def test_settings_refuse_visibility_shorter_than_agent_timeout() -> None:
 SLEEPER = (
     "import signal, sys, time\n"
     "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\n"
+    "print('ready', flush=True)\n"
     "time.sleep(60)\n"
 )
 
@@ -65,8 +66,9 @@ def sleepers(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[subprocess.Popen[
     spawned: list[subprocess.Popen[bytes]] = []
 
     def spawn(worker: StageWorker, env: object = None) -> subprocess.Popen[bytes]:
-        proc = subprocess.Popen([sys.executable, "-c", SLEEPER])
-        spawned.append(proc)
+        proc = subprocess.Popen([sys.executable, "-c", SLEEPER], stdout=subprocess.PIPE)
+        assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+        spawned.append(proc)  # its SIGTERM handler is in place (a loaded machine starts slowly)
         return proc
 
     monkeypatch.setattr(launcher, "spawn_one", spawn)
