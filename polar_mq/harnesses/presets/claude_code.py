@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import json
 import re
-import shlex
 from collections.abc import Mapping
 from typing import ClassVar
 
@@ -62,6 +61,7 @@ from polar_mq.harnesses.presets.base import (
     PresetOptions,
     PresetRun,
 )
+from polar_mq.harnesses.presets.keep_file import tee_keeping_status
 
 CONFIG_DIR = f"{STATE_DIR}/claude"
 TRANSCRIPT = f"{CONFIG_DIR}/transcript.jsonl"
@@ -153,16 +153,8 @@ class ClaudeCode(Preset):
         """Claude Code with its event stream copied to the transcript, keeping its exit status.
 
         The instruction comes from `$POLAR_INSTRUCTION` (set for every harness), after `--`."""
-        claude = shlex.join([*self._options(run, run.options.extra_args), "--"])
-        status = shlex.quote(f"{run.ctx.workdir}/{_STATUS}")
-        transcript = shlex.quote(f"{run.ctx.workdir}/{TRANSCRIPT}")
-        config = shlex.quote(f"{run.ctx.workdir}/{CONFIG_DIR}")
-        script = (
-            f"mkdir -p {config} && "
-            f'{{ {claude} "$POLAR_INSTRUCTION" < /dev/null; echo $? > {status}; }} '
-            f'| tee {transcript}; exit "$(cat {status} 2>/dev/null || echo 1)"'
-        )
-        return shlex.join(["sh", "-c", script])
+        program = [*self._options(run, run.options.extra_args), "--"]
+        return tee_keeping_status(program, run.ctx.workdir, CONFIG_DIR, TRANSCRIPT, _STATUS)
 
     def files(self, run: PresetRun) -> dict[str, str]:
         files: dict[str, str] = {}

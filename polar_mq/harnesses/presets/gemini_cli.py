@@ -31,7 +31,6 @@ the main loop always offers its tools).
 from __future__ import annotations
 
 import json
-import shlex
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -49,6 +48,7 @@ from polar_mq.harnesses.presets.base import (
     PresetRun,
 )
 from polar_mq.harnesses.presets.claude_code import check_skill_names
+from polar_mq.harnesses.presets.keep_file import tee_keeping_status
 
 GEMINI_HOME = f"{STATE_DIR}/gemini"
 SETTINGS = f"{GEMINI_HOME}/.gemini/settings.json"
@@ -85,16 +85,8 @@ class GeminiCli(Preset):
 
     def command(self, run: PresetRun) -> str:
         """Gemini CLI with its event stream copied to the transcript, keeping its exit status."""
-        gemini = shlex.join([*self._options(run), "--prompt"])
-        home = shlex.quote(f"{run.ctx.workdir}/{GEMINI_HOME}")
-        status = shlex.quote(f"{run.ctx.workdir}/{_STATUS}")
-        transcript = shlex.quote(f"{run.ctx.workdir}/{TRANSCRIPT}")
-        script = (
-            f"mkdir -p {home} && "
-            f'{{ {gemini} "$POLAR_INSTRUCTION" < /dev/null; echo $? > {status}; }} '
-            f'| tee {transcript}; exit "$(cat {status} 2>/dev/null || echo 1)"'
-        )
-        return shlex.join(["sh", "-c", script])
+        program = [*self._options(run), "--prompt"]
+        return tee_keeping_status(program, run.ctx.workdir, GEMINI_HOME, TRANSCRIPT, _STATUS)
 
     def files(self, run: PresetRun) -> dict[str, str]:
         settings: dict[str, Any] = {
