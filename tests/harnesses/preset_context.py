@@ -1,4 +1,5 @@
-"""A rollout context and a preset harness for command-line / config unit tests (no install)."""
+"""Rollout contexts and a preset harness for command-line / config unit tests (no install):
+`context()` with fixed paths, `preset_ctx(tmp_path)` with a workspace under a test's tmp_path."""
 
 from __future__ import annotations
 
@@ -30,3 +31,18 @@ def harness(name: str, **spec: Any) -> PresetHarness:
     preset = get_preset(name)
     assert preset is not None, name
     return PresetHarness(preset, {"type": name, **spec})
+
+
+def preset_ctx(tmp_path: Path, **overrides: object) -> AgentContext:
+    fields: dict[str, object] = {
+        "rollout_id": "r-1",
+        "instruction": 'It\'s $(id) `x` & "6*7"?',
+        "task_file": str(tmp_path / "ws" / "task.json"),
+        "workdir": str(tmp_path / "ws"),
+        "proxy_base_url": "http://127.0.0.1:8010/v1",
+        "api_key": "tok-abc",
+        "model": "smollm2",
+        "harness_root": tmp_path / "harnesses",
+    }
+    fields.update(overrides)
+    return AgentContext(**fields)  # type: ignore[arg-type]

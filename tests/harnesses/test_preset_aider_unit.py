@@ -12,7 +12,7 @@ from polar_mq.harnesses import get_harness
 from polar_mq.harnesses.auxiliary import is_auxiliary
 from polar_mq.harnesses.presets.aider import CHAT_HISTORY, LLM_HISTORY, METADATA
 from polar_mq.harnesses.presets.harness import PresetHarness
-from tests.harnesses.preset_ctx import preset_ctx
+from tests.harnesses.preset_context import preset_ctx
 
 
 def harness(options: dict[str, object] | None = None) -> PresetHarness:

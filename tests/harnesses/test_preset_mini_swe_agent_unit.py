@@ -13,7 +13,7 @@ import pytest
 from polar_mq.harnesses import get_harness
 from polar_mq.harnesses.presets.harness import PresetHarness
 from polar_mq.harnesses.presets.mini_swe_agent import CONFIG_FILE, SUBMISSION, TRAJECTORY
-from tests.harnesses.preset_ctx import preset_ctx
+from tests.harnesses.preset_context import preset_ctx
 
 
 def harness(options: dict[str, object] | None = None) -> PresetHarness:

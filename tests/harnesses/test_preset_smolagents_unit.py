@@ -11,7 +11,7 @@ import pytest
 from polar_mq.harnesses import get_harness
 from polar_mq.harnesses.presets.harness import PresetHarness
 from polar_mq.harnesses.presets.smolagents import ANSWER, DRIVER, DRIVER_SOURCE, TRANSCRIPT
-from tests.harnesses.preset_ctx import preset_ctx
+from tests.harnesses.preset_context import preset_ctx
 
 
 def harness(options: dict[str, object] | None = None) -> PresetHarness:
