@@ -186,6 +186,10 @@ class CapturedStream(Response):
         self._first_token_at: float | None = None
         self._started = False
         self._ended = False
+        self._delivered = False
+        """True once the agent was sent the end of the answer (`[DONE]` or the API family's final
+        event): an agent that hangs up after that (Codex closes on `response.completed`) got the
+        whole call, which stays complete."""
         self._status = upstream.status_code
         """What we record: upstream's status, 499 if the agent left, 502 if upstream broke off."""
 
@@ -204,7 +208,8 @@ class CapturedStream(Response):
             try:
                 watch.cancel()
                 if not pump.done():
-                    self._status = STATUS_CLIENT_GONE
+                    if not self._delivered:  # after the whole answer, hanging up is normal
+                        self._status = STATUS_CLIENT_GONE
                     pump.cancel()
                     await asyncio.wait((pump,))
                 self._check(pump)
@@ -225,6 +230,7 @@ class CapturedStream(Response):
             async for raw in self._upstream.aiter_bytes():
                 out = self._relay.feed(raw)
                 if out:
+                    self._delivered = self._relay.done  # handed over: the agent may leave now
                     await send({"type": "http.response.body", "body": out, "more_body": True})
             tail = self._relay.flush()
             if self._translator is not None and not self._relay.done:
@@ -246,7 +252,8 @@ class CapturedStream(Response):
             return
         exc = pump.exception()
         if isinstance(exc, OSError):  # ASGI 2.4 servers raise on send after a disconnect
-            self._status = STATUS_CLIENT_GONE
+            if not self._delivered:
+                self._status = STATUS_CLIENT_GONE
         elif exc is not None:
             self._status = 500
             logger.error("stream relay failed", exc_info=exc)

@@ -136,6 +136,44 @@ async def test_events_are_relayed_as_they_arrive(paced: Harness) -> None:
     assert paced.stats.streams_finished == 1 and paced.stats.streams_aborted == 0
 
 
+async def test_agent_hanging_up_after_the_last_event_keeps_the_call_complete(
+    paced: Harness,
+) -> None:
+    """Codex closes the connection as soon as `response.completed` arrives, while the proxy may
+    still be reading the end of the upstream stream: the agent had the whole answer, so the call
+    is complete, not a 499."""
+    body = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "What is 12 * 34?"}],
+        "stream": True,
+    }
+    raw = orjson.dumps(body)
+    gone = asyncio.Event()
+    received: list[bytes] = []
+    sent_body = False
+
+    async def receive() -> Message:
+        nonlocal sent_body
+        if not sent_body:
+            sent_body = True
+            return {"type": "http.request", "body": raw, "more_body": False}
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: Message) -> None:
+        if message["type"] != "http.response.body" or gone.is_set():
+            return
+        received.append(message.get("body", b""))
+        if b"[DONE]" in received[-1]:
+            gone.set()  # the agent leaves at once; the relay is still inside this send
+            await asyncio.sleep(0.05)
+
+    await paced.app(http_scope("/v1/chat/completions", paced.auth, raw), receive, send)
+    assert received[-1].endswith(b"data: [DONE]\n\n")
+    (row,) = await paced.rows()
+    assert (row["complete"], row["status_code"], row["finish_reason"]) == (True, 200, "stop")
+
+
 @pytest.fixture
 async def slow() -> AsyncIterator[Harness]:
     """A fake that thinks for 2 s before it answers (a long generation)."""
