@@ -24,7 +24,6 @@ import time
 from pathlib import Path
 from typing import Any, cast
 
-import orjson
 from sqlalchemy import Engine
 
 from polar_mq.config import Settings
@@ -241,7 +240,6 @@ class DbCallWriter:
             url,
             pool_size=1,
             max_overflow=0,
-            json_serializer=lambda obj: orjson.dumps(obj).decode(),
             **({"connect_args": PG_CONNECT_ARGS} if postgres else {}),
         )
 
