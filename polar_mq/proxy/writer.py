@@ -182,6 +182,8 @@ class DbCallWriter:
             "dropped": self._dropped,
             "dropped_overflow": spill.dropped_rows if spill else 0,
             "failed": store.failed if store else 0,
+            "refused": store.refused if store else 0,
+            "refused_kept": spill.refused_kept if spill else 0,
         }
 
     def _ready(self, target: int) -> bool:

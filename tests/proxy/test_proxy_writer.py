@@ -38,6 +38,8 @@ IDLE = {
     "dropped": 0,
     "dropped_overflow": 0,
     "failed": 0,
+    "refused": 0,
+    "refused_kept": 0,
 }
 """A writer's stats with nothing in flight (without a spill directory)."""
 
@@ -191,7 +193,7 @@ async def test_a_refused_row_does_not_block_its_batch(
     writer.submit(call_row(1, model="x" * 300))  # longer than the column allows
     writer.submit(call_row(2))
     assert await writer.flush() == 2
-    assert writer.stats()["failed"] == 1
+    assert writer.stats()["failed"] == writer.stats()["refused"] == 1
     assert count(db_session_factory) == 2
 
 
