@@ -21,6 +21,7 @@ U+FFFF followed by "0" or U+FFFF would read back changed: no such data is expect
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from typing import Any
@@ -31,11 +32,9 @@ ESC = "\uffff"
 ESC_BYTES = ESC.encode()
 NUL_ESCAPED = b"\\u0000"
 """How a JSON serializer writes U+0000 inside a string."""
-_JSON_NUL = re.compile(rb"(?<!\\)((?:\\\\)*)\\u0000")
-"""A `\\u0000` escape in JSON text (not an escaped backslash followed by the text `u0000`)."""
+NUL_STORED = ESC_BYTES + b"0"
 _STORED = re.compile(re.escape(ESC_BYTES) + rb"(" + re.escape(ESC_BYTES) + rb"|0)")
 _STORED_TEXT = re.compile(ESC + "(" + ESC + "|0)")
-_OPTIONS = orjson.OPT_NON_STR_KEYS
 
 
 def escape_json(raw: bytes) -> bytes:
@@ -43,7 +42,15 @@ def escape_json(raw: bytes) -> bytes:
     if NUL_ESCAPED not in raw and ESC_BYTES not in raw:
         return raw
     raw = raw.replace(ESC_BYTES, ESC_BYTES + ESC_BYTES)
-    return _JSON_NUL.sub(rb"\1" + ESC_BYTES + b"0", raw)
+    pieces = raw.split(NUL_ESCAPED)
+    out = [pieces[0]]
+    for before, after in itertools.pairwise(pieces):
+        # `\u0000` is U+0000 unless it follows an odd run of backslashes (then the text is an
+        # escaped backslash and "u0000"); the run never reaches into an earlier `\u0000`.
+        run = len(before) - len(before.rstrip(b"\\"))
+        out.append(NUL_STORED if run % 2 == 0 else NUL_ESCAPED)
+        out.append(after)
+    return b"".join(out)
 
 
 def unescape_json(raw: bytes) -> bytes:
@@ -74,9 +81,12 @@ def unescape_text(text: str) -> str:
 def dumps_bytes(value: Any) -> bytes:
     """`value` as stored JSON text (escaped), UTF-8."""
     try:
-        raw = orjson.dumps(value, option=_OPTIONS)
-    except TypeError:  # e.g. an integer past 64 bits: the standard library writes it
-        raw = json.dumps(value, ensure_ascii=False).encode()
+        raw = orjson.dumps(value)
+    except TypeError:  # non-str keys (slower option, so only when needed), or a huge integer
+        try:
+            raw = orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS)
+        except TypeError:  # e.g. an integer past 64 bits: the standard library writes it
+            raw = json.dumps(value, ensure_ascii=False).encode()
     return escape_json(raw)
 
 
@@ -87,7 +97,7 @@ def dumps(value: Any) -> str:
 
 def loads(raw: bytes | bytearray | memoryview | str) -> Any:
     """The engines' `json_deserializer` (psycopg hands bytes, SQLite a str)."""
-    data = raw.encode() if isinstance(raw, str) else bytes(raw)
+    data = raw.encode() if isinstance(raw, str) else bytes(raw)  # bytes(bytes) is no copy
     data = unescape_json(data)
     try:
         return orjson.loads(data)
