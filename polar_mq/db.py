@@ -13,6 +13,8 @@ from typing import Any
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
+from polar_mq import db_json
+
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     """WAL + busy timeout so the API, proxy and workers can share one embedded SQLite file."""
@@ -25,7 +27,12 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
 
 
 def create_db_engine(url: str, **kwargs: Any) -> Engine:
-    """An engine for `url`; psycopg 3 for PostgreSQL, tuned SQLite for the embedded default."""
+    """An engine for `url`; psycopg 3 for PostgreSQL, tuned SQLite for the embedded default.
+
+    JSON goes through `db_json` on every engine, so a NUL an agent sent is stored losslessly.
+    """
+    kwargs.setdefault("json_serializer", db_json.dumps)
+    kwargs.setdefault("json_deserializer", db_json.loads)
     if url.startswith("postgresql://"):
         url = "postgresql+psycopg://" + url.removeprefix("postgresql://")
     if url.startswith("sqlite"):

@@ -4,8 +4,10 @@ from polar_mq.evaluators.base import (
     EvalContext,
     EvalResult,
     Evaluator,
+    GradingUnavailable,
     LlmEndpoint,
     evaluate_safely,
+    workspace_refused,
 )
 from polar_mq.evaluators.command import CommandEvaluator
 from polar_mq.evaluators.completed import CompletedEvaluator
@@ -30,6 +32,7 @@ __all__ = [
     "Evaluator",
     "ExactMatchEvaluator",
     "GateEvaluator",
+    "GradingUnavailable",
     "LlmEndpoint",
     "LlmJudgeEvaluator",
     "RegexEvaluator",
@@ -38,4 +41,5 @@ __all__ = [
     "evaluate_safely",
     "get_evaluator",
     "validate_evaluator_spec",
+    "workspace_refused",
 ]

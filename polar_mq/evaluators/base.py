@@ -15,6 +15,17 @@ from typing import Any, ClassVar
 import httpx
 
 from polar_mq.runtimes.base import Runtime
+from polar_mq.runtimes.safe_files import UnsafePath
+
+WORKSPACE_TAMPERED = "workspace_tampered"
+"""The evaluation detail's `error` when a grader path was swapped (see `workspace_refused`)."""
+
+
+class GradingUnavailable(RuntimeError):
+    """The platform could not grade: its own file is missing or unreadable on this node, a
+    service it needs is down. An infrastructure failure, never the policy's: it propagates out of
+    the evaluate stage, which is retried and, when that does not help, ends `runtime_error`
+    (unscored)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,8 +87,22 @@ def evaluate_safely(evaluator: Evaluator, ctx: EvalContext) -> EvalResult:
 
     A scorer's bug or a user callable's error is about this rollout's reward, not the
     infrastructure: the rollout keeps its trajectory and the reason is stored with the evaluation.
+    Two exceptions pass through, to be judged for the whole evaluation (a composite's part must
+    not hide them): `UnsafePath` (the agent swapped a file the grader uses: the evaluate stage
+    scores 0, see `workspace_refused`) and `GradingUnavailable` (the platform's failure).
     """
     try:
         return evaluator.evaluate(ctx)
+    except (UnsafePath, GradingUnavailable):
+        raise
     except Exception as exc:  # any evaluator code, including user callables
         return EvalResult(None, {"error": type(exc).__name__, "message": str(exc)[:2000]})
+
+
+def workspace_refused(exc: UnsafePath, evaluator: str) -> EvalResult:
+    """The verdict on a workspace in which the agent swapped a file the grader reads or writes
+    (a symlink to `/etc/passwd`, to a reward file of its own, over the hidden tests): the
+    policy's failure, scored 0 and kept in the statistics, with what was refused."""
+    return EvalResult(
+        0.0, {"error": WORKSPACE_TAMPERED, "evaluator": evaluator, "message": str(exc)[:2000]}
+    )

@@ -2,6 +2,7 @@
 
 The reward is the exit status (0 → 1.0) or, with `reward_file`, a float the command wrote. A
 missing or unreadable reward file scores 0.0 rather than None: the tests ran, the work failed them.
+A reward file that is a symlink is never followed (`UnsafePath`: the evaluate stage scores 0).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import math
 from collections.abc import Mapping
 
 from polar_mq.evaluators.base import EvalContext, EvalResult, Evaluator
+from polar_mq.runtimes.safe_files import UnsafePath
 
 
 class CommandEvaluator(Evaluator):
@@ -72,6 +74,8 @@ class CommandEvaluator(Evaluator):
         try:
             raw = ctx.runtime.download(self.reward_file).decode("utf-8", errors="replace")
             reward = float(raw.strip())
+        except UnsafePath:
+            raise
         except (OSError, ValueError) as exc:
             return 0.0, f"{type(exc).__name__}: {exc}"
         if not math.isfinite(reward):

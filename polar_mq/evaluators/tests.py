@@ -10,6 +10,11 @@ In the grading runtime (the agent's own after it exited, or the fresh one of
    `fraction` — the share of the (named) tests that passed;
    with a `reward_file` (Harbor's verifiers) the reward is the number that file holds instead.
 
+Files the grader reads or writes in the workspace (the hidden tests' paths, the reward file, the
+report) are never reached through a symlink: one planted there is `UnsafePath`, which the
+evaluate stage scores 0 as the agent's doing. Hidden tests this node cannot read (`tests.path`
+missing) are the platform's failure (`GradingUnavailable`: retried, never scored).
+
 The job's evaluator spec sets defaults; a task's `tests` may override `command`, `names`,
 `reward_file` and `timeout` (Harbor tasks bring their own command). A suite that timed out earns
 0.0; one that produced no report earns 0.0 with the reason in the detail.
@@ -23,8 +28,9 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from polar_mq.evaluators.base import EvalContext, EvalResult, Evaluator
+from polar_mq.evaluators.base import EvalContext, EvalResult, Evaluator, GradingUnavailable
 from polar_mq.runtimes.base import ExecResult, Runtime
+from polar_mq.runtimes.safe_files import UnsafePath
 from polar_mq.swe import hidden_tests
 from polar_mq.swe.diff import DEFAULT_MAX_CHARS, workspace_diff
 from polar_mq.swe.junit import JUnitError, parse_junit, score_report
@@ -102,7 +108,7 @@ class TestsEvaluator(Evaluator):
             files = hidden_tests.gather(spec, workspace)
             hidden_tests.install(runtime, spec, files, self.timeout)
         except hidden_tests.HiddenTestsError as exc:  # the grader's setup, not the agent's work
-            return EvalResult(None, {**detail, "error": str(exc)})
+            raise GradingUnavailable(str(exc)) from exc
         reward_file = spec.reward_file or self.reward_file
         if reward_file is not None:  # emptied (never the agent's) and its directory made
             runtime.upload(b"", reward_file)
@@ -184,6 +190,8 @@ def _read_reward(runtime: Runtime, reward_file: str) -> tuple[float, str | None]
     try:
         raw = runtime.download(reward_file).decode("utf-8", errors="replace").strip()
         reward = float(raw)
+    except UnsafePath:
+        raise
     except (OSError, ValueError) as exc:
         return 0.0, f"{type(exc).__name__}: {exc}"
     if not math.isfinite(reward):

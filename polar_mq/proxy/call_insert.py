@@ -10,15 +10,14 @@ embedded SQLite default) use SQLAlchemy's executemany ("insertmanyvalues") on th
 
 from __future__ import annotations
 
-import re
 import time
 from typing import Any, cast
 
-import orjson
 from sqlalchemy import Connection, Engine, Table
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
+from polar_mq import db_json
 from polar_mq.models.base import pack_float32, pack_int32
 from polar_mq.models.llm_call import LlmCall
 
@@ -69,25 +68,19 @@ def _pg_sql() -> str:
 PG_INSERT_SQL = _pg_sql()
 
 
-_ESCAPED_NUL = re.compile(rb"(?<!\\)((?:\\\\)*)\\u0000")
-"""A `\\u0000` escape in JSON text (not an escaped backslash followed by `u0000`)."""
 _TEXT_COLUMNS = ("backend", "model", "api_type", "finish_reason", "purpose")
 
 
 def _json_or_none(value: Any) -> str | None:
     """JSON text PostgreSQL accepts: `jsonb` refuses the NUL character (`\\u0000`), which an
-    agent's prompt or an engine's answer may hold; it is stored as U+FFFD instead of losing the
-    call (the token ids, stored apart, are untouched)."""
-    if value is None:
-        return None
-    raw = orjson.dumps(value)
-    if b"\\u0000" in raw:
-        raw = _ESCAPED_NUL.sub(rb"\1\\ufffd", raw)
-    return raw.decode()
+    agent's prompt or an engine's answer may hold, so it is escaped losslessly (`db_json`, the
+    scheme every engine's JSON deserializer undoes on read)."""
+    return None if value is None else db_json.dumps(value)
 
 
 def _text(value: Any) -> Any:
-    """PostgreSQL text cannot hold NUL either (e.g. in a model name an agent sent)."""
+    """PostgreSQL text cannot hold NUL either (e.g. in a model name an agent sent): these short
+    label columns get U+FFFD; the agent's exact text stays in the `request` JSON."""
     return value.replace("\x00", "\ufffd") if isinstance(value, str) and "\x00" in value else value
 
 

@@ -14,8 +14,10 @@ alone. With a `SpillBuffer`:
 
 Without a spill buffer the store retries in place until the database is back or the writer is
 closing (the queue in front of it absorbs the outage until it is full).
-A row the database refuses (not a connection problem) is isolated and counted as failed, so one
-bad row never blocks its batch or a replay.
+A row the database refuses (not a connection problem) is isolated, so one bad row never blocks its
+batch or a replay; it is counted (`refused`, exported as `polar_proxy_rows_refused_total`), logged
+as an error naming its rollout, and kept in the spill directory's `refused/` file (see `spill`),
+never silently dropped.
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ class CallStore:
         self.written = 0
         self.replayed = 0
         self.failed = 0
+        self.refused = 0
 
     @property
     def backlog(self) -> int:
@@ -150,13 +153,27 @@ class CallStore:
                 self._inserter.insert(conn, rows)
         except TRANSIENT:
             raise
-        except Exception:
+        except Exception as exc:
             if len(rows) > 1:
                 return sum(self._commit([row]) for row in rows)
-            self.failed += 1
-            logger.exception("call row %s refused by the database; dropped", rows[0].get("id"))
+            self._refuse(rows[0], exc)
             return 0
         return len(rows)
+
+    def _refuse(self, row: dict[str, Any], exc: Exception) -> None:
+        """Count, log and keep a row the database will not take (it would be refused again)."""
+        self.failed += 1
+        self.refused += 1
+        kept = self.spill.keep_refused(row) if self.spill is not None else None
+        logger.error(
+            "call row %s (rollout %s, attempt %s, seq %s) refused by the database: %s; %s",
+            row.get("id"),
+            row.get("rollout_id"),
+            row.get("attempt"),
+            row.get("seq"),
+            _short(exc),
+            f"kept in {kept}" if kept else "NOT kept (no spill directory)",
+        )
 
     def _down(self) -> bool:
         return time.monotonic() < self._next_probe

@@ -206,6 +206,12 @@ def _sink_gauges(raw: Mapping[str, Any]) -> Iterator[Metric]:
         if key in stats:
             spill.add_metric([unit], stats[key])
     yield spill
+    if "refused" in stats:
+        yield CounterMetricFamily(
+            "polar_proxy_rows_refused",
+            "Call rows the database refused (kept in the spill directory's refused/ file)",
+            value=stats["refused"],
+        )
     every = GaugeMetricFamily(
         "polar_proxy_call_sink", "Every counter the call sink reports", labels=["stat"]
     )

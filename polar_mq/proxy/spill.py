@@ -13,6 +13,12 @@ Overflow policy: the buffer never grows past `max_bytes`. A batch that does not 
 whole (newest data dropped, older spilled data kept, since it is closer to being replayed), and
 its rows are counted in `dropped_rows`; a failing disk (OSError) counts the same way.
 
+Rows the database *refuses* (a constraint, a value it cannot take: not an outage) are never
+replayed automatically, since they would be refused again and hold up the rows behind them; they
+are appended to `refused/rows.seg` in the same record format (one row per record), kept for an
+operator: once the cause is fixed (e.g. a column widened), moving that file into the spill
+directory, named after the last `.seg` there, makes the next proxy start replay it.
+
 One process owns a spill directory at a time (an exclusive `flock` on `LOCK`), so two proxies
 pointed at one directory fail at start instead of replaying each other's rows twice.
 `open()` runs once at start, everything else on the writer thread; `stats()` only reads plain
@@ -37,6 +43,8 @@ logger = logging.getLogger(__name__)
 SUFFIX = ".seg"
 BAD_SUFFIX = ".bad"
 LOCK_NAME = "LOCK"
+REFUSED_DIR = "refused"
+REFUSED_FILE = "rows.seg"
 DEFAULT_SEGMENT_BYTES = 4 * 1024 * 1024
 """A segment is sealed past this size; replay loads one segment's rows at a time."""
 
@@ -80,6 +88,7 @@ class SpillBuffer:
         self.dropped_rows = 0
         self._drops = 0
         self.spilled_total = 0
+        self.refused_kept = 0
         self._sealed: list[Segment] = []
         self._active: Segment | None = None
         self._handle: IO[bytes] | None = None
@@ -121,7 +130,7 @@ class SpillBuffer:
         """Seal the active segment and release the directory (segments stay for the next run)."""
         self.seal()
         if self._lock is not None:
-            if not self._sealed:  # nothing left to replay: leave no trace
+            if not self._sealed:  # nothing left to replay: leave no trace (refused rows stay)
                 with contextlib.suppress(OSError):
                     (self.directory / LOCK_NAME).unlink()
                     self.directory.rmdir()
@@ -152,6 +161,22 @@ class SpillBuffer:
         self._active.rows += len(rows)
         self.spilled_total += len(rows)
         return True
+
+    def keep_refused(self, row: dict[str, Any]) -> Path | None:
+        """Keep a row the database refused, durably, apart from the replay (module docstring);
+        the file it went to, or None if the disk failed too (the caller logs the row)."""
+        path = self.directory / REFUSED_DIR / REFUSED_FILE
+        try:
+            path.parent.mkdir(exist_ok=True)
+            with path.open("ab") as handle:
+                handle.write(encode_rows([row]))
+                handle.flush()
+                os.fsync(handle.fileno())
+        except OSError as exc:
+            logger.error("cannot keep a refused call row in %s: %s", path, exc)
+            return None
+        self.refused_kept += 1
+        return path
 
     def seal(self) -> None:
         """Close the segment being appended to, so that it can be replayed."""

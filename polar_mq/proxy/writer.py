@@ -24,7 +24,6 @@ import time
 from pathlib import Path
 from typing import Any, cast
 
-import orjson
 from sqlalchemy import Engine
 
 from polar_mq.config import Settings
@@ -183,6 +182,8 @@ class DbCallWriter:
             "dropped": self._dropped,
             "dropped_overflow": spill.dropped_rows if spill else 0,
             "failed": store.failed if store else 0,
+            "refused": store.refused if store else 0,
+            "refused_kept": spill.refused_kept if spill else 0,
         }
 
     def _ready(self, target: int) -> bool:
@@ -241,7 +242,6 @@ class DbCallWriter:
             url,
             pool_size=1,
             max_overflow=0,
-            json_serializer=lambda obj: orjson.dumps(obj).decode(),
             **({"connect_args": PG_CONNECT_ARGS} if postgres else {}),
         )
 

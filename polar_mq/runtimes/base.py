@@ -135,6 +135,12 @@ class Runtime(ABC):
     def download(self, path: str) -> bytes:
         """Read a file of the sandbox (relative paths are relative to the work directory)."""
 
+    def refuse_links(self, path: str) -> None:
+        """Raise `UnsafePath` when a component of `path` is a symlink the agent may have planted
+        (checked before the grader acts on a path by a command). Runtimes whose files the worker
+        does not see directly have nothing to check here."""
+        return None
+
     @abstractmethod
     def reset(self) -> None:
         """Kill every process and empty the work directory so the sandbox can be reused."""

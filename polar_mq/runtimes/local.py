@@ -28,6 +28,7 @@ from typing import IO, Any
 
 import psutil
 
+from polar_mq.runtimes import safe_files
 from polar_mq.runtimes.base import ExecResult, ResourceLimits, Runtime, check_exec_timeouts
 
 RUNTIME_TAG = "POLAR_MQ_RUNTIME_ID"
@@ -117,10 +118,15 @@ class LocalRuntime(Runtime):
     # -- files ---------------------------------------------------------------------------------
 
     def upload(self, data: bytes, dest: str) -> None:
-        _atomic_write(self._resolve(dest), data)
+        """Never through a link the agent left: see `safe_files` (UnsafePath otherwise)."""
+        safe_files.write_file(self.path, dest, self.workdir, data)
 
     def download(self, path: str) -> bytes:
-        return self._resolve(path).read_bytes()
+        """Never through a link the agent left: see `safe_files` (UnsafePath otherwise)."""
+        return safe_files.read_file(self.path, path, self.workdir)
+
+    def refuse_links(self, path: str) -> None:
+        safe_files.refuse_links(self.path, path, self.workdir)
 
     def _resolve(self, path: str) -> Path:
         """Map a sandbox path to the host, refusing anything outside the runtime directory."""

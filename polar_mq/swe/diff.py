@@ -18,6 +18,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from polar_mq.runtimes.safe_files import UnsafePath, read_file
 from polar_mq.swe.checkout import BASE_REF, OWN_FILES
 from polar_mq.swe.git import GitError, git_dir_of, run_git
 
@@ -50,22 +51,25 @@ class WorkspaceDiff:
 
 
 def base_commit(git_dir: Path) -> str | None:
-    """`refs/polar_mq/base`, read as a file (loose or packed), not through git."""
-    try:
-        loose = (git_dir / BASE_REF).read_text().strip()
-    except (OSError, UnicodeDecodeError):
-        loose = ""
+    """`refs/polar_mq/base`, read as a file (loose or packed), not through git, and never through
+    a link or FIFO the agent may have put there (`safe_files`: such a ref counts as missing)."""
+    loose = _read_git_file(git_dir, BASE_REF).strip()
     if _SHA.fullmatch(loose):
         return loose
-    try:
-        packed = (git_dir / "packed-refs").read_text(errors="replace").splitlines()
-    except OSError:
-        return None
-    for line in packed:
+    for line in _read_git_file(git_dir, "packed-refs").splitlines():
         sha, _, name = line.partition(" ")
         if name.strip() == BASE_REF and _SHA.fullmatch(sha):
             return sha
     return None
+
+
+def _read_git_file(git_dir: Path, name: str) -> str:
+    try:
+        return read_file(git_dir.parent, f"{git_dir.name}/{name}", git_dir.parent).decode(
+            "utf-8", errors="replace"
+        )
+    except (OSError, UnsafePath):
+        return ""
 
 
 def workspace_diff(

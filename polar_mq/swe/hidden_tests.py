@@ -73,8 +73,12 @@ def rewrite(data: bytes, paths: dict[str, str], workspace: str) -> bytes:
 
 
 def install(runtime: Runtime, spec: TestsSpec, files: dict[str, bytes], timeout_s: float) -> None:
-    """Write the hidden tests into the runtime's workspace (a `path` source replaces `dest`)."""
+    """Write the hidden tests into the runtime's workspace (a `path` source replaces `dest`).
+
+    A symlink the agent left at `dest` or on the way to it is `UnsafePath` (never followed, never
+    silently removed: the agent tampered with where its grader writes)."""
     if spec.path is not None:
+        runtime.refuse_links(spec.dest)
         cleared = runtime.exec(["rm", "-rf", "--", spec.dest], timeout=timeout_s)
         if not cleared.ok:
             raise HiddenTestsError(

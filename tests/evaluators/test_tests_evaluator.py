@@ -10,8 +10,15 @@ from typing import Any
 
 import pytest
 
-from polar_mq.evaluators import EvalContext, TestsEvaluator, get_evaluator
+from polar_mq.evaluators import (
+    EvalContext,
+    GradingUnavailable,
+    TestsEvaluator,
+    evaluate_safely,
+    get_evaluator,
+)
 from polar_mq.runtimes import LocalRuntime
+from polar_mq.runtimes.safe_files import UnsafePath
 from polar_mq.swe.checkout import checkout_repo
 from polar_mq.swe.spec import parse_repo
 
@@ -107,10 +114,42 @@ def test_no_report_timeout_and_missing_tests(runtime: LocalRuntime, tmp_path: Pa
     slow = get_evaluator({"name": "tests", "command": "sleep 5", "timeout": 0.5})
     result = slow.evaluate(_ctx(runtime, {"files": {"tests/test_calc.py": HIDDEN}}))
     assert result.reward == 0.0 and result.detail["timed_out"] is True
-    missing = get_evaluator("tests").evaluate(_ctx(runtime, {"path": str(tmp_path / "nope")}))
-    assert missing.reward is None and "is not a directory on this node" in missing.detail["error"]
+    with pytest.raises(GradingUnavailable, match="is not a directory on this node"):
+        get_evaluator("tests").evaluate(_ctx(runtime, {"path": str(tmp_path / "nope")}))
     no_tests = TestsEvaluator().evaluate(EvalContext("r", {}, runtime, None, 0, "completed", None))
     assert no_tests.reward is None
+
+
+@pytest.mark.parametrize("target", ["/etc", "../home"])
+def test_hidden_tests_never_follow_a_planted_link(
+    runtime: LocalRuntime, tmp_path: Path, target: str
+) -> None:
+    """The hidden tests' directory swapped for a symlink (to /etc, or to a directory of the
+    agent's): refused through every source, and evaluate_safely does not swallow it."""
+    source = tmp_path / "hidden"
+    source.mkdir()
+    (source / "test_calc.py").write_text(HIDDEN)
+    shutil.rmtree(runtime.workdir / "tests", ignore_errors=True)
+    (runtime.workdir / "tests").symlink_to(target)
+    evaluator = get_evaluator("tests")
+    for tests in ({"files": {"tests/test_calc.py": HIDDEN}}, {"path": str(source)}):
+        with pytest.raises(UnsafePath, match="tests is a symlink"):
+            evaluate_safely(evaluator, _ctx(runtime, tests))
+    assert not (runtime.path / "home" / "test_calc.py").exists()
+    assert (runtime.workdir / "tests").is_symlink()  # left as the agent made it, for the record
+
+
+def test_a_reward_file_link_is_never_followed(runtime: LocalRuntime) -> None:
+    """A reward file planted as a link to a file of the agent's holding 1.0: refused, not read."""
+    (runtime.path / "home" / "mine").write_text("1.0")
+    (runtime.workdir / "reward.txt").symlink_to(runtime.path / "home" / "mine")
+    evaluator = get_evaluator({"name": "tests", "command": "true", "reward_file": "reward.txt"})
+    with pytest.raises(UnsafePath, match=r"reward\.txt is a symlink"):
+        evaluator.evaluate(_ctx(runtime, {"files": {"tests/test_calc.py": HIDDEN}}))
+    command = get_evaluator({"name": "command", "command": "true", "reward_file": "reward.txt"})
+    with pytest.raises(UnsafePath, match=r"reward\.txt is a symlink"):
+        evaluate_safely(command, _ctx(runtime, {}))
+    assert (runtime.path / "home" / "mine").read_text() == "1.0"
 
 
 @pytest.mark.parametrize(

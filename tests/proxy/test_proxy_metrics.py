@@ -85,19 +85,23 @@ async def test_each_app_has_its_own_registry() -> None:
 
 
 def test_sink_gauges_are_read_at_scrape_time_and_defensively() -> None:
-    stats: dict[str, Any] = {"queued": 3, "spilled_rows": 5, "spill_bytes": 4096, "note": "x"}
+    stats: dict[str, Any] = {
+        "queued": 3, "spilled_rows": 5, "spill_bytes": 4096, "refused": 2, "note": "x"
+    }  # fmt: skip
     metrics = ProxyMetrics(lambda: stats)
     first = samples(metrics.render().decode())
     assert value(first, "polar_proxy_writer_queue_depth") == 3
     assert value(first, "polar_proxy_spill_size", unit="rows") == 5
     assert value(first, "polar_proxy_spill_size", unit="bytes") == 4096
     assert value(first, "polar_proxy_call_sink", stat="queued") == 3
+    assert value(first, "polar_proxy_rows_refused_total") == 2
     assert ("polar_proxy_call_sink", (("stat", "note"),)) not in first  # not a number
     stats.clear()
     stats["pending"] = 7  # an older writer's name for the queue depth; no spill keys at all
     second = samples(metrics.render().decode())
     assert value(second, "polar_proxy_writer_queue_depth") == 7
     assert ("polar_proxy_spill_size", (("unit", "rows"),)) not in second
+    assert ("polar_proxy_rows_refused_total", ()) not in second
 
 
 def test_histograms_are_cumulative_with_inclusive_bounds() -> None:

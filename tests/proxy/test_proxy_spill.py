@@ -28,12 +28,14 @@ from polar_mq.proxy import DbCallWriter, create_proxy_app
 from polar_mq.proxy.call_insert import CallInserter
 from polar_mq.proxy.spill import (
     BAD_SUFFIX,
+    REFUSED_DIR,
+    REFUSED_FILE,
     SUFFIX,
     SpillBuffer,
     SpillLocked,
     SpillUnavailable,
 )
-from polar_mq.proxy.spill_records import encode_rows
+from polar_mq.proxy.spill_records import encode_rows, read_segment
 from polar_mq.proxy.writer import CallsNotStored
 from polar_mq.testing.fake_vllm import create_fake_vllm_app
 
@@ -200,6 +202,46 @@ async def test_outage_spills_flush_waits_and_replay_stores_each_row_once(
     assert sorted(stored_ids(db_session_factory)) == sorted(r["id"] for r in rows)
     await writer.close()
     assert not (tmp_path / "spill").exists()
+
+
+async def test_refused_rows_are_kept_counted_and_logged_and_never_block(
+    engine: Engine,
+    tmp_path: Path,
+    db_session_factory: sessionmaker[Session],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A poison row (here longer than its column) in a live batch and in a replayed segment:
+    each is kept in `refused/`, counted and logged with its rollout; every other row is stored,
+    the spill empties (nothing retried forever), and the kept rows can be replayed later."""
+    outage = Outage(engine)
+    writer = spilling_writer(engine, tmp_path / "spill")
+    await writer.start()
+    live = [call_row(0), call_row(1, model="x" * 300), call_row(2)]
+    for row in live:
+        writer.submit(row)
+    assert await writer.flush() == 2
+    outage.down = True
+    spilled = [call_row(3), call_row(4, backend="b" * 300), call_row(5)]
+    for row in spilled:
+        writer.submit(row)
+    await asyncio.sleep(0.3)
+    assert writer.stats()["spilled_rows"] == 3
+    outage.down = False
+    assert await asyncio.wait_for(writer.flush(), 10) == 4
+    stats = writer.stats()
+    assert (stats["refused"], stats["refused_kept"], stats["spilled_rows"]) == (2, 2, 0)
+    poison = [live[1], spilled[1]]
+    expected = sorted(r["id"] for r in live + spilled if r not in poison)
+    assert sorted(stored_ids(db_session_factory)) == expected
+    for row in poison:
+        assert any(
+            str(row["rollout_id"]) in r.getMessage() and r.levelname == "ERROR"
+            for r in caplog.records
+        ), row["rollout_id"]
+    await writer.close()
+    kept, _, corrupt = read_segment(tmp_path / "spill" / REFUSED_DIR / REFUSED_FILE)
+    assert not corrupt and [r["id"] for r in kept] == [r["id"] for r in poison]
+    assert kept[0]["model"] == "x" * 300 and kept[0]["request"] == live[1]["request"]
 
 
 async def test_flush_keeps_waiting_through_a_short_outage(

@@ -38,6 +38,8 @@ IDLE = {
     "dropped": 0,
     "dropped_overflow": 0,
     "failed": 0,
+    "refused": 0,
+    "refused_kept": 0,
 }
 """A writer's stats with nothing in flight (without a spill directory)."""
 
@@ -191,17 +193,19 @@ async def test_a_refused_row_does_not_block_its_batch(
     writer.submit(call_row(1, model="x" * 300))  # longer than the column allows
     writer.submit(call_row(2))
     assert await writer.flush() == 2
-    assert writer.stats()["failed"] == 1
+    assert writer.stats()["failed"] == writer.stats()["refused"] == 1
     assert count(db_session_factory) == 2
 
 
-async def test_nul_characters_are_stored_not_dropped(
+async def test_nul_characters_are_stored_losslessly(
     writer: DbCallWriter, db_session_factory: sessionmaker[Session]
 ) -> None:
-    """PostgreSQL refuses NUL in jsonb and text; the call is kept with U+FFFD in its place."""
-    content = "a\x00b, a literal \\u0000 and \\\x00"
+    """PostgreSQL refuses NUL in jsonb; the call's JSON comes back exactly as sent (escaped on
+    write, unescaped on read), the escape character itself included; the short `model` label
+    column gets U+FFFD (the exact model stays in the request)."""
+    content = "a\x00b, a literal \\u0000 and \\\x00, \uffff0 \uffff\uffff \x01\x7f\x9f\xff"
     row = call_row(
-        request={"messages": [{"role": "user", "content": content}]},
+        request={"messages": [{"role": "user", "content": content}], "k\x00": "\x00"},
         response={"choices": [{"message": {"content": "\x00"}}]},
         engine_request={"messages": [{"role": "user", "content": content}]},
         model="m\x00",
@@ -211,12 +215,13 @@ async def test_nul_characters_are_stored_not_dropped(
     assert writer.stats()["failed"] == 0
     with db_session_factory() as session:
         stored = session.scalars(select(LlmCall)).one()
-    kept = "a\ufffdb, a literal \\u0000 and \\\ufffd"
-    assert stored.request == {"messages": [{"role": "user", "content": kept}]}
-    assert stored.engine_request == stored.request
-    assert stored.response == {"choices": [{"message": {"content": "\ufffd"}}]}
+        raw = session.execute(select(func.jsonb_typeof(LlmCall.request["messages"]))).scalar()
+    assert stored.request == row["request"]
+    assert stored.engine_request == row["engine_request"]
+    assert stored.response == row["response"]
     assert stored.model == "m\ufffd"
     assert stored.prompt_ids == row["prompt_ids"] and stored.logprobs == row["logprobs"]
+    assert raw == "array"  # the document keeps its shape for SQL
 
 
 async def test_replayed_rows_are_ignored(

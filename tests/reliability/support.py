@@ -16,7 +16,7 @@ import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,8 +104,15 @@ def agent_command() -> str:
 
 @contextmanager
 def rel_stack(
-    pg_url: str, tmp: Path, *, workers: bool = True, **overrides: Any
+    pg_url: str,
+    tmp: Path,
+    *,
+    workers: bool = True,
+    fake: Mapping[str, Any] | None = None,
+    **overrides: Any,
 ) -> Iterator[RelStack]:
+    """The stack; `fake`: options of the fake engine (e.g. `max_model_len`), `overrides`:
+    settings."""
     upstream = free_port()
     settings = e2e_settings(
         pg_url, tmp, upstream_url=f"http://127.0.0.1:{upstream}", served_model="fake-model",
@@ -114,7 +121,7 @@ def rel_stack(
     call_log = tmp / "calls"
     call_log.mkdir(parents=True, exist_ok=True)
     with LocalStack(settings, tmp / "logs", extra_env={"PYTHONPATH": str(REPO)}) as stack:
-        stack.fake_upstream(upstream)
+        stack.fake_upstream(upstream, **(fake or {}))
         stack.proxy()
         stack.api()
         stack.sweeper()

@@ -14,6 +14,7 @@ import psutil
 import pytest
 
 from polar_mq.runtimes import LocalRuntime, ResourceLimits, get_runtime
+from polar_mq.runtimes.safe_files import UnsafePath
 
 # Forks twice and calls setsid, like a real daemon; keeps the inherited pipes open on purpose,
 # the harder case for exec(), which must still return.
@@ -209,13 +210,28 @@ def test_upload_and_download(runtime: LocalRuntime) -> None:
         runtime.download("missing.txt")
 
 
-@pytest.mark.parametrize("bad", ["../../escape.txt", "/etc/passwd", "link/passwd"])
-def test_paths_cannot_escape_the_runtime(runtime: LocalRuntime, bad: str) -> None:
+@pytest.mark.parametrize(
+    ("bad", "why"),
+    [
+        ("../../escape.txt", "outside runtime"),
+        ("/etc/passwd", "outside runtime"),
+        ("link/passwd", "link is a symlink"),
+        ("inner/passwd", "inner is a symlink"),
+        ("file", "file is a symlink"),
+    ],
+)
+def test_paths_cannot_escape_the_runtime(runtime: LocalRuntime, bad: str, why: str) -> None:
+    """No path and no link leads the worker out of the runtime, or anywhere the agent points
+    inside it (`safe_files`)."""
     (runtime.workdir / "link").symlink_to("/etc")
-    with pytest.raises(ValueError, match="outside runtime"):
+    (runtime.workdir / "inner").symlink_to(runtime.path / "home")
+    (runtime.workdir / "file").symlink_to(runtime.path / "home" / "passwd")
+    (runtime.path / "home" / "passwd").write_text("mine")
+    with pytest.raises(UnsafePath, match=why):
         runtime.download(bad)
-    with pytest.raises(ValueError, match="outside runtime"):
+    with pytest.raises(UnsafePath, match=why):
         runtime.upload(b"x", bad)
+    assert (runtime.path / "home" / "passwd").read_text() == "mine"
 
 
 def test_limits_are_applied_and_persist_across_handles(tmp_path: Path) -> None:

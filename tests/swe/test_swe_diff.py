@@ -3,12 +3,13 @@ agent's index and without ever running the workspace's own git configuration."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
-from polar_mq.swe.checkout import checkout_repo
-from polar_mq.swe.diff import workspace_diff
+from polar_mq.swe.checkout import BASE_REF, checkout_repo
+from polar_mq.swe.diff import base_commit, workspace_diff
 from polar_mq.swe.spec import parse_repo
 from tests.swe.test_swe_checkout import git
 
@@ -77,3 +78,22 @@ def test_truncation_and_errors(work: Path, tmp_path: Path) -> None:
     assert workspace_diff(plain).detail() == {"diff_error": "the workspace is not a git repository"}
     (work / ".git" / "refs" / "polar_mq" / "base").unlink()
     assert "no refs/polar_mq/base" in (workspace_diff(work).error or "")
+
+
+@pytest.mark.parametrize("swap", ["fifo", "link"])
+def test_a_base_ref_swapped_for_a_fifo_or_link_is_never_read(
+    work: Path, tmp_path: Path, swap: str
+) -> None:
+    """A FIFO would block the worker, a link would read a file of the agent's choosing: both are
+    refused, the base ref counts as missing (the diff is off, never hung)."""
+    ref = work / ".git" / BASE_REF
+    sha = ref.read_text().strip()
+    (tmp_path / "mine").write_text(sha)
+    ref.unlink()
+    (work / ".git" / "packed-refs").unlink(missing_ok=True)
+    if swap == "fifo":
+        os.mkfifo(ref)
+    else:
+        ref.symlink_to(tmp_path / "mine")
+    assert base_commit(work / ".git") is None
+    assert workspace_diff(work).error == f"no {BASE_REF} in the workspace repository"

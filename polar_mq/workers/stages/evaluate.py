@@ -4,6 +4,11 @@ Runs on the node that holds the runtime because some evaluators run test command
 agent's own, or with `runtime.evaluation` a fresh one holding a copy of the agent's workspace
 (see grading_runtime.py). Runtimes are stopped by the runner once the result is committed (or the
 stage failed).
+
+Who is to blame for a grading failure decides its fate: a file the agent swapped for a symlink
+(its answer file, a reward file, where the hidden tests go: `UnsafePath`) scores 0, usable, with
+the reason in the evaluation detail; the platform's own failure (`GradingUnavailable`, the
+database down) is raised, so the stage is retried and ends `runtime_error`, unscored.
 """
 
 from __future__ import annotations
@@ -13,11 +18,18 @@ from typing import Any, cast
 from sqlalchemy import Table, select
 
 from polar_mq.db import unit_of_work
-from polar_mq.evaluators import EvalContext, LlmEndpoint, evaluate_safely, get_evaluator
+from polar_mq.evaluators import (
+    EvalContext,
+    LlmEndpoint,
+    evaluate_safely,
+    get_evaluator,
+    workspace_refused,
+)
 from polar_mq.harnesses import get_harness
 from polar_mq.models import Evaluation, LlmCall
 from polar_mq.models.base import utcnow
 from polar_mq.runtimes import Runtime
+from polar_mq.runtimes.safe_files import UnsafePath
 from polar_mq.tokens import AGENT, JUDGE, issue_rollout_token
 from polar_mq.workers.context import WorkerContext
 from polar_mq.workers.stages.common import StageOutcome, open_runtime
@@ -57,6 +69,8 @@ def final_text(ctx: WorkerContext, claimed: Claimed, runtime: Runtime) -> str | 
     if answer.file is not None:
         try:
             return runtime.download(answer.file).decode(errors="replace")
+        except UnsafePath:  # a link in place of the answer: never followed, never skipped
+            raise
         except (OSError, ValueError):
             pass
     return _last_assistant_text(ctx, claimed)
@@ -80,23 +94,28 @@ def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
     runtime_spec = spec.get("runtime", {})
     agent_runtime = open_runtime(ctx.settings, runtime_spec, rollout)
     evaluator = get_evaluator(evaluator_spec)
-    answer = final_text(ctx, claimed, agent_runtime) if evaluator.needs_final_text else None
-    prepare_s = float(spec.get("timeouts", {}).get("prepare_s", 300.0))
-    runtime, grading = grading_runtime(
-        ctx.settings, runtime_spec, rollout, agent_runtime, prepare_s
-    )  # the agent's own runtime, or a fresh one holding a copy of its workspace
-    context = EvalContext(
-        rollout_id=str(rollout.id),
-        task=claimed.instance,
-        runtime=runtime,
-        workdir=runtime.workdir,
-        agent_exit_code=rollout.agent_exit_code,
-        termination_reason=rollout.termination_reason or "completed",
-        final_text=answer,
-        llm=judge_endpoint(ctx, claimed) if evaluator.needs_llm else None,
-    )
-    result = evaluate_safely(evaluator, context)  # an evaluator error: reward None, with why
     name = evaluator_spec if isinstance(evaluator_spec, str) else evaluator_spec.get("name", "?")
+    prepare_s = float(spec.get("timeouts", {}).get("prepare_s", 300.0))
+    answer: str | None = None
+    grading: dict[str, Any] = {}
+    try:
+        answer = final_text(ctx, claimed, agent_runtime) if evaluator.needs_final_text else None
+        runtime, grading = grading_runtime(
+            ctx.settings, runtime_spec, rollout, agent_runtime, prepare_s
+        )  # the agent's own runtime, or a fresh one holding a copy of its workspace
+        context = EvalContext(
+            rollout_id=str(rollout.id),
+            task=claimed.instance,
+            runtime=runtime,
+            workdir=runtime.workdir,
+            agent_exit_code=rollout.agent_exit_code,
+            termination_reason=rollout.termination_reason or "completed",
+            final_text=answer,
+            llm=judge_endpoint(ctx, claimed) if evaluator.needs_llm else None,
+        )
+        result = evaluate_safely(evaluator, context)  # an evaluator error: reward None, with why
+    except UnsafePath as exc:  # the agent swapped a file its grader uses: its failure, scored 0
+        result = workspace_refused(exc, str(name))
     return StageOutcome(
         values={"reward": result.reward},
         rows={
@@ -113,7 +132,7 @@ def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
         },
         detail={
             "reward": result.reward,
-            "final_text": (context.final_text or "")[:200],
+            "final_text": (answer or "")[:200],
             **grading,
         },
     )
