@@ -240,8 +240,24 @@ class StalenessSpec(StrictModel):
     )
 
 
+TASK_ITEM_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["instruction"],
+    "properties": {"instruction": {"type": "string", "minLength": 1, "pattern": r"\S"}},
+    "additionalProperties": True,
+}
+"""What `_tasks_have_instruction` checks, told to OpenAPI: a task is free-form except for its
+non-blank `instruction` (SWE fields are checked further, see `polar_mq.swe.spec`)."""
+
+
 class JobCreate(StrictModel):
-    tasks: list[dict[str, Any]] = Field(..., min_length=1, max_length=MAX_TASKS)
+    tasks: list[dict[str, Any]] = Field(
+        ...,
+        min_length=1,
+        max_length=MAX_TASKS,
+        description="task instances: an 'instruction' and whatever the evaluator needs",
+        json_schema_extra={"items": TASK_ITEM_SCHEMA},
+    )
     samples_per_task: int = Field(1, ge=1, le=MAX_SAMPLES, strict=True)
     harness: HarnessSpec = Field(default_factory=lambda: HarnessSpec())
     runtime: RuntimeSpec = Field(default_factory=RuntimeSpec)
