@@ -265,6 +265,16 @@ class JobCreate(StrictModel):
     builder: str = Field(
         "per_call", description="per_call, prefix_merge, or an import path 'package.module:attr'"
     )
+    max_tokens_per_rollout: int | None = Field(
+        None,
+        ge=1,
+        le=2**31 - 1,
+        strict=True,
+        description="token budget of each rollout attempt: completion tokens its agent may "
+        "generate over all its calls (the proxy clamps each call to what is left and refuses "
+        "calls once it is spent; the rollout ends token_budget). Default and upper bound: the "
+        "tenant's max_tokens_per_rollout quota",
+    )
     sampling: dict[str, Any] = Field(
         default_factory=dict,
         description="temperature, top_p, top_k, max_tokens…, and enforce: override | clamp | off, "
