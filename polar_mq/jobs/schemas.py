@@ -164,8 +164,8 @@ class TimeoutSpec(StrictModel):
 class StopSpec(StrictModel):
     """Over-provisioning: ask for more rollouts than needed and stop once enough are usable.
 
-    Usable = ended with an agent outcome (completed, agent_error, timeout, max_turns) and scored;
-    infrastructure failures never count.
+    Usable = ended with an agent outcome (completed, agent_error, timeout, max_turns,
+    token_budget) and scored; infrastructure failures never count.
     """
 
     usable_samples_per_group: int | None = Field(

@@ -47,7 +47,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 
 TENANT = "fuzz"
 CONSUMER = "seed-trainer"
-MAX_EXAMPLES = 25
+MAX_EXAMPLES = 20
 """Per operation and phase: the whole run stays near two minutes on 2 cores."""
 CHECKS = (
     "not_a_server_error",
