@@ -2,8 +2,9 @@
 
 The agent (budget_agent.py) keeps calling and asks for 1,000 tokens each time; the job allows 40
 completion tokens per rollout. The proxy must clamp the calls so that together they generate
-exactly 40, refuse the next one with 400 `token_budget_exhausted` (which the agent sees), and the
-rollout must end `token_budget`, scored, with every call it made logged.
+exactly 40, refuse the next one with 400 `token_budget_exhausted` (which the agent sees, in its
+API family's shape: OpenAI chat for one task, Anthropic Messages for the other), and the rollout
+must end `token_budget`, scored, with every call it made logged.
 """
 
 from __future__ import annotations
@@ -32,8 +33,11 @@ def test_agent_that_keeps_calling_is_stopped_at_its_budget(
 ) -> None:
     client = client_of(fake_stack)
     submitted = client.submit(
-        [{"instruction": "Tell me a very long story."}],
-        samples_per_task=2,
+        [
+            {"instruction": "Tell me a very long story."},
+            {"instruction": "[anthropic] Tell me a very long story."},
+        ],
+        samples_per_task=1,
         harness={"type": "command", "command": f"{shlex.quote(sys.executable)} {AGENT}"},
         evaluator="completed",
         max_tokens_per_rollout=BUDGET,
@@ -63,10 +67,17 @@ def test_agent_that_keeps_calling_is_stopped_at_its_budget(
         left = BUDGET
         for call, tokens in zip(calls, spent, strict=True):
             assert call.engine_request is not None
-            assert call.engine_request["max_tokens"] == left, (call.engine_request, left)
+            asked = call.engine_request.get(
+                "max_tokens", call.engine_request.get("max_completion_tokens")
+            )
+            assert asked == left, (call.engine_request, left)
             left -= tokens
         assert rollout.n_llm_calls == len(calls)
         assert log is not None
         text = bytes(log).decode()
         assert f"refused after {len(calls)} calls: HTTP 400" in text, text[-2000:]
-        assert "token_budget_exhausted" in text, text[-2000:]
+        if calls[0].api_type == "chat":
+            assert "token_budget_exhausted" in text, text[-2000:]
+        else:  # Anthropic's error shape: {"type": "error", "error": {"type", "message"}}
+            assert calls[0].api_type == "anthropic_messages"
+            assert "'type': 'error'" in text and "token budget" in text, text[-2000:]
