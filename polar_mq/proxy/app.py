@@ -30,7 +30,12 @@ from polar_mq.proxy.policy_sync import PolicySync, db_reader
 from polar_mq.proxy.record import SeqCounter
 from polar_mq.proxy.rollout_states import RolloutStates, StateReader, db_state_reader
 from polar_mq.proxy.state import ProxyState
-from polar_mq.proxy.token_budget import BudgetedSink, TokenBudgets, db_budget_reader
+from polar_mq.proxy.token_budget import (
+    BudgetedSink,
+    TokenBudgets,
+    db_budget_reader,
+    processed_rows,
+)
 from polar_mq.proxy.tokenize import tokenize_routes
 from polar_mq.proxy.writer import CallSink, DbCallWriter
 
@@ -79,7 +84,7 @@ def create_proxy_app(
             budgets = TokenBudgets(
                 db_budget_reader(policy_engine),
                 settings.proxy_rollout_state_ttl_s,
-                lambda: stored_sink.stats().get("written", 0),
+                lambda: processed_rows(stored_sink.stats()),
             )
         rollouts = None
         if state_reader is not None:

@@ -9,13 +9,13 @@ left it refuses the call with HTTP 400 `token_budget_exhausted` in the family's 
 because the budget never comes back (SDKs retry a 429 in vain). The run-agent stage then ends the
 rollout `token_budget`: an agent outcome like `max_turns`, scored, its trajectory usable.
 
-Across proxy processes: what an attempt spent is read from the database rows every other proxy
-wrote (one query per calling rollout per `ttl_s`, not one per call), plus this process's calls
-whose rows its writer has not committed yet. Rows are written in submission order, so a call is
-counted locally until the writer's `written` counter passes its ordinal, read right after each
-query. The budget can be exceeded only by calls running at the same moment in different
-processes, or written between a query's snapshot and that counter read: each of those was
-clamped to what was left when it started.
+Across proxy processes: what an attempt spent is read from the database rows every proxy wrote
+(one query per calling rollout per `ttl_s`, not one per call; a job without a budget is read once
+per attempt), plus this process's calls whose rows its writer has not committed yet. Rows are
+written in submission order, so a call is counted locally until the writer's processed-rows
+counter passes its ordinal (read right after each query). The budget can be exceeded only by
+calls running at the same moment in different processes, or written between a query's snapshot
+and that counter read: each of those was clamped to what was left when it started.
 """
 
 from __future__ import annotations
@@ -74,6 +74,12 @@ def db_budget_reader(engine: Engine) -> BudgetReader:
     return read
 
 
+def processed_rows(stats: dict[str, int]) -> int:
+    """Rows the writer is done with, in submission order: written, or dropped or failed (never
+    to be stored). Counting the lost ones keeps the ordinals of later rows aligned."""
+    return stats.get("written", 0) + stats.get("dropped", 0) + stats.get("failed", 0)
+
+
 @dataclass(slots=True)
 class Account:
     """One attempt's budget as this process knows it (pure arithmetic, tested on its own)."""
@@ -84,6 +90,8 @@ class Account:
     unwritten: list[tuple[int, int]] = field(default_factory=list)
     """(writer ordinal, completion tokens) of this process's calls not in `stored` yet."""
     read_at: float = 0.0
+    final: bool = False
+    """Read, and without a budget: a job's budget never changes, so it is not read again."""
 
     @property
     def used(self) -> int:
@@ -100,6 +108,7 @@ class Account:
         """A fresh read: rows up to ordinal `written` are in the database, so in `stored`."""
         self.budget, self.stored, self.read_at = budget, stored, now
         self.unwritten = [(o, t) for o, t in self.unwritten if o > written]
+        self.final = budget is None
 
 
 def clamp_to_budget(body: dict[str, Any], left: int) -> dict[str, Any] | None:
@@ -140,7 +149,7 @@ class TokenBudgets:
         key = (rollout_id, attempt)
         account = self._accounts.get(key)
         now = self.clock()
-        if account is None or now - account.read_at > self.ttl_s:
+        if account is None or (not account.final and now - account.read_at > self.ttl_s):
             account = await self._refresh(key, account)
         return account.left
 

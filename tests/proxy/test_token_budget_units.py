@@ -17,6 +17,7 @@ from polar_mq.proxy.token_budget import (
     Account,
     TokenBudgets,
     clamp_to_budget,
+    processed_rows,
     within_budget,
 )
 from polar_mq.tokens import JUDGE, RolloutClaim
@@ -105,11 +106,16 @@ def test_budgets_clamp_then_refuse_and_read_once_per_ttl() -> None:
 
 
 def test_judge_calls_and_jobs_without_budget_are_never_limited() -> None:
-    budgets = TokenBudgets(FakeRows(None), ttl_s=2.0, written=lambda: 0)
+    rows = FakeRows(None)
+    clock = [0.0]
+    budgets = TokenBudgets(rows, ttl_s=2.0, written=lambda: 0, clock=lambda: clock[0])
     body = {"max_tokens": 1000}
 
     async def scenario() -> None:
         assert await within_budget(budgets, RolloutClaim(ROLLOUT, 2**40), body) is body
+        clock[0] = 100.0
+        assert await within_budget(budgets, RolloutClaim(ROLLOUT, 2**40), body) is body
+        assert rows.reads == 1  # no budget: never read again for this attempt
         judged = TokenBudgets(FakeRows(1), ttl_s=2.0, written=lambda: 0)
         judge = RolloutClaim(ROLLOUT, 2**40, purpose=JUDGE)
         assert await within_budget(judged, judge, body) is body
@@ -118,9 +124,22 @@ def test_judge_calls_and_jobs_without_budget_are_never_limited() -> None:
     asyncio.run(scenario())
 
 
-def test_unreadable_database_serves_without_a_budget() -> None:
-    def broken(rollout_id: uuid.UUID, attempt: int) -> tuple[int | None, int]:
-        raise OSError("database down")
+def test_unreadable_database_serves_without_a_budget_and_retries() -> None:
+    rows = FakeRows(10)
+    down = [True]
 
-    budgets = TokenBudgets(broken, ttl_s=2.0, written=lambda: 0)
+    def flaky(rollout_id: uuid.UUID, attempt: int) -> tuple[int | None, int]:
+        if down[0]:
+            raise OSError("database down")
+        return rows(rollout_id, attempt)
+
+    clock = [0.0]
+    budgets = TokenBudgets(flaky, ttl_s=2.0, written=lambda: 0, clock=lambda: clock[0])
     assert asyncio.run(budgets.left(ROLLOUT, 1)) is None
+    down[0], clock[0] = False, 3.0
+    assert asyncio.run(budgets.left(ROLLOUT, 1)) == 10  # read again once the period passed
+
+
+def test_processed_rows_count_lost_rows_to_keep_ordinals_aligned() -> None:
+    assert processed_rows({"written": 5, "dropped": 2, "failed": 1, "queued": 9}) == 8
+    assert processed_rows({"written": 3}) == 3
