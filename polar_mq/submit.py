@@ -53,11 +53,17 @@ class UnstorableValue(ValueError):
         self.problem = problem
 
 
-def _check_storable(value: Any, path: str) -> None:
-    """Refuse NaN/Infinity, NUL characters and lone surrogates anywhere in a submitted value.
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
-    Python's JSON parser accepts all three, PostgreSQL rejects them (JSONB has no NaN, text has no
-    NUL, UTF-8 has no surrogates); caught here they are a 422 naming the field, not a failed INSERT.
+
+def _check_storable(value: Any, path: str) -> None:
+    """Refuse NaN/Infinity, NUL characters, lone surrogates and integers past 64 bits anywhere in
+    a submitted value.
+
+    Python's JSON parser accepts all four, PostgreSQL rejects the first three (JSONB has no NaN,
+    text has no NUL, UTF-8 has no surrogates); caught here they are a 422 naming the field, not a
+    failed INSERT. JSONB stores a 100-digit integer, but every reader (orjson in the API's
+    answers, trainers in other languages) stops at 64 bits: stored, it made `GET /v1/jobs` a 500.
     """
     if isinstance(value, str):
         if "\x00" in value:
@@ -69,6 +75,10 @@ def _check_storable(value: Any, path: str) -> None:
     elif isinstance(value, float):
         if not math.isfinite(value):
             raise UnstorableValue(path, "NaN and infinite numbers cannot be stored")
+        if abs(value) > INT64_MAX:  # JSONB prints 1e300 as 301 digits: read back, an int
+            raise UnstorableValue(path, "numbers must be smaller than 2**63 in magnitude")
+    elif isinstance(value, int) and not INT64_MIN <= value <= INT64_MAX:
+        raise UnstorableValue(path, "integers must fit in 64 bits (signed)")
     elif isinstance(value, Mapping):
         for key, item in value.items():
             _check_storable(key, path)

@@ -21,6 +21,7 @@ from polar_mq.api.body_limit import BodyLimitMiddleware
 from polar_mq.api.broker_gate import BrokerGate
 from polar_mq.api.errors import body_timeout_response, install_error_handlers
 from polar_mq.api.routes import cancel, groups, health, jobs, policy, rollouts
+from polar_mq.api.schemas import EVERY_OPERATION, error_responses
 from polar_mq.body_timeout import BodyTimeoutMiddleware
 from polar_mq.config import Settings
 from polar_mq.db import create_db_engine, make_session_factory
@@ -84,6 +85,7 @@ def create_app(
         version=_version(),
         summary="Rollout-as-a-service for agentic RL",
         lifespan=lifespan,
+        responses=error_responses(*EVERY_OPERATION),
     )
     app.state.settings = settings
     app.state.authenticator = Authenticator()

@@ -19,6 +19,7 @@ from sqlalchemy.exc import DataError, OperationalError
 from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
+from polar_mq.api.allow import allowed_methods
 from polar_mq.api.responses import OrjsonResponse
 from polar_mq.body_timeout import BodyReadTimeout
 from polar_mq.jobs.deliveries import DeliveryConflict, UnknownDelivery
@@ -44,6 +45,7 @@ STATUS_TYPES: dict[int, str] = {
     503: "unavailable",
 }
 MAX_LISTED_ERRORS = 10
+FASTAPI_BODY_ERROR = "There was an error parsing the body"
 
 
 class ApiError(Exception):
@@ -151,13 +153,19 @@ async def _validation(_request: Request, exc: Exception) -> Response:
 async def _http(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     type_ = STATUS_TYPES.get(exc.status_code, "http_error")
+    headers = exc.headers
     if exc.status_code == 404 and exc.detail == "Not Found":
         message = f"no such endpoint: {request.method} {request.url.path}"
     elif exc.status_code == 405:
-        message = f"method {request.method} not allowed on {request.url.path}"
+        allow = ", ".join(allowed_methods(request))
+        message = f"method {request.method} not allowed on {request.url.path} (allowed: {allow})"
+        headers = {**(exc.headers or {}), "Allow": allow}
+    elif exc.status_code == 400 and exc.detail == FASTAPI_BODY_ERROR:
+        # A body FastAPI could not even decode (not UTF-8, say): the same error as bad JSON.
+        type_, message = "invalid_json", "request body is not valid JSON (not decodable as UTF-8)"
     else:
         message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
-    return error_response(exc.status_code, type_, message, headers=exc.headers)
+    return error_response(exc.status_code, type_, message, headers=headers)
 
 
 async def _api(_request: Request, exc: Exception) -> Response:

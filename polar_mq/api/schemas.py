@@ -48,12 +48,18 @@ class NotReadyResponse(BaseModel):
 
 
 def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    """OpenAPI entries for the error statuses a route can answer with."""
+    """OpenAPI entries for the error statuses a route can answer with, all in the error model.
+
+    The app declares the ones every operation can get (`EVERY_OPERATION`); routers add theirs
+    (401/403/503), routes the rest, so the schema lists exactly what a client may see.
+    """
     described = {
         400: "Malformed request (invalid JSON, invalid cursor)",
         401: "Missing or invalid API key",
         403: "The API key lacks the scope this route needs",
         404: "No such job, rollout or delivery (or it belongs to another tenant)",
+        408: "The request body did not arrive within the body read timeout (the connection is "
+        "closed after this answer)",
         409: "Idempotency key reused with a different body; a delivery superseded, acknowledged "
         "or leased by another consumer",
         413: "Request body too large",
@@ -65,6 +71,11 @@ def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
         status: {"model": ErrorResponse, "description": described.get(status, "Error")}
         for status in statuses
     }
+
+
+EVERY_OPERATION = (408, 413)
+"""Answered by the body-timeout and body-limit middlewares in front of every route, GETs
+included (a GET may carry a body too)."""
 
 
 # --------------------------------------------------------------------------------------------

@@ -13,6 +13,8 @@ import orjson
 
 from polar_mq.jobs.read_models import InvalidCursor
 
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
 
 def encode_cursor(values: Sequence[Any]) -> str:
     return base64.urlsafe_b64encode(orjson.dumps(list(values))).decode().rstrip("=")
@@ -30,13 +32,15 @@ def decode_cursor(cursor: str, kinds: Sequence[type]) -> list[Any]:
     out: list[Any] = []
     for value, kind in zip(values, kinds, strict=True):
         try:
-            if kind is datetime:
+            if kind is datetime and isinstance(value, str):
                 out.append(datetime.fromisoformat(value))
-            elif kind is uuid.UUID:
+            elif kind is uuid.UUID and isinstance(value, str):
                 out.append(uuid.UUID(value))
             elif kind is int and isinstance(value, int) and not isinstance(value, bool):
+                if not INT64_MIN <= value <= INT64_MAX:  # the database would refuse it
+                    raise ValueError(value)
                 out.append(value)
-            else:
+            else:  # forged: a value of another type (an int where an id was, say)
                 raise TypeError(value)
         except (TypeError, ValueError) as exc:
             raise InvalidCursor("cursor is not one this server handed out") from exc

@@ -1,10 +1,10 @@
 """Which samples of a group count, the group's reward statistics and GRPO advantages.
 
 A sample is *usable* when its rollout is terminal, ended with an agent outcome (completed,
-agent_error, timeout, max_turns) and has a reward. Infrastructure failures (runtime_error,
-backend_error, worker_lost, cancelled, stale) carry no reward: they are left out of the mean, the
-standard deviation and the advantages instead of being counted as 0, which would teach the policy
-that a crashed container is a wrong answer.
+agent_error, timeout, max_turns, token_budget) and has a reward. Infrastructure failures
+(runtime_error, backend_error, worker_lost, cancelled, stale) carry no reward: they are left out
+of the mean, the standard deviation and the advantages instead of being counted as 0, which would
+teach the policy that a crashed container is a wrong answer.
 
 GRPO advantage (DeepSeekMath's group-relative normalisation): `(r - mean) / (std + GRPO_EPS)` over
 the usable samples of one group, with the *population* standard deviation (divide by n, not

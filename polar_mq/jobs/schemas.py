@@ -164,8 +164,8 @@ class TimeoutSpec(StrictModel):
 class StopSpec(StrictModel):
     """Over-provisioning: ask for more rollouts than needed and stop once enough are usable.
 
-    Usable = ended with an agent outcome (completed, agent_error, timeout, max_turns) and scored;
-    infrastructure failures never count.
+    Usable = ended with an agent outcome (completed, agent_error, timeout, max_turns,
+    token_budget) and scored; infrastructure failures never count.
     """
 
     usable_samples_per_group: int | None = Field(
@@ -240,14 +240,40 @@ class StalenessSpec(StrictModel):
     )
 
 
+TASK_ITEM_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["instruction"],
+    "properties": {"instruction": {"type": "string", "minLength": 1, "pattern": r"\S"}},
+    "additionalProperties": True,
+}
+"""What `_tasks_have_instruction` checks, told to OpenAPI: a task is free-form except for its
+non-blank `instruction` (SWE fields are checked further, see `polar_mq.swe.spec`)."""
+
+
 class JobCreate(StrictModel):
-    tasks: list[dict[str, Any]] = Field(..., min_length=1, max_length=MAX_TASKS)
+    tasks: list[dict[str, Any]] = Field(
+        ...,
+        min_length=1,
+        max_length=MAX_TASKS,
+        description="task instances: an 'instruction' and whatever the evaluator needs",
+        json_schema_extra={"items": TASK_ITEM_SCHEMA},
+    )
     samples_per_task: int = Field(1, ge=1, le=MAX_SAMPLES, strict=True)
     harness: HarnessSpec = Field(default_factory=lambda: HarnessSpec())
     runtime: RuntimeSpec = Field(default_factory=RuntimeSpec)
     evaluator: str | dict[str, Any] = Field("completed", description="name, {name, …}, or path")
     builder: str = Field(
         "per_call", description="per_call, prefix_merge, or an import path 'package.module:attr'"
+    )
+    max_tokens_per_rollout: int | None = Field(
+        None,
+        ge=1,
+        le=2**31 - 1,
+        strict=True,
+        description="token budget of each rollout attempt: completion tokens its agent may "
+        "generate over all its calls (the proxy clamps each call to what is left and refuses "
+        "calls once it is spent; the rollout ends token_budget). Default and upper bound: the "
+        "tenant's max_tokens_per_rollout quota",
     )
     sampling: dict[str, Any] = Field(
         default_factory=dict,

@@ -46,6 +46,9 @@ class TerminationReason:
     AGENT_ERROR = "agent_error"
     TIMEOUT = "timeout"
     MAX_TURNS = "max_turns"
+    TOKEN_BUDGET = "token_budget"
+    """The agent spent the job's max_tokens_per_rollout; like max_turns, a truncated but usable
+    trajectory, scored by the evaluator."""
     RUNTIME_ERROR = "runtime_error"
     BACKEND_ERROR = "backend_error"
     WORKER_LOST = "worker_lost"
@@ -53,7 +56,7 @@ class TerminationReason:
     STALE = "stale"
     """Cancelled because its tokens had become too old for the trainer (on_stale: drop)."""
 
-    AGENT = frozenset({COMPLETED, AGENT_ERROR, TIMEOUT, MAX_TURNS})
+    AGENT = frozenset({COMPLETED, AGENT_ERROR, TIMEOUT, MAX_TURNS, TOKEN_BUDGET})
     INFRASTRUCTURE = frozenset({RUNTIME_ERROR, BACKEND_ERROR, WORKER_LOST, CANCELLED, STALE})
 
 

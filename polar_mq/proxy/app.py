@@ -30,6 +30,12 @@ from polar_mq.proxy.policy_sync import PolicySync, db_reader
 from polar_mq.proxy.record import SeqCounter
 from polar_mq.proxy.rollout_states import RolloutStates, StateReader, db_state_reader
 from polar_mq.proxy.state import ProxyState
+from polar_mq.proxy.token_budget import (
+    BudgetedSink,
+    TokenBudgets,
+    db_budget_reader,
+    processed_rows,
+)
 from polar_mq.proxy.tokenize import tokenize_routes
 from polar_mq.proxy.writer import CallSink, DbCallWriter
 
@@ -60,7 +66,10 @@ def create_proxy_app(
         pool = BackendPool.from_settings(settings, routes.FORWARDED_PATHS, upstream_transport)
         health = HealthChecker(pool, settings.health_interval_s, settings.health_timeout_s)
         health.start()
-        call_sink = sink if sink is not None else DbCallWriter.from_settings(settings)
+        budgets: TokenBudgets | None = None
+        stored_sink = sink if sink is not None else DbCallWriter.from_settings(settings)
+        # Budgets count the rows with their token ids, so inside the retokenizing sink.
+        call_sink: CallSink = BudgetedSink(stored_sink, lambda: budgets)
         if engine.FIDELITY == RETOKENIZED:  # ids from the backend's /tokenize, after the call
             call_sink = RetokenizingSink(call_sink, lambda name: pool.get(name).client)
         await call_sink.start()
@@ -72,6 +81,11 @@ def create_proxy_app(
             policy = PolicySync(pool, db_reader(policy_engine), settings.policy_sync_s)
             await policy.start()
             state_reader = state_reader or db_state_reader(policy_engine)
+            budgets = TokenBudgets(
+                db_budget_reader(policy_engine),
+                settings.proxy_rollout_state_ttl_s,
+                lambda: processed_rows(stored_sink.stats()),
+            )
         rollouts = None
         if state_reader is not None:
             rollouts = RolloutStates(state_reader, settings.proxy_rollout_state_ttl_s)
@@ -87,6 +101,7 @@ def create_proxy_app(
             engine=engine,
             metrics=ProxyMetrics(call_sink.stats),
             rollouts=rollouts,
+            budgets=budgets,
         )
         try:
             yield

@@ -17,6 +17,7 @@ from polar_mq.proxy.record import new_call
 from polar_mq.proxy.rollout_states import Refusal
 from polar_mq.proxy.sampling import enforce
 from polar_mq.proxy.state import ProxyState
+from polar_mq.proxy.token_budget import within_budget
 from polar_mq.proxy.writer import CallsNotStored
 
 CHAT_PATH = "/v1/chat/completions"
@@ -38,13 +39,15 @@ async def _generate(request: Request, api_type: str, path: str) -> Response:
     if isinstance(body, Response):
         return state.metrics.refused(api_type, body)
     enforced = enforce(claim.sampling, body)  # the job's sampling policy, from the token
-    sent = body if enforced is None else enforced[0]
+    sent = await within_budget(state.budgets, claim, body if enforced is None else enforced[0])
+    if isinstance(sent, Refusal):
+        return state.metrics.refused(api_type, openai_refusal(sent))
     upstream_body, view = state.engine.rewrite_request(api_type, sent, state.served_model)
     seq = state.seqs.next(claim.rollout_id)
     call = new_call(
         claim.rollout_id, seq, api_type, body, upstream_body, view, claim.purpose, claim.attempt
     )
-    if enforced is not None:  # stored with the call: the values the engine used
+    if sent is not body:  # stored with the call: the values the engine used
         call.engine_request = upstream_body
     if call.stream:
         return await forward_stream(state, call, path, upstream_body)

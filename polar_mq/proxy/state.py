@@ -13,6 +13,7 @@ from polar_mq.proxy.engines.base import Engine
 from polar_mq.proxy.metrics import ProxyMetrics
 from polar_mq.proxy.record import SeqCounter
 from polar_mq.proxy.rollout_states import RolloutStates
+from polar_mq.proxy.token_budget import TokenBudgets
 from polar_mq.proxy.writer import CallSink
 
 
@@ -36,3 +37,5 @@ class ProxyState:
     knows the proxy restarted under it (an infrastructure failure, not the policy's)."""
     rollouts: RolloutStates | None = None
     """Which rollouts may still call (None: not checked, the proxy has no database)."""
+    budgets: TokenBudgets | None = None
+    """Each rollout attempt's completion-token budget (None: not enforced, no database)."""

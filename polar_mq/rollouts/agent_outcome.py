@@ -9,6 +9,9 @@ after the agent exits, what the platform saw decides:
   overloaded; a 404: the engine does not serve the model the job named) -> `backend_error`;
 - no LLM call of the agent reached the proxy at all -> `runtime_error` (the harness failed before
   the policy acted: misconfigured, missing, crashed at start);
+- the attempt spent the job's `max_tokens_per_rollout` (the proxy refused its further calls) ->
+  `token_budget`, an agent outcome like `max_turns` (checked first: a spent budget is why the
+  agent stopped, whatever it did next);
 - otherwise the agent's own outcome: `completed`, `timeout`, or `agent_error`.
 
 A clean exit (0) is always `completed`: the agent got through whatever happened. The infrastructure
@@ -38,6 +41,8 @@ class CallSummary:
 
     calls: int
     last_status: int | None
+    completion_tokens: int = 0
+    """Completion tokens of those calls (what `max_tokens_per_rollout` bounds)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,9 +64,12 @@ def summarize_calls(
     last = (
         select(LlmCall.status_code).where(*mine).order_by(LlmCall.seq.desc()).limit(1)
     ).scalar_subquery()
+    tokens = func.coalesce(func.sum(func.length(LlmCall.completion_ids)), 0)  # 4 bytes each
     with session_factory() as session:
-        row = session.execute(select(func.count(), last).select_from(LlmCall).where(*mine)).one()
-    return CallSummary(int(row[0]), row[1])
+        row = session.execute(
+            select(func.count(), last, tokens).select_from(LlmCall).where(*mine)
+        ).one()
+    return CallSummary(int(row[0]), row[1], int(row[2] or 0) // 4)
 
 
 def classify(
@@ -69,8 +77,12 @@ def classify(
     calls: CallSummary,
     agent_started: datetime,
     proxy_started_at: float | None,
+    token_budget: int | None = None,
 ) -> AgentOutcome:
     """The termination reason of an agent run (see the module docstring)."""
+    if token_budget is not None and calls.completion_tokens >= token_budget:
+        # The proxy refused its calls from here on: the policy's own truncation, like max_turns.
+        return AgentOutcome(TerminationReason.TOKEN_BUDGET)
     if result.ok:
         return AgentOutcome(TerminationReason.COMPLETED)
     if proxy_started_at is not None and proxy_started_at > agent_started.timestamp():

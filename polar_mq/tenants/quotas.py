@@ -6,9 +6,10 @@ Three limits, each `None` for "no limit":
   never succeed as it is);
 - `max_rollouts_in_flight`: rollouts of the tenant not yet terminal (held, queued or in any stage),
   counting the new job's (over it: 429, retry once some finish);
-- `max_tokens_per_rollout`: the job's `sampling.max_tokens`, the completion budget the proxy
-  enforces on every call of the agent. It is checked where that is cheap, at submit: a job without
-  one gets the limit, a larger one or one the proxy would not enforce (`enforce` off) is a 422.
+- `max_tokens_per_rollout`: the completion tokens one rollout attempt may generate over all its
+  calls (the job's `max_tokens_per_rollout`, enforced by the proxy: `polar_mq.proxy.token_budget`)
+  and so also any one call (`sampling.max_tokens`). At submit a job without them gets the limit;
+  a larger value, or a per-call limit the proxy would not enforce (`enforce` off), is a 422.
 
 Limits come from Settings (`quota_*` for every tenant, `tenant_quotas` per tenant) and can be
 overridden per API key. The checks run inside the job's own transaction, after the idempotency
@@ -68,13 +69,19 @@ def tenant_quota(settings: Settings, tenant: str, key: QuotaLimits | None = None
 
 
 def with_token_limit(spec: JobCreate, limit: int | None) -> JobCreate:
-    """`spec` with `sampling.max_tokens` set to `limit` when it has none (the proxy clamps to it).
+    """`spec` with `sampling.max_tokens` (per call) and `max_tokens_per_rollout` (the whole
+    rollout's budget, `polar_mq.proxy.token_budget`) set to `limit` where it has none.
 
     Deterministic, so an idempotent resubmission compares equal to the stored job.
     """
-    if limit is None or "max_tokens" in spec.sampling:
+    if limit is None:
         return spec
-    return spec.model_copy(update={"sampling": {**spec.sampling, "max_tokens": limit}})
+    update: dict[str, object] = {}
+    if "max_tokens" not in spec.sampling:
+        update["sampling"] = {**spec.sampling, "max_tokens": limit}
+    if spec.max_tokens_per_rollout is None:
+        update["max_tokens_per_rollout"] = limit
+    return spec.model_copy(update=update) if update else spec
 
 
 def check_quota(session: Session, owner: Owner, spec: JobCreate) -> None:
@@ -126,6 +133,14 @@ def rollouts_in_flight(session: Session, tenant: str) -> int:
 def _check_tokens(spec: JobCreate, limit: int | None) -> None:
     if limit is None:
         return
+    budget = spec.max_tokens_per_rollout
+    if budget is not None and budget > limit:
+        raise QuotaExceeded(
+            422,
+            "max_tokens_per_rollout",
+            f"max_tokens_per_rollout = {budget} is over the tenant's max_tokens_per_rollout = "
+            f"{limit}",
+        )
     rule = sampling_policy(spec.sampling).get("max_tokens")
     if rule is None:
         raise QuotaExceeded(

@@ -178,6 +178,9 @@ def test_max_tokens_per_rollout(http: httpx.Client, factory: sessionmaker[Sessio
     # a budget the proxy would not enforce is no budget
     unenforced = job(1, sampling={"max_tokens": 64, "enforce": {"max_tokens": "off"}})
     refused(q.submit(unenforced), 422, "max_tokens_per_rollout = 256")
+    # the whole rollout's budget is bounded by the same quota
+    over = {**job(1), "max_tokens_per_rollout": 257}
+    refused(q.submit(over), 422, "max_tokens_per_rollout = 257 is over the tenant's")
     assert q.rows() == before
     # a job without a budget gets the limit; a smaller one is kept
     filled = q.submit(job(1))
@@ -185,8 +188,13 @@ def test_max_tokens_per_rollout(http: httpx.Client, factory: sessionmaker[Sessio
     assert filled.status_code == kept.status_code == 201
     spec = http.get(f"/v1/jobs/{filled.json()['job_id']}", headers=q.headers).json()["spec"]
     assert spec["sampling"] == {"max_tokens": 256}
+    assert spec["max_tokens_per_rollout"] == 256
     spec = http.get(f"/v1/jobs/{kept.json()['job_id']}", headers=q.headers).json()["spec"]
     assert spec["sampling"] == {"max_tokens": 32, "temperature": 0.5}
+    smaller = q.submit({**job(1), "max_tokens_per_rollout": 100})
+    assert smaller.status_code == 201, smaller.text
+    spec = http.get(f"/v1/jobs/{smaller.json()['job_id']}", headers=q.headers).json()["spec"]
+    assert spec["max_tokens_per_rollout"] == 100
     # a key can raise its tenant's limit
     wide = Tenant(http, factory, "quota-q", QuotaLimits(max_tokens_per_rollout=1024))
     assert wide.submit(job(1, sampling={"max_tokens": 1000})).status_code == 201

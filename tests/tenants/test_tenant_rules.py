@@ -69,3 +69,10 @@ def test_token_limit_fills_only_a_missing_budget() -> None:
     assert with_token_limit(spec, 64).sampling == {"max_tokens": 64}
     own = JobCreate.model_validate({"tasks": [{"instruction": "x"}], "sampling": {"max_tokens": 8}})
     assert with_token_limit(own, 64).sampling == {"max_tokens": 8}
+    assert with_token_limit(spec, 64).max_tokens_per_rollout == 64  # the rollout's budget too
+    budgeted = JobCreate.model_validate(
+        {"tasks": [{"instruction": "x"}], "max_tokens_per_rollout": 32}
+    )
+    assert with_token_limit(budgeted, 64).max_tokens_per_rollout == 32
+    with pytest.raises(ValueError):  # strict: no "32" or true
+        JobCreate.model_validate({"tasks": [{"instruction": "x"}], "max_tokens_per_rollout": "32"})

@@ -41,3 +41,21 @@ def test_classify(
     assert outcome.reason == reason
     assert outcome.infrastructure == (reason in ("backend_error", "runtime_error"))
     assert (outcome.why is not None) == outcome.infrastructure
+
+
+@pytest.mark.parametrize(
+    ("run", "calls", "budget", "reason"),
+    [
+        (result(1), CallSummary(5, 200, completion_tokens=40), 40, "token_budget"),  # refused
+        (result(0), CallSummary(5, 200, completion_tokens=41), 40, "token_budget"),  # gave up
+        (result(1), CallSummary(5, 200, completion_tokens=39), 40, "agent_error"),  # not spent
+        (result(0), CallSummary(5, 200, completion_tokens=39), 40, "completed"),
+        (result(1), CallSummary(5, 200, completion_tokens=10**6), None, "agent_error"),
+    ],
+)
+def test_spent_token_budget_is_the_agents_outcome(
+    run: ExecResult, calls: CallSummary, budget: int | None, reason: str
+) -> None:
+    outcome = classify(run, calls, STARTED, BEFORE, budget)
+    assert outcome.reason == reason
+    assert not outcome.infrastructure  # scored, like max_turns

@@ -58,7 +58,14 @@ def _lease_once(request: Request, job_id: uuid.UUID, body: LeaseRequest) -> Grou
         )  # fmt: skip
 
 
-@router.post("/{job_id}/groups/lease", response_model=GroupLease)
+@router.post(
+    "/{job_id}/groups/lease",
+    response_model=GroupLease,
+    responses={
+        204: {"description": "The trainer disconnected during the long-poll: nothing leased"},
+        **error_responses(400),
+    },
+)
 async def lease_groups(job_id: uuid.UUID, body: LeaseRequest, request: Request) -> Response:
     """Lease complete groups in completion order; long-polls up to `wait_s` for the first one.
 
@@ -78,7 +85,9 @@ async def lease_groups(job_id: uuid.UUID, body: LeaseRequest, request: Request) 
             return Response(status_code=204)
 
 
-@router.post("/{job_id}/groups/ack", response_model=AckResult, responses=error_responses(404, 409))
+@router.post(
+    "/{job_id}/groups/ack", response_model=AckResult, responses=error_responses(400, 404, 409)
+)
 def ack_groups(job_id: uuid.UUID, body: DeliveriesRequest, session: SessionDep) -> Response:
     """Acknowledge deliveries (all or nothing): their groups are never handed out again.
 
@@ -91,7 +100,7 @@ def ack_groups(job_id: uuid.UUID, body: DeliveriesRequest, session: SessionDep) 
 
 
 @router.post(
-    "/{job_id}/groups/extend", response_model=ExtendResult, responses=error_responses(404, 409)
+    "/{job_id}/groups/extend", response_model=ExtendResult, responses=error_responses(400, 404, 409)
 )
 def extend_leases(job_id: uuid.UUID, body: ExtendRequest, session: SessionDep) -> Response:
     """Push the leases of unacked deliveries to now + `lease_s` (all or nothing).
@@ -109,6 +118,33 @@ def _event(kind: str, data: Any, event_id: str | None = None) -> bytes:
     return head.encode() + b"data: " + orjson.dumps(data) + b"\n\n"
 
 
+def _event_schema(event: str, data_model: str, *, with_id: bool) -> dict[str, Any]:
+    """One kind of event of the stream as OpenAPI 3.1 describes an `text/event-stream` item: the
+    fields of the event, its `data` a JSON document of `data_model`."""
+    properties: dict[str, Any] = {
+        "event": {"const": event},
+        "data": {
+            "type": "string",
+            "contentMediaType": "application/json",
+            "contentSchema": {"$ref": f"#/components/schemas/{data_model}"},
+        },
+    }
+    if with_id:
+        properties["id"] = {"type": "string", "description": "the delivery id"}
+    required = ["event", "data", *(["id"] if with_id else [])]
+    return {"type": "object", "properties": properties, "required": required,
+            "additionalProperties": False}  # fmt: skip
+
+
+STREAM_EVENT_SCHEMA = {
+    "oneOf": [
+        _event_schema("group", "DeliveredGroup", with_id=True),
+        _event_schema("end", "GroupLease", with_id=False),
+    ]
+}
+"""Each event of the group stream (the comment lines sent as heartbeats are not events)."""
+
+
 @router.get(
     "/{job_id}/groups/stream",
     response_class=StreamingResponse,
@@ -117,7 +153,7 @@ def _event(kind: str, data: Any, event_id: str | None = None) -> bytes:
             "description": "Server-sent events: `group` (data: a leased group with its "
             "`delivery`; id: the delivery id), `end` (data: the final lease counters), and "
             "comment lines as heartbeats while waiting",
-            "content": {"text/event-stream": {"schema": {"type": "string"}}},
+            "content": {"text/event-stream": {"schema": STREAM_EVENT_SCHEMA}},
         }
     },
 )

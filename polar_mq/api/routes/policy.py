@@ -38,14 +38,19 @@ MAX_DRAIN_S = 600.0
 class PolicyRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    version: int = Field(..., ge=0, le=2**31 - 1, description="the new policy version")
+    version: int = Field(..., ge=0, le=2**31 - 1, strict=True, description="the new policy version")
     pause: bool = Field(
         False,
+        strict=True,
         description="hold new LLM calls and drain the ones in flight before answering; call "
         "/v1/policy/resume once the new weights are loaded",
     )
     drain_timeout_s: float = Field(
-        30.0, ge=0, le=MAX_DRAIN_S, description="pause: wait at most this long for the drain"
+        30.0,
+        ge=0,
+        le=MAX_DRAIN_S,
+        strict=True,
+        description="pause: wait at most this long for the drain",
     )
 
 
@@ -72,7 +77,7 @@ def get_policy(request: Request) -> Response:
     return OrjsonResponse(asdict(_service(request).get()))
 
 
-@router.post("", response_model=PolicyUpdate, responses=error_responses(409))
+@router.post("", response_model=PolicyUpdate, responses=error_responses(400, 409))
 def set_policy(body: PolicyRequest, request: Request) -> Response:
     """Declare a new policy version (versions only go forward; repeating one is a no-op).
 

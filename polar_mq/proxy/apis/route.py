@@ -35,6 +35,7 @@ from polar_mq.proxy.record import new_call
 from polar_mq.proxy.rollout_states import Refusal
 from polar_mq.proxy.sampling import enforce
 from polar_mq.proxy.state import ProxyState
+from polar_mq.proxy.token_budget import within_budget
 
 CHAT_PATH = "/v1/chat/completions"
 JSON_HEADERS = {"content-type": "application/json"}
@@ -99,7 +100,12 @@ async def forward_family(request: Request, family: ApiFamily) -> Response:
         refusal = family.error_response(exc.status, exc.kind, exc.message)
         return state.metrics.refused(family.NAME, refusal)
     enforced = enforce(claim.sampling, translation.chat)  # the job's sampling policy
-    chat = translation.chat if enforced is None else enforced[0]
+    chat = await within_budget(
+        state.budgets, claim, translation.chat if enforced is None else enforced[0]
+    )
+    if isinstance(chat, Refusal):
+        refusal = family.error_response(chat.status, kind_of_status(chat.status), chat.message)
+        return state.metrics.refused(family.NAME, refusal)
     upstream_body, view = state.engine.rewrite_request(CHAT, chat, state.served_model)
     seq = state.seqs.next(claim.rollout_id)
     call = new_call(

@@ -157,7 +157,8 @@ def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
         ) from exc
     rollout = claimed.rollout
     calls = summarize_calls(ctx.session_factory, rollout.id, rollout.attempt)
-    outcome = classify(result, calls, agent_started, flushed.get("started_at"))
+    budget = spec.get("max_tokens_per_rollout")
+    outcome = classify(result, calls, agent_started, flushed.get("started_at"), budget)
     if outcome.infrastructure:  # never scored: the platform failed, not the policy
         message = f"{_error_text(result)}\n{outcome.why}"  # the why last: tails are kept
         if outcome.reason == TerminationReason.BACKEND_ERROR:
