@@ -146,6 +146,8 @@ class LocalRuntime(Runtime):
         if not agent.switch:
             return
         self.path.chmod(0o711)
+        if self.root.stat().st_uid == os.geteuid():
+            self.root.chmod(0o711)  # an agent cannot list the other runtimes' ids either
         for directory in self._agent_dirs():
             os.lchown(directory, agent.uid, agent.gid)
 

@@ -64,6 +64,7 @@ def _install_task(runtime: Runtime, instance: dict[str, Any], timeout: float) ->
         detail["repo"] = {"commit": done.commit, "source": done.source, "seconds": done.seconds}
     task = agent_task(instance, commit)
     runtime.upload(orjson.dumps(task, option=orjson.OPT_INDENT_2), TASK_FILE)
+    runtime.hand_over()  # the checkout is the worker's until now; the agent (not root) edits it
     return detail
 
 
