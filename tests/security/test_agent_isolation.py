@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import httpx
@@ -106,7 +106,7 @@ def run_probe(
     stack: LocalStack,
     db: sessionmaker[Session],
     victim: Path,
-    runtime: dict[str, object],
+    runtime: Mapping[str, object],
 ) -> tuple[dict[str, str], str, int]:
     """Run the probe as one rollout; return its `NAME=outcome` lines, its log and its calls."""
     probe = PROBE.format(
