@@ -31,6 +31,7 @@ import orjson
 
 from polar_mq.harnesses.presets.setup import (
     HarnessMissing,
+    check_agent_reaches,
     check_in_image,
     ensure_installed,
     runtime_spec_for,
@@ -109,6 +110,8 @@ def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
         runtime, detail = get(ctx, claimed, timeout)
         if docker:  # ... or baked into the image (the runtime is released by the runner)
             check_in_image(runtime, harness_spec, str(runtime_spec.get("image")))
+        else:  # ... and within the agent user's reach
+            check_agent_reaches(runtime, harness_spec, ctx.settings.harness_root)
     except (RecipeFailed, HarnessMissing, CheckoutError, TaskSpecError) as exc:
         raise StageFailure(TerminationReason.RUNTIME_ERROR, str(exc)) from exc
     node = ctx.settings.node_name
