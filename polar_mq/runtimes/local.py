@@ -26,6 +26,7 @@ import resource
 import selectors
 import shutil
 import signal
+import stat
 import subprocess
 import tempfile
 import time
@@ -146,8 +147,11 @@ class LocalRuntime(Runtime):
         if not agent.switch:
             return
         self.path.chmod(0o711)
-        if self.root.stat().st_uid == os.geteuid():
-            self.root.chmod(0o711)  # an agent cannot list the other runtimes' ids either
+        info = self.root.stat()
+        if info.st_uid == os.geteuid() and not info.st_mode & stat.S_ISVTX:
+            # enterable, not listable: an agent cannot read the other runtimes' ids (a shared
+            # sticky directory such as /tmp itself is left alone)
+            self.root.chmod(stat.S_IMODE(info.st_mode) & ~0o044)
         for directory in self._agent_dirs():
             os.lchown(directory, agent.uid, agent.gid)
 
