@@ -181,6 +181,11 @@ class LocalRuntime(Runtime):
     def upload(self, data: bytes, dest: str) -> None:
         """Write a file the agent owns (and the directories made for it), so it can use it."""
         target = self._resolve(dest)
+        # only into the agent's own directories: a link the agent planted must not make the
+        # worker overwrite the runtime's records (runtime.json names the user commands run as)
+        mine = [d.resolve() for d in self._agent_dirs()]
+        if not any(target.is_relative_to(d) and target != d for d in mine):
+            raise ValueError(f"path {dest!r} is outside the workspace, home and tmp directories")
         made = [p for p in target.parents if p.is_relative_to(self.path) and not p.exists()]
         _atomic_write(target, data)
         agent = self.agent

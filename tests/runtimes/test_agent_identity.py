@@ -144,3 +144,20 @@ def test_bwrap_runs_commands_as_the_agent_without_capabilities(open_root: Path) 
         assert (rt.workdir / "x").stat().st_uid == NOBODY
     finally:
         rt.stop()
+
+
+@as_root
+def test_an_agent_link_never_hands_it_the_runtime_records(open_root: Path) -> None:
+    """The worker writing through a link the agent planted must not give it `runtime.json`
+    (which names the user commands run as)."""
+    rt = LocalRuntime("rt-link", open_root, agent=AGENT)
+    rt.start()
+    try:
+        assert rt.exec("ln -s ../runtime.json planted").ok
+        with pytest.raises(ValueError, match="outside the workspace"):
+            rt.upload(b'{"agent": {"uid": 0, "gid": 0, "name": "root"}}', "planted")
+        assert rt.agent == AGENT and (rt.path / "runtime.json").stat().st_uid == 0
+        assert rt.exec("echo x > ../runtime.json").exit_code != 0  # not the agent's to write
+        assert rt.exec("id -u").stdout_tail.strip() == str(NOBODY)
+    finally:
+        rt.stop()
