@@ -60,8 +60,9 @@ class ProxyRelay:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        # not joined: a blocked accept on a Unix socket wakes only at its next poll, and waiting
+        # for it would add up to that much to every command; the thread ends by itself then
         self._closed.set()
-        self._thread.join(_ACCEPT_POLL_S * 4)
         self._cleanup()
 
     def _cleanup(self) -> None:
