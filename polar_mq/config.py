@@ -153,6 +153,11 @@ class Settings(BaseSettings):
     )
 
     runtime_root: Path = Field(Path("/tmp/polar_mq/runtimes"))
+    agent_user: str | None = Field(
+        None,
+        description="who agents run as when the worker is root: a user name or uid[:gid] "
+        "(default: the user polar-agent if it exists, else nobody); never root",
+    )
     harness_root: Path = Field(
         Path.home() / ".cache" / "polar_mq" / "harnesses",
         description="installed harness presets, one directory per name/version (harness install)",

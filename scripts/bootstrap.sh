@@ -13,3 +13,8 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/pip install -q -e '.[dev]'
   touch "$stamp"
 fi
+# The unprivileged user agents run as when a worker runs as root (POLAR_MQ_AGENT_USER's default;
+# without it agents run as nobody). See docs/hardening.md.
+if [ "$(id -u)" = 0 ] && ! id polar-agent >/dev/null 2>&1 && command -v useradd >/dev/null 2>&1; then
+  useradd --system --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin polar-agent
+fi

@@ -105,8 +105,10 @@ class RuntimeSpec(StrictModel):
     image: str | None = Field(
         None, min_length=1, max_length=500, description="docker: an image present on the nodes"
     )
-    network: Literal["host", "none"] = Field(
-        "host", description="bwrap/docker: host (reaches the proxy) or none (no network at all)"
+    network: Literal["host", "none", "proxy_only"] = Field(
+        "host",
+        description="bwrap/docker: host (the node's network), none (no network at all) or, bwrap "
+        "only, proxy_only (the proxy and nothing else; see docs/hardening.md)",
     )
     memory_mb: int | None = Field(None, ge=16, strict=True)
     cpu_seconds: int | None = Field(None, ge=1, strict=True)

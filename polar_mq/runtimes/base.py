@@ -107,6 +107,20 @@ class Runtime(ABC):
     def start(self) -> None:
         """Create the sandbox; calling it on an existing sandbox is a no-op."""
 
+    def hand_over(self) -> None:
+        """Give the agent everything the worker wrote into the workspace (e.g. a checkout).
+
+        Agents run as an unprivileged user (`identity.py`); files the worker made are its own
+        until handed over. A no-op for runtimes whose commands run as the worker."""
+        return None
+
+    def agent_proxy_url(self, url: str) -> str:
+        """The address an agent in this sandbox uses to reach the proxy at `url`.
+
+        `url` itself unless the sandbox's network policy routes the proxy through a relay
+        (`network: proxy_only`), which this call also sets up for the commands that follow."""
+        return url
+
     @abstractmethod
     def exec(
         self,

@@ -7,7 +7,15 @@ and tmp directories writable at the same paths as on the host (so `workdir`, tas
 pid, ipc and uts namespaces. Nothing else of the host is visible: not the other runtimes under the
 same root, not the worker's home or the repository. All capabilities are dropped, also when the
 worker runs as root. Network: `host` shares the node's network namespace (the proxy on 127.0.0.1 is
-reachable) and `none` gives the command an empty one (loopback only, nothing outside).
+reachable), `none` gives the command an empty one (loopback only, nothing outside), and
+`proxy_only` an empty one plus the proxy: `agent_proxy_url` records the proxy's address and
+returns `http://127.0.0.1:8010/...`, where `forwarder.py` listens inside the sandbox and relays to
+a Unix socket that the worker serves for the duration of the command (`proxy_relay.py`).
+
+Never root: when the worker is root, bwrap starts as root (it needs to build the namespaces) with
+every capability dropped but CAP_SETUID/CAP_SETGID, and the command is started through `setpriv`
+as the node's agent identity (`identity.py`), which clears those two as well. The private `/proc`
+then shows the sandbox's own processes only, and the agent owns nothing but its directories.
 
 Lifetime: each exec is one pid namespace whose init is bwrap's own. When the command exits, or
 when that init is killed, the kernel kills every process left in the namespace, daemons included;
@@ -27,19 +35,27 @@ import signal
 import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Literal
+from urllib.parse import urlsplit, urlunsplit
 
 import psutil
 
 import polar_mq
-from polar_mq.runtimes import cgroups
+from polar_mq.runtimes import cgroups, forwarder
 from polar_mq.runtimes.base import ExecResult, ResourceLimits
+from polar_mq.runtimes.identity import AgentIdentity
 from polar_mq.runtimes.local import LocalRuntime, _atomic_write, _signal_all, _wait_gone
+from polar_mq.runtimes.proxy_relay import ProxyRelay
 
-Network = Literal["host", "none"]
-NETWORKS: tuple[Network, ...] = ("host", "none")
+Network = Literal["host", "none", "proxy_only"]
+NETWORKS: tuple[Network, ...] = ("host", "none", "proxy_only")
+PROXY_PORT_INSIDE = 8010
+"""Where `proxy_only` sandboxes find the proxy (their loopback is their own: any port is free)."""
+PROXY_SOCKET_INSIDE = "/run/polar-mq/proxy.sock"
 _SETTINGS_FILE = "bwrap.json"
+_ROUTE_FILE = "proxy_route.json"
 _SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt")
 # Enter the sandbox's cgroup, then become bwrap: the shell's pid is the future bwrap's pid, so
 # nothing forks outside the group. $0 is the group's cgroup.procs file.
@@ -81,10 +97,13 @@ class BwrapRuntime(LocalRuntime):
         ro_binds: Sequence[str | Path] = (),
         kill_grace_s: float = 2.0,
         drain_s: float = 0.5,
+        agent: AgentIdentity | None = None,
     ) -> None:
         # absolute: the directories are bound at the same paths inside the sandbox
         root = Path(root).resolve()
-        super().__init__(runtime_id, root, limits, kill_grace_s=kill_grace_s, drain_s=drain_s)
+        super().__init__(
+            runtime_id, root, limits, kill_grace_s=kill_grace_s, drain_s=drain_s, agent=agent
+        )
         if network not in NETWORKS:
             raise ValueError(f"bwrap network must be one of {', '.join(NETWORKS)}, not {network!r}")
         if pids_limit is not None and (not isinstance(pids_limit, int) or pids_limit < 1):
@@ -127,7 +146,36 @@ class BwrapRuntime(LocalRuntime):
         left = _wait_gone(members, 5.0)
         return sorted(set(survivors) | {p.pid for p in left})
 
+    def _choose_agent(self) -> AgentIdentity:
+        """No reachability check: the sandbox mounts the directories at their paths itself."""
+        from polar_mq.runtimes import identity
+
+        return self._agent or identity.node_identity()
+
+    # -- proxy route (network: proxy_only) ------------------------------------------------------
+
+    def agent_proxy_url(self, url: str) -> str:
+        if self._recorded().get("network") != "proxy_only":
+            return url
+        parts = urlsplit(url)
+        if parts.scheme != "http" or not parts.hostname:
+            raise ValueError(f"network proxy_only relays plain http proxies only, not {url!r}")
+        route = {"host": parts.hostname, "port": parts.port or 80}
+        _atomic_write(self.path / _ROUTE_FILE, json.dumps(route).encode())
+        inside = f"127.0.0.1:{PROXY_PORT_INSIDE}"
+        return urlunsplit(("http", inside, parts.path, parts.query, parts.fragment))
+
+    def _proxy_route(self) -> tuple[str, int] | None:
+        try:
+            route = json.loads((self.path / _ROUTE_FILE).read_text())
+            return str(route["host"]), int(route["port"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
     # -- processes -----------------------------------------------------------------------------
+
+    def _launch_as(self) -> AgentIdentity | None:
+        return None  # bwrap needs the worker's privileges; the command switches inside
 
     def exec(
         self,
@@ -144,16 +192,19 @@ class BwrapRuntime(LocalRuntime):
             raise RuntimeError(f"runtime {self.runtime_id} is not started (no {self.workdir})")
         inner = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
         inner_cwd = self._resolve(cwd) if cwd else self.workdir
-        argv = self._sandbox_argv(inner, inner_cwd)
-        return super().exec(
-            argv,
-            env=env,
-            cwd=cwd,
-            timeout=timeout,
-            inactivity_timeout=inactivity_timeout,
-            activity=activity,
-            stdout_path=stdout_path,
-        )
+        route = self._proxy_route() if self._recorded().get("network") == "proxy_only" else None
+        with ProxyRelay(route, self.agent) if route else nullcontext() as relay:
+            socket_path = relay.socket_path if relay is not None else None
+            argv = self._sandbox_argv(inner, inner_cwd, socket_path)
+            return super().exec(
+                argv,
+                env=env,
+                cwd=cwd,
+                timeout=timeout,
+                inactivity_timeout=inactivity_timeout,
+                activity=activity,
+                stdout_path=stdout_path,
+            )
 
     def _recorded(self) -> dict[str, object]:
         try:
@@ -162,8 +213,17 @@ class BwrapRuntime(LocalRuntime):
             return {"network": self.network, "pids_limit": self.pids_limit, "ro": self.ro_binds}
         return recorded if isinstance(recorded, dict) else {}
 
-    def _sandbox_argv(self, inner: list[str], cwd: Path) -> list[str]:
+    def _sandbox_argv(
+        self, inner: list[str], cwd: Path, proxy_socket: Path | None = None
+    ) -> list[str]:
         settings = self._recorded()
+        agent = self.agent
+        if proxy_socket is not None:
+            relay = [sys.executable, "-I", "-S", forwarder.__file__, str(PROXY_PORT_INSIDE)]
+            inner = [*relay, PROXY_SOCKET_INSIDE, *inner]
+        if agent.switch:
+            ids = [f"--reuid={agent.uid}", f"--regid={agent.gid}", "--clear-groups"]
+            inner = ["setpriv", *ids, "--", *inner]
         argv = [
             "bwrap",
             "--die-with-parent",  # the exec's caller is gone: nobody would read or reap it
@@ -176,19 +236,26 @@ class BwrapRuntime(LocalRuntime):
             "--cap-drop",
             "ALL",
         ]
-        if settings.get("network") == "none":
+        if agent.switch:  # only for setpriv, which drops them with root
+            argv += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+        if settings.get("network") in ("none", "proxy_only"):
             argv.append("--unshare-net")
         # /tmp first: a bind below it (a checkout or venv under /tmp) is mounted onto the tmpfs
         # instead of being hidden by it
         argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
         ro = [*_SYSTEM_DIRS, *_python_dirs(), *_as_strs(settings.get("ro"))]
+        made: set[str] = {"/", "/tmp"}
         for path in dict.fromkeys(ro):  # ordered, no duplicates
             if os.path.islink(path):
+                made.add(path)
                 argv += ["--symlink", os.readlink(path), path]
-            else:
-                argv += ["--ro-bind-try", path, path]
+            elif os.path.exists(path):
+                argv += [*_parent_dirs(path, made), "--ro-bind", path, path]
         for directory in (self.workdir, self.path / "home", self.path / "tmp"):
-            argv += ["--bind", str(directory), str(directory)]
+            argv += [*_parent_dirs(str(directory), made), "--bind", str(directory), str(directory)]
+        if proxy_socket is not None:
+            argv += [*_parent_dirs(PROXY_SOCKET_INSIDE, made)]
+            argv += ["--bind", str(proxy_socket), PROXY_SOCKET_INSIDE]
         argv += ["--chdir", str(cwd), "--", *inner]
         if settings.get("pids_limit") is not None:
             procs = self.cgroup / "cgroup.procs"
@@ -202,6 +269,18 @@ def _python_dirs() -> list[str]:
     """What the reference agent needs: this interpreter's prefixes and the polar_mq package."""
     package = Path(polar_mq.__file__).resolve().parent
     return [sys.base_prefix, sys.prefix, str(package)]
+
+
+def _parent_dirs(path: str, made: set[str]) -> list[str]:
+    """Create a bind's missing parents as 0755 directories: bwrap makes them 0700 when it runs
+    as root, which would lock the agent user out of everything bound below them."""
+    args: list[str] = []
+    for parent in reversed(Path(path).parents):
+        name = str(parent)
+        if name not in made:
+            made.add(name)
+            args += ["--perms", "0755", "--dir", name]
+    return args
 
 
 def _as_strs(value: object) -> list[str]:

@@ -10,6 +10,11 @@ node finds it by name; labels (`LABEL_RUNTIME`, `LABEL_ROOT`) let the janitor fi
 the runtime's workspace, home and tmp directories live on the node (as for `local`) and are bind
 mounted at the same paths inside the container, so `workdir`, `upload` and `download` mean the same
 on both sides and work even while the container is stopped.
+
+Never root: every exec runs as the node's agent identity (`identity.py`, `docker exec --user
+uid:gid`), which owns those directories; the container's keep-alive stays the image's user. The
+container's pid namespace hides the node's processes. `network: proxy_only` is not offered yet
+(refused at submit): use `bwrap` for it.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from docker.types import Ulimit
 import docker
 from polar_mq.runtimes.base import ExecResult, ResourceLimits, check_exec_timeouts
 from polar_mq.runtimes.docker_exec import StreamPump, container_pids, kill_exec, supervise
+from polar_mq.runtimes.identity import AgentIdentity
 from polar_mq.runtimes.local import EXEC_TAG, RUNTIME_TAG, LocalRuntime, _open_sink
 
 Network = Literal["host", "none"]
@@ -89,10 +95,13 @@ class DockerRuntime(LocalRuntime):
         client: docker.DockerClient | None = None,
         kill_grace_s: float = 2.0,
         drain_s: float = 0.5,
+        agent: AgentIdentity | None = None,
     ) -> None:
         # absolute: the directories are bind mounted at the same paths inside the container
         root = Path(root).resolve()
-        super().__init__(runtime_id, root, limits, kill_grace_s=kill_grace_s, drain_s=drain_s)
+        super().__init__(
+            runtime_id, root, limits, kill_grace_s=kill_grace_s, drain_s=drain_s, agent=agent
+        )
         if network not in NETWORKS:
             raise ValueError(
                 f"docker network must be one of {', '.join(NETWORKS)}, not {network!r}"
@@ -126,6 +135,12 @@ class DockerRuntime(LocalRuntime):
             return None
 
     # -- lifecycle -----------------------------------------------------------------------------
+
+    def _choose_agent(self) -> AgentIdentity:
+        """No reachability check: the container mounts the directories at their paths itself."""
+        from polar_mq.runtimes import identity
+
+        return self._agent or identity.node_identity()
 
     def start(self) -> None:
         super().start()
@@ -256,11 +271,13 @@ class DockerRuntime(LocalRuntime):
         api = self.client.api
         container_id = str(found.id)
         started = time.monotonic()
+        agent = self.agent
         handle = api.exec_create(
             container_id,
             argv,
             environment=full_env,
             workdir=str(self._resolve(cwd) if cwd else self.workdir),
+            user=f"{agent.uid}:{agent.gid}",  # never the image's root
         )["Id"]
         sink = _open_sink(stdout_path)
         reason: str | None = None

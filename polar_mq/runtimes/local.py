@@ -7,6 +7,14 @@ lets `stop()` from any process kill daemons that left their session with setsid.
 
 The tag cannot survive a process that deliberately re-executes itself with a scrubbed environment;
 catching that needs kernel help (cgroups or namespaces), which the `bwrap`/`docker` runtimes bring.
+
+Never root: commands run as the node's agent identity (`identity.py`), which owns the workspace,
+home and tmp directories; the runtime directory itself stays the worker's (mode 0711, so an agent
+cannot list it). That identity cannot read the processes of a root worker (`/proc/<pid>/environ`
+is owner-only). What `local` does not give: a private `/proc` (agents of one node share one
+user, so they can see each other) and a network policy; `bwrap` and `docker` have both. A
+workspace the agent user cannot reach (below a 0700 directory) is refused in production at
+`start()`; in development the runtime then keeps the worker's identity and says so once.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ import resource
 import selectors
 import shutil
 import signal
+import stat
 import subprocess
 import tempfile
 import time
@@ -28,8 +37,9 @@ from typing import IO, Any
 
 import psutil
 
-from polar_mq.runtimes import safe_files
+from polar_mq.runtimes import identity, safe_files
 from polar_mq.runtimes.base import ExecResult, ResourceLimits, Runtime, check_exec_timeouts
+from polar_mq.runtimes.identity import AgentIdentity
 
 RUNTIME_TAG = "POLAR_MQ_RUNTIME_ID"
 EXEC_TAG = "POLAR_MQ_EXEC_ID"
@@ -59,11 +69,13 @@ class LocalRuntime(Runtime):
         *,
         kill_grace_s: float = 2.0,
         drain_s: float = 0.5,
+        agent: AgentIdentity | None = None,
     ) -> None:
         super().__init__(runtime_id)
         self.root = Path(root)
         self.path = self.root / self.runtime_id
         self._limits = limits
+        self._agent = agent
         self.kill_grace_s = kill_grace_s
         self.drain_s = drain_s
 
@@ -76,17 +88,28 @@ class LocalRuntime(Runtime):
         """Limits given to this handle, else those recorded by whoever started the runtime."""
         if self._limits is not None:
             return self._limits
+        recorded = self._meta().get("limits")
+        return ResourceLimits(**recorded) if recorded else None
+
+    @property
+    def agent(self) -> AgentIdentity:
+        """Who commands run as: recorded at `start()`, so every later handle agrees with it."""
+        recorded = self._meta().get("agent")
+        if isinstance(recorded, dict):
+            return AgentIdentity(int(recorded["uid"]), int(recorded["gid"]), str(recorded["name"]))
+        return self._agent or identity.node_identity()
+
+    def _meta(self) -> dict[str, Any]:
         try:
             meta = json.loads((self.path / _META_FILE).read_text())
         except (OSError, ValueError):
-            return None
-        recorded = meta.get("limits")
-        return ResourceLimits(**recorded) if recorded else None
+            return {}
+        return meta if isinstance(meta, dict) else {}
 
     # -- lifecycle -----------------------------------------------------------------------------
 
     def start(self) -> None:
-        for directory in (self.workdir, self.path / "home", self.path / "tmp"):
+        for directory in self._agent_dirs():
             directory.mkdir(parents=True, exist_ok=True)
         meta_path = self.path / _META_FILE
         if self._limits is not None or not meta_path.exists():
@@ -95,14 +118,52 @@ class LocalRuntime(Runtime):
                 "kind": self.kind,
                 "runtime_id": self.runtime_id,
                 "limits": None if limits is None else _limits_dict(limits),
+                "agent": self._choose_agent().as_dict(),
             }
             _atomic_write(meta_path, json.dumps(meta).encode())
+        self._give_dirs()
+
+    def _agent_dirs(self) -> tuple[Path, ...]:
+        return (self.workdir, self.path / "home", self.path / "tmp")
+
+    def _choose_agent(self) -> AgentIdentity:
+        """The identity this runtime will run commands as (see the module docstring)."""
+        agent = self._agent or identity.node_identity()
+        if not agent.switch or identity.can_reach(self.workdir, agent):
+            return agent
+        message = (
+            f"runtime root {self.root} is not reachable by the agent user {agent.name} (uid "
+            f"{agent.uid}): a parent directory is private; put POLAR_MQ_RUNTIME_ROOT below "
+            "directories every user may enter (e.g. /tmp/polar_mq/runtimes)"
+        )
+        if _strict():
+            raise RuntimeError(message)
+        identity.say_once(f"{message}; development: agents there run as the worker's user")
+        return identity.worker_identity()
+
+    def _give_dirs(self) -> None:
+        """The agent owns its directories; the runtime directory stays the worker's, unlisted."""
+        agent = self.agent
+        if not agent.switch:
+            return
+        self.path.chmod(0o711)
+        info = self.root.stat()
+        if info.st_uid == os.geteuid() and not info.st_mode & stat.S_ISVTX:
+            # enterable, not listable: an agent cannot read the other runtimes' ids (a shared
+            # sticky directory such as /tmp itself is left alone)
+            self.root.chmod(stat.S_IMODE(info.st_mode) & ~0o044)
+        for directory in self._agent_dirs():
+            os.lchown(directory, agent.uid, agent.gid)
+
+    def hand_over(self) -> None:
+        identity.chown_tree(self.workdir, self.agent)
 
     def reset(self) -> None:
         survivors = self._kill_all()
-        for directory in (self.workdir, self.path / "home", self.path / "tmp"):
+        for directory in self._agent_dirs():
             shutil.rmtree(directory, ignore_errors=True)
             directory.mkdir(parents=True, exist_ok=True)
+        self._give_dirs()
         _raise_on_survivors(self.runtime_id, survivors)
 
     def stop(self) -> None:
@@ -118,8 +179,20 @@ class LocalRuntime(Runtime):
     # -- files ---------------------------------------------------------------------------------
 
     def upload(self, data: bytes, dest: str) -> None:
-        """Never through a link the agent left: see `safe_files` (UnsafePath otherwise)."""
+        """Write a file the agent owns (and the directories made for it), so it can use it; never
+        through a link the agent left (see `safe_files`: UnsafePath otherwise)."""
+        target = self._resolve(dest)
+        # only into the agent's own directories: a link the agent planted must not make the
+        # worker overwrite the runtime's records (runtime.json names the user commands run as)
+        mine = [d.resolve() for d in self._agent_dirs()]
+        if not any(target.is_relative_to(d) and target != d for d in mine):
+            raise ValueError(f"path {dest!r} is outside the workspace, home and tmp directories")
+        made = [p for p in target.parents if p.is_relative_to(self.path) and not p.exists()]
         safe_files.write_file(self.path, dest, self.workdir, data)
+        agent = self.agent
+        if agent.switch:
+            for path in [target, *made]:
+                os.lchown(path, agent.uid, agent.gid)
 
     def download(self, path: str) -> bytes:
         """Never through a link the agent left: see `safe_files` (UnsafePath otherwise)."""
@@ -157,6 +230,7 @@ class LocalRuntime(Runtime):
         full_env = {**self._base_env(), **(env or {}), RUNTIME_TAG: self.runtime_id}
         full_env[EXEC_TAG] = exec_id
         limits = self.limits
+        user = self._launch_as()
         sink = _open_sink(stdout_path)
         started = time.monotonic()
         try:
@@ -169,6 +243,9 @@ class LocalRuntime(Runtime):
                 env=full_env,
                 start_new_session=True,
                 preexec_fn=_rlimit_setter(limits) if limits else None,
+                user=user.uid if user else None,
+                group=user.gid if user else None,
+                extra_groups=[] if user else None,
             )
         except BaseException as exc:
             if sink is not None:
@@ -197,6 +274,14 @@ class LocalRuntime(Runtime):
             inactive=reason == "inactive",
             duration_s=time.monotonic() - started,
         )
+
+    def _launch_as(self) -> AgentIdentity | None:
+        """The identity the command's process is started as (None: the worker's own).
+
+        `local` switches in the child before exec; `bwrap` overrides this: it needs the worker's
+        privileges to build the sandbox and switches inside it."""
+        agent = self.agent
+        return agent if agent.switch else None
 
     def _base_env(self) -> dict[str, str]:
         env = {key: os.environ[key] for key in _PASSTHROUGH_ENV if key in os.environ}
@@ -492,6 +577,13 @@ def _atomic_write(path: Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _strict() -> bool:
+    """Production refuses what development only warns about."""
+    from polar_mq.config import get_settings
+
+    return get_settings().is_production
 
 
 def _raise_on_survivors(runtime_id: str, survivors: list[int]) -> None:

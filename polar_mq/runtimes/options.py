@@ -26,6 +26,11 @@ KIND_OPTIONS: dict[str, dict[str, str]] = {
     },
 }
 _DEFAULTS: dict[str, Any] = {"network": "host"}  # what every kind does without the option
+# network policies each kind can enforce (proxy_only needs a relay into the sandbox: bwrap has one)
+NETWORKS: dict[str, tuple[str, ...]] = {
+    "bwrap": ("host", "none", "proxy_only"),
+    "docker": ("host", "none"),
+}
 _LIMIT_KEYS = ("memory_mb", "cpu_seconds", "max_open_files")
 
 
@@ -40,7 +45,13 @@ def check_runtime_options(spec: Mapping[str, Any]) -> None:
         if value is None or key in allowed or _DEFAULTS.get(key) == value:
             continue
         takers = [k for k, opts in KIND_OPTIONS.items() if key in opts]
+        if key == "network":
+            takers = [k for k, values in NETWORKS.items() if value in values]
         raise ValueError(f"runtime option {key}={value!r} needs kind {' or '.join(takers)}")
+    network = spec.get("network")
+    if network is not None and network not in NETWORKS.get(kind, (network,)):
+        takers = [k for k, values in NETWORKS.items() if network in values]
+        raise ValueError(f"runtime option network={network!r} needs kind {' or '.join(takers)}")
     if kind == "docker" and not spec.get("image"):
         raise ValueError("runtime kind docker needs an image (e.g. polar-mq-runtime:test)")
 

@@ -123,10 +123,13 @@ def _resolve(source: Path, commit: str | None, home: Path) -> str:
 
 def _install(workdir: Path, source: Path, commit: str, home: Path, timeout_s: float) -> None:
     """A new repository in the workspace with only `commit` and its history, checked out."""
-    git = ["-C", str(workdir)]
+    # the workspace belongs to the agent user (not root): without the exception git refuses it
+    # as "dubious ownership"; safe, the repository is the one made here (a .git already there is
+    # refused above) and no agent command has run in it yet
+    git = [*_SAFE, "-C", str(workdir)]
     run_git([*git, "init", "-q", "-b", BRANCH], home=home)
     run_git(
-        [*_SAFE, *git, "fetch", "-q", "--no-tags", "--", str(source), commit],
+        [*git, "fetch", "-q", "--no-tags", "--", str(source), commit],
         home=home,
         timeout=timeout_s,
     )

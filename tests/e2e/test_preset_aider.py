@@ -43,14 +43,17 @@ ANSWER: 42
 
 
 @pytest.mark.parametrize(
-    ("git", "kind"), [(False, "local"), (True, "local"), (False, "bwrap")],
-    ids=["no-git", "git", "bwrap"],
+    ("git", "kind"),
+    [(False, "local"), (True, "local"), (False, "bwrap"), (False, "bwrap-proxy_only")],
+    ids=["no-git", "git", "bwrap", "bwrap-proxy_only"],
 )  # fmt: skip
 def test_aider_edits_a_file_from_its_reply_and_job_sampling_wins(
     preset_stack: PresetStack, db_session_factory: sessionmaker[Session], git: bool, kind: str
 ) -> None:
     """With `git: true` aider sees the repository (repo map) but commits nothing: the diff against
     the checked-out commit still holds its edit. Also in a bwrap sandbox (install read-only)."""
+    network = "proxy_only" if kind == "bwrap-proxy_only" else "host"  # proxy_only: that alone
+    kind = kind.removesuffix("-proxy_only")
     if kind == "bwrap" and shutil.which("bwrap") is None:
         pytest.skip("bwrap is not installed")
     install_preset("aider")
@@ -71,6 +74,7 @@ def test_aider_edits_a_file_from_its_reply_and_job_sampling_wins(
         sampling={"temperature": 0.7, "max_tokens": 512},
         runtime={
             "kind": kind,
+            "network": network,
             "prepare": {
                 "files": {"calc.py": "def answer():\n    return 41\n"},
                 "commands": [GIT_INIT],

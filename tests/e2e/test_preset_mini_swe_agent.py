@@ -33,11 +33,13 @@ GIT_INIT = (
 SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && cat answer.txt"
 
 
-@pytest.mark.parametrize("kind", ["local", "bwrap"])
+@pytest.mark.parametrize("kind", ["local", "bwrap", "bwrap-proxy_only"])
 def test_mini_swe_agent_runs_a_bash_tool_and_submits(
     preset_stack: PresetStack, db_session_factory: sessionmaker[Session], kind: str
 ) -> None:
     """Also in a bwrap sandbox, where the install is mounted read-only."""
+    network = "proxy_only" if kind == "bwrap-proxy_only" else "host"  # proxy_only: that alone
+    kind = kind.removesuffix("-proxy_only")
     if kind == "bwrap" and shutil.which("bwrap") is None:
         pytest.skip("bwrap is not installed")
     install_preset("mini_swe_agent")
@@ -57,7 +59,7 @@ def test_mini_swe_agent_runs_a_bash_tool_and_submits(
         {"type": "mini_swe_agent", "options": {"max_turns": 5}},
         [{"instruction": f"{tag} What is 6*7? Write it to answer.txt.", "answer": "42"}],
         evaluator="exact_match",
-        runtime={"kind": kind, "prepare": {"commands": [GIT_INIT]}},
+        runtime={"kind": kind, "network": network, "prepare": {"commands": [GIT_INIT]}},
         timeouts={"agent_s": 120},
     )
     assert_captured(run, min_calls=2)

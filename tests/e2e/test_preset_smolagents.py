@@ -24,12 +24,16 @@ from tests.e2e.preset_support import (
 pytestmark = pytest.mark.e2e
 
 
-@pytest.mark.parametrize("kind", ["local", "bwrap"])
+@pytest.mark.parametrize("kind", ["local", "bwrap", "bwrap-proxy_only"])
 def test_smolagents_tool_calling_agent_uses_its_python_tool_and_answers(
     preset_stack: PresetStack, db_session_factory: sessionmaker[Session], kind: str
 ) -> None:
-    """Also in a bwrap sandbox, where the install is mounted read-only."""
-    if kind == "bwrap" and shutil.which("bwrap") is None:
+    """Also in a bwrap sandbox, where the install is mounted read-only, and there with the
+    `proxy_only` network (the agent reaches the proxy through the in-sandbox forwarder only)."""
+    runtime = {"kind": kind}
+    if kind == "bwrap-proxy_only":
+        runtime = {"kind": "bwrap", "network": "proxy_only"}
+    if kind != "local" and shutil.which("bwrap") is None:
         pytest.skip("bwrap is not installed")
     install_preset("smolagents")
     tag = preset_stack.plan(
@@ -48,7 +52,7 @@ def test_smolagents_tool_calling_agent_uses_its_python_tool_and_answers(
         {"type": "smolagents", "options": {"max_turns": 4}},
         [{"instruction": f"{tag} What is 6*7? Use Python.", "answer": "42"}],
         evaluator="exact_match",
-        runtime={"kind": kind},
+        runtime=runtime,
         timeouts={"agent_s": 120},
     )
     assert_captured(run, min_calls=2)

@@ -46,8 +46,9 @@ if {python} -c "import json, sys; sys.exit('tests' not in json.load(open('task.j
 host=$({python} -c "import json; print(json.load(open('task.json'))['metadata']['hidden'])")
 if cat "$host"/test_*.py > /dev/null 2>&1; then probe HOST-READABLE; fi
 if command -v git > /dev/null; then
-  {python} -c "import json; print(json.load(open('task.json'))['patch'], end='')" > ../fix.patch
-  if [ -s ../fix.patch ]; then git apply ../fix.patch; fi
+  fix="$TMPDIR/fix.patch"  # its own tmp: the runtime directory is not writable by the agent
+  {python} -c "import json; print(json.load(open('task.json'))['patch'], end='')" > "$fix"
+  if [ -s "$fix" ]; then git apply "$fix"; fi
 else
   {python} -c "
 import json

@@ -110,3 +110,31 @@ def test_bad_options_and_missing_cgroup_support(tmp_path: Path) -> None:
     fake_fs.mkdir()
     with pytest.raises(CgroupUnavailable, match="no cgroup v1 pids controller"):
         create("rt-x", 10, fs=fake_fs)
+
+
+def test_proxy_only_reaches_the_recorded_proxy_and_nothing_else(bwrap: Backend) -> None:
+    """The agent's proxy URL points at the in-sandbox forwarder, which reaches the recorded
+    address (through the worker's relay) and nothing else: the listener's own port is closed."""
+    rt = bwrap.make("rt-proxy-only", network="proxy_only")
+    rt.start()
+    with tcp_listener() as port:
+        url = rt.agent_proxy_url(f"http://127.0.0.1:{port}/v1")
+        assert url == "http://127.0.0.1:8010/v1"
+        # handles built later (the run-agent stage) relay to the same place
+        again = bwrap.handle("rt-proxy-only")
+        through = again.exec(connect_command(bwrap.python, 8010), timeout=30)
+        direct = rt.exec(connect_command(bwrap.python, port), timeout=30)
+    assert through.stdout_tail.startswith("got pong"), through
+    assert direct.stdout_tail.startswith("failed"), direct
+    interfaces = rt.exec("cat /proc/net/dev").stdout_tail
+    assert "lo:" in interfaces and interfaces.count(":") == 1  # loopback only
+
+
+def test_proxy_only_refuses_proxies_it_cannot_relay(bwrap: Backend) -> None:
+    rt = bwrap.make("rt-proxy-https", network="proxy_only")
+    rt.start()
+    with pytest.raises(ValueError, match="plain http"):
+        rt.agent_proxy_url("https://proxy.example:443/v1")
+    host = bwrap.make("rt-proxy-host")
+    host.start()
+    assert host.agent_proxy_url("http://127.0.0.1:9/v1") == "http://127.0.0.1:9/v1"

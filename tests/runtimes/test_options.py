@@ -49,7 +49,12 @@ def test_each_kind_gets_its_options(tmp_path: Path) -> None:
         ({"kind": "local", "image": "img:1"}, "image='img:1' needs kind docker"),
         ({"kind": "local", "pids": 64}, "pids=64 needs kind bwrap or docker"),
         ({"kind": "k8s"}, "Input should be 'local', 'bwrap' or 'docker'"),
-        ({"kind": "docker", "image": "i", "network": "bridge"}, "Input should be 'host' or 'none'"),
+        ({"kind": "docker", "image": "i", "network": "bridge"}, "Input should be 'host', 'none'"),
+        ({"kind": "local", "network": "proxy_only"}, "network='proxy_only' needs kind bwrap"),
+        (
+            {"kind": "docker", "image": "i", "network": "proxy_only"},
+            "network='proxy_only' needs kind bwrap",
+        ),
         ({"kind": "docker", "image": "i", "pids": 2}, "greater than or equal to 8"),
         ({"evaluation": {"image": "other"}}, "Extra inputs are not permitted"),
         ({"evaluation": {"prepare": {"commands": "make test"}}}, "Input should be a valid list"),

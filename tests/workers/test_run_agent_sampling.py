@@ -33,6 +33,9 @@ class FakeRuntime:
     def download(self, path: str) -> bytes:
         raise FileNotFoundError(path)  # no diff, no transcript
 
+    def agent_proxy_url(self, url: str) -> str:
+        return url  # the node's network: the proxy as configured
+
 
 class FakeHttp:
     def post(self, url: str, headers: dict[str, str]) -> Any:

@@ -20,7 +20,8 @@ from polar_mq.harnesses.presets.install import (
     install,
     install_dir,
 )
-from polar_mq.runtimes import Runtime
+from polar_mq.runtimes import LocalRuntime, Runtime
+from polar_mq.runtimes.identity import can_reach
 
 IMAGE_HARNESS_ROOT = Path("/opt/polar_mq/harnesses")
 """Where scripts/build_preset_image.sh installs presets inside a docker image."""
@@ -65,7 +66,34 @@ def check_in_image(runtime: Runtime, harness_spec: Mapping[str, Any], image: str
 
 
 class HarnessMissing(RuntimeError):
-    """The preset is not installed here and the job did not ask for `auto_install`."""
+    """The preset is not installed here (and the job did not ask for `auto_install`), or the
+    agent user cannot reach it."""
+
+
+def check_agent_reaches(runtime: Runtime, harness_spec: Mapping[str, Any], root: Path) -> None:
+    """Under `local` the agent user runs the preset's install (or the reference agent's
+    interpreter) by its node path: one below a private directory (root's 0700 home) would make
+    every agent die with "permission denied" and be scored; refuse the rollout at prepare
+    instead (HarnessMissing). `bwrap` and `docker` mount what they run themselves."""
+    if type(runtime) is not LocalRuntime or not runtime.agent.switch:
+        return
+    harness = preset_of(harness_spec)
+    if harness is not None:
+        needed = install_dir(root, harness.preset.name, harness.version)
+        what = f"harness {harness.preset.name}@{harness.version} (installed in {needed})"
+    elif harness_spec.get("type", "reference") == "reference":
+        needed = Path(runtime.python).resolve().parent
+        what = f"the reference agent's interpreter ({needed})"
+    else:
+        return
+    agent = runtime.agent
+    if not can_reach(needed, agent):
+        raise HarnessMissing(
+            f"{what} is not reachable by the agent user {agent.name} (uid {agent.uid}): a "
+            "parent directory is private. Install it below directories every user may enter "
+            "(e.g. POLAR_MQ_HARNESS_ROOT=/opt/polar_mq/harnesses), or use the bwrap runtime, "
+            "which mounts it itself"
+        )
 
 
 def ensure_installed(harness_root: Path, harness_spec: Mapping[str, Any], node: str) -> str | None:

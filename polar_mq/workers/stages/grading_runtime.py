@@ -153,6 +153,7 @@ def grading_runtime(
         )  # fmt: skip
     for path, content in recipe.get("files", {}).items():
         runtime.upload(content.encode(), path)
+    runtime.hand_over()  # the copies are the worker's; the grader's commands run as the agent
     return runtime, {
         "eval_runtime_id": runtime.runtime_id,
         "eval_runtime_prewarmed": prewarmed,

@@ -31,6 +31,7 @@ import orjson
 
 from polar_mq.harnesses.presets.setup import (
     HarnessMissing,
+    check_agent_reaches,
     check_in_image,
     ensure_installed,
     runtime_spec_for,
@@ -64,6 +65,7 @@ def _install_task(runtime: Runtime, instance: dict[str, Any], timeout: float) ->
         detail["repo"] = {"commit": done.commit, "source": done.source, "seconds": done.seconds}
     task = agent_task(instance, commit)
     runtime.upload(orjson.dumps(task, option=orjson.OPT_INDENT_2), TASK_FILE)
+    runtime.hand_over()  # the checkout is the worker's until now; the agent (not root) edits it
     return detail
 
 
@@ -108,6 +110,8 @@ def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
         runtime, detail = get(ctx, claimed, timeout)
         if docker:  # ... or baked into the image (the runtime is released by the runner)
             check_in_image(runtime, harness_spec, str(runtime_spec.get("image")))
+        else:  # ... and within the agent user's reach
+            check_agent_reaches(runtime, harness_spec, ctx.settings.harness_root)
     except (RecipeFailed, HarnessMissing, CheckoutError, TaskSpecError) as exc:
         raise StageFailure(TerminationReason.RUNTIME_ERROR, str(exc)) from exc
     node = ctx.settings.node_name

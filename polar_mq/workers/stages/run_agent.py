@@ -110,7 +110,8 @@ def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
         instruction=claimed.instance["instruction"],
         task_file=str(runtime.workdir / TASK_FILE),
         workdir=str(runtime.workdir),
-        proxy_base_url=f"{settings.proxy_base_url}/v1",
+        # the sandbox's own way to the proxy (a relay under network proxy_only)
+        proxy_base_url=runtime.agent_proxy_url(f"{settings.proxy_base_url}/v1"),
         api_key=issue_rollout_token(
             settings.secret_key,
             claimed.rollout.id,
@@ -127,6 +128,7 @@ def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
         runtime.upload(text.encode(), path)  # the harness's config, inside the workspace
     log_dir = settings.runtime_root / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
+    log_dir.chmod(0o700)  # every agent's output, tokens included: not for other agents' eyes
     log_path = log_dir / f"{runtime.runtime_id}.log"
     timeout = min(float(timeouts.get("agent_s", 600.0)), settings.max_agent_timeout_s)
     rollout_left = _rollout_time_left(ctx, claimed, timeouts.get("rollout_s"))

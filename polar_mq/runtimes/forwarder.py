@@ -1,0 +1,98 @@
+"""The in-sandbox half of `network: proxy_only`: 127.0.0.1:<port> relayed to a Unix socket.
+
+A sandbox with `proxy_only` has its own network namespace with nothing but loopback, so it can
+reach no TCP address of the node: not PostgreSQL, not Redis, not the internet, and not the proxy
+either. The one way out is a Unix socket bound into the sandbox, served outside by the worker's
+relay (`proxy_relay.py`), which connects to the proxy and nowhere else. Agents speak TCP to a
+base URL, so this program listens on loopback inside the sandbox and relays each connection to
+that socket.
+
+Run as the command's wrapper: `python -I -S forwarder.py PORT SOCKET COMMAND...`. It binds the
+port first (so the agent never races it), forks the relay into the background with its standard
+streams closed (the command's output pipes end with the command), and then becomes COMMAND, so the
+command keeps its pid, its exit status and its signals. The relay dies with the sandbox's pid
+namespace when the command exits.
+
+Standard library only and no polar_mq imports: it runs with any interpreter the sandbox has.
+`relay_pair` is also what the outside relay uses.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import sys
+import threading
+
+_CHUNK = 65536
+
+
+def _pump(source: socket.socket, sink: socket.socket) -> None:
+    """Copy one direction until EOF, then pass the EOF on (HTTP clients wait for it)."""
+    try:
+        while True:
+            data = source.recv(_CHUNK)
+            if not data:
+                break
+            sink.sendall(data)
+    except OSError:
+        pass
+    finally:
+        with contextlib.suppress(OSError):
+            sink.shutdown(socket.SHUT_WR)
+
+
+def relay_pair(client: socket.socket, upstream: socket.socket) -> None:
+    """Relay both directions between two connected sockets, then close both."""
+    back = threading.Thread(target=_pump, args=(upstream, client), daemon=True)
+    back.start()
+    _pump(client, upstream)
+    back.join()
+    client.close()
+    upstream.close()
+
+
+def _serve(listener: socket.socket, path: str) -> None:
+    while True:
+        client, _ = listener.accept()
+        threading.Thread(target=_connect, args=(client, path), daemon=True).start()
+
+
+def _connect(client: socket.socket, path: str) -> None:
+    upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        upstream.connect(path)
+    except OSError:
+        client.close()
+        upstream.close()
+        return
+    relay_pair(client, upstream)
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) < 4:
+        sys.exit("usage: forwarder.py PORT SOCKET COMMAND...")
+    port, path, command = int(argv[1]), argv[2], argv[3:]
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", port))
+    listener.listen(128)
+    if os.fork() == 0:
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)
+        try:
+            _serve(listener, path)
+        finally:
+            os._exit(0)
+    listener.close()
+    try:
+        os.execvp(command[0], command)
+    except OSError as exc:
+        print(f"{command[0]}: {exc.strerror}", file=sys.stderr)
+        sys.exit(127)
+
+
+if __name__ == "__main__":
+    main(sys.argv)
