@@ -28,12 +28,14 @@ class Histogram:
         return max(self.counts, default=0)
 
     def bars(self, width: float, height: float) -> list[tuple[float, float, float, float, str]]:
-        """(x, y, w, h, label) of each bar, scaled to the chart's box."""
+        """(x, y, w, h, label) of each non-empty bar, scaled to the chart's box."""
         if not self.counts or self.peak == 0:
             return []
         w = width / len(self.counts)
         out = []
         for i, count in enumerate(self.counts):
+            if not count:
+                continue
             h = height * count / self.peak
             label = f"{self.edges[i]:.3g}..{self.edges[i + 1]:.3g}: {count}"
             out.append((i * w + 0.5, height - h, max(w - 1.0, 1.0), h, label))
@@ -51,7 +53,9 @@ def reward_scale(rewards: Sequence[float]) -> tuple[float, float]:
     return low, high
 
 
-def histogram(rewards: Sequence[float], low: float, high: float, bins: int = HIST_BINS) -> Histogram:
+def histogram(
+    rewards: Sequence[float], low: float, high: float, bins: int = HIST_BINS
+) -> Histogram:
     step = (high - low) / bins
     edges = [low + i * step for i in range(bins + 1)]
     counts = [0] * bins

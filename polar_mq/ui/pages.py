@@ -41,7 +41,9 @@ def job_page(session: Session, job_id: uuid.UUID) -> dict[str, Any]:
     page = results.job_results(
         session, job_id, None, GROUPS_PER_PAGE, complete_only=False, advantages="grpo"
     )
-    rewards = [s.reward for g in page.groups for s in g.samples if s.usable and s.reward is not None]
+    rewards = [
+        s.reward for g in page.groups for s in g.samples if s.usable and s.reward is not None
+    ]
     low, high = charts.reward_scale(rewards)
     hists = {
         g.group_id: charts.histogram(

@@ -142,9 +142,16 @@ def _rows(session: Session, query: object) -> list[RolloutRow]:
         error = r.error[:300] if r.error else None
         out.append(
             RolloutRow(
-                r.id, r.task_index, r.sample_index, r.status, r.termination_reason, r.attempt,
-                r.reward, duration, error,
-            )  # fmt: skip
+                r.id,
+                r.task_index,
+                r.sample_index,
+                r.status,
+                r.termination_reason,
+                r.attempt,
+                r.reward,
+                duration,
+                error,
+            )
         )
     return out
 

@@ -22,7 +22,7 @@ STATIC = Path(__file__).parent / "static"
 
 def fmt_num(value: Any, digits: int = 3) -> str:
     if value is None:
-        return "–"
+        return "-"
     if isinstance(value, float):
         if not math.isfinite(value):
             return str(value)
@@ -31,12 +31,12 @@ def fmt_num(value: Any, digits: int = 3) -> str:
 
 
 def fmt_time(value: datetime | None) -> str:
-    return "–" if value is None else value.strftime("%Y-%m-%d %H:%M:%S")
+    return "-" if value is None else value.strftime("%Y-%m-%d %H:%M:%S")
 
 
 def fmt_s(value: float | None) -> str:
     if value is None:
-        return "–"
+        return "-"
     if value < 1:
         return f"{value * 1000:.0f} ms"
     return f"{value:.2f} s" if value < 120 else f"{value / 60:.1f} min"

@@ -59,15 +59,18 @@ def _factory(request: Request) -> Any:
 
 
 @router.get("/login")
-def login_form(request: Request, next: Annotated[str | None, Query(max_length=2000)] = None) -> Response:  # noqa: A002
-    return page(request, "login.html", {"next": auth.safe_next(next), "error": None})
+def login_form(
+    request: Request,
+    next_url: Annotated[str | None, Query(alias="next", max_length=2000)] = None,
+) -> Response:
+    return page(request, "login.html", {"next": auth.safe_next(next_url), "error": None})
 
 
 @router.post("/login")
 async def login(request: Request) -> Response:
     form = parse_qs((await request.body()).decode("utf-8", errors="replace"))
     key = (form.get("api_key") or [""])[0].strip()
-    target = auth.safe_next((form.get("next") or [None])[0])
+    target = auth.safe_next(form.get("next", [""])[0])
     try:
         with unit_of_work(_factory(request)) as session:
             auth.check_key(request, session, key or None)
@@ -167,7 +170,7 @@ def rollout(
     return page(request, "rollout.html", context)
 
 
-@router.get("/rollouts/{rollout_id}/artifacts/{name}")
+@router.get("/rollouts/{rollout_id}/artifacts/{name:path}")
 def artifact(
     rollout_id: RolloutId,
     name: Annotated[str, Path(max_length=128)],

@@ -4,8 +4,9 @@ Only what is cheap to read from where it already lives:
 
 - the policy version and pause flag: `policy_state` (PostgreSQL);
 - stages in flight per node: the rollouts holding a lease (an index on status);
-- workers, their slots and the queues they consume: one Celery `inspect` broadcast (answers within
-  `INSPECT_TIMEOUT_S`; a worker that does not answer in time is not listed);
+- workers, their slots and the queues they consume: two Celery `inspect` broadcasts, sent at
+  once (answers within `INSPECT_TIMEOUT_S`; a worker that does not answer in time is not listed);
+  how busy each node is comes from the leases in the database, not from another broadcast;
 - queue depths: a passive declare per queue on the broker, for the queues the workers named;
 - proxy backends (load, breaker, pause, policy version): each proxy's `GET /admin/backends` with
   the admin token.
@@ -16,6 +17,7 @@ Each part fails on its own: the page shows what could be read and says which par
 from __future__ import annotations
 
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,7 +43,6 @@ class WorkerInfo:
     """The pool's concurrency (`max-concurrency`)."""
     pool: str | None
     queues: list[str]
-    active: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,23 +82,25 @@ def celery_view(settings: Settings, view: SystemView) -> None:
 
     app = create_celery(settings)
     try:
-        inspect = app.control.inspect(timeout=INSPECT_TIMEOUT_S)
-        stats: dict[str, Any] = inspect.stats() or {}
-        queues: dict[str, Any] = inspect.active_queues() or {}
-        active: dict[str, Any] = inspect.active() or {}
+        # Each broadcast waits its whole timeout for late answers: ask both at once.
+        with ThreadPoolExecutor(2) as threads:
+            asked = [
+                threads.submit(getattr(app.control.inspect(timeout=INSPECT_TIMEOUT_S), method))
+                for method in ("stats", "active_queues")
+            ]
+            stats: dict[str, Any] = asked[0].result() or {}
+            queues: dict[str, Any] = asked[1].result() or {}
         names: set[str] = set()
         for worker in sorted(set(stats) | set(queues)):
             pool = (stats.get(worker) or {}).get("pool") or {}
             own = sorted(q.get("name", "") for q in queues.get(worker) or [] if isinstance(q, dict))
             names.update(q for q in own if q.startswith(f"{settings.queue_prefix}."))
-            running = active.get(worker)
             view.workers.append(
                 WorkerInfo(
                     name=worker,
                     slots=pool.get("max-concurrency"),
                     pool=pool.get("implementation"),
                     queues=own,
-                    active=len(running) if isinstance(running, list) else None,
                 )
             )
         view.queues = {name: queue_depth(app, name) for name in sorted(names)}

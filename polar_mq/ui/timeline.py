@@ -124,7 +124,9 @@ def timeline(events: Sequence[EventRecord], now: datetime, width: int = 640) -> 
     if not moments:
         return Timeline(spans, [], width, 0.0, lost)
     start = min(moments)
-    end = max([*moments, now] if any(s.outcome in ("queued", "running") for s in spans) else moments)
+    end = max(
+        [*moments, now] if any(s.outcome in ("queued", "running") for s in spans) else moments
+    )
     total = max((end - start).total_seconds(), 1e-3)
     scale = width / total
 
