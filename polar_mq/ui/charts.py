@@ -69,7 +69,7 @@ def histogram(
 
 @dataclass(frozen=True, slots=True)
 class Progress:
-    """Finished rollouts over time: a polyline's points in a `width` x `height` box."""
+    """Finished rollouts over time: a step polyline's points in a `width` x `height` box."""
 
     points: str
     total_s: float
@@ -84,10 +84,12 @@ def progress(
     span = max((finish_times[-1] - created_at).total_seconds(), 1e-3)
     step = max(1, len(finish_times) // 400)  # at most ~400 points, whatever the job's size
     coords = [f"0,{height}"]
+    y_before = float(height)
     for i in range(0, len(finish_times), step):
         x = (finish_times[i] - created_at).total_seconds() / span * width
         y = height - (i + 1) / total * height
-        coords.append(f"{x:.1f},{y:.1f}")
+        coords.append(f"{x:.1f},{y_before:.1f} {x:.1f},{y:.1f}")  # a step: flat until it moves
+        y_before = y
     last_y = height - len(finish_times) / total * height
     coords.append(f"{width},{last_y:.1f}")
     return Progress(" ".join(coords), span, len(finish_times))

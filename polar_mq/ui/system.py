@@ -4,8 +4,10 @@ Only what is cheap to read from where it already lives:
 
 - the policy version and pause flag: `policy_state` (PostgreSQL);
 - stages in flight per node: the rollouts holding a lease (an index on status);
-- workers, their slots and the queues they consume: two Celery `inspect` broadcasts, sent at
-  once (answers within `INSPECT_TIMEOUT_S`; a worker that does not answer in time is not listed);
+- workers of this deployment (those consuming a queue of its `queue_prefix`: the control
+  broadcast reaches every worker on the broker), their slots and the queues they consume: two
+  Celery `inspect` broadcasts, sent at once (answers within `INSPECT_TIMEOUT_S`; a worker that
+  does not answer in time is not listed);
   how busy each node is comes from the leases in the database, not from another broadcast;
 - queue depths: a passive declare per queue on the broker, for the queues the workers named;
 - proxy backends (load, breaker, pause, policy version): each proxy's `GET /admin/backends` with
@@ -94,7 +96,10 @@ def celery_view(settings: Settings, view: SystemView) -> None:
         for worker in sorted(set(stats) | set(queues)):
             pool = (stats.get(worker) or {}).get("pool") or {}
             own = sorted(q.get("name", "") for q in queues.get(worker) or [] if isinstance(q, dict))
-            names.update(q for q in own if q.startswith(f"{settings.queue_prefix}."))
+            ours = [q for q in own if q.startswith(f"{settings.queue_prefix}.")]
+            if queues and not ours:
+                continue  # another deployment sharing the broker (its own queue prefix)
+            names.update(ours)
             view.workers.append(
                 WorkerInfo(
                     name=worker,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -33,6 +34,8 @@ def settings(pg_url: str) -> Settings:
             "database_url": pg_url,
             "broker_url": f"{REDIS_URL}/0",
             "pool": "cpu",
+            # the system page lists only this deployment's workers: none share this prefix
+            "queue_prefix": f"uitest{uuid.uuid4().hex[:8]}",
             # nothing listens here: token text comes from the stored responses only
             "upstream_url": "http://127.0.0.1:9",
         }
