@@ -58,11 +58,10 @@ def create_job(
         for i in range(n_tasks)
     ]
     session.execute(insert(JobTask), task_rows)
-    task_ids = dict(
-        session.execute(
-            select(JobTask.task_index, JobTask.id).where(JobTask.job_id == job_id)
-        ).tuples()
-    )
+    found = session.execute(
+        select(JobTask.task_index, JobTask.id).where(JobTask.job_id == job_id)
+    ).tuples()
+    task_ids = {index: task_id for index, task_id in found}
     rows: dict[str, list[dict[str, Any]]] = {
         "rollouts": [], "events": [], "evals": [], "calls": [], "samples": []
     }  # fmt: skip

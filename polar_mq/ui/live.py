@@ -61,12 +61,15 @@ def live_stream(
     async def events() -> AsyncIterator[bytes]:
         yield b"retry: 2000\n\n"
         last = since
+        render_s = 0.0
         quiet_since = time.monotonic()
         while not await request.is_disconnected():
             try:
                 seen = digest(await run_in_threadpool(fingerprint))
                 if seen != last:
+                    began = time.monotonic()
                     page = await run_in_threadpool(render)
+                    render_s = time.monotonic() - began
                     last = seen
                     quiet_since = time.monotonic()
                     yield _event("update", {"html": page.html, "done": page.done})
@@ -79,7 +82,9 @@ def live_stream(
             if time.monotonic() - quiet_since >= HEARTBEAT_S:
                 yield b": heartbeat\n\n"
                 quiet_since = time.monotonic()
-            await asyncio.sleep(poll_s)
+            # a big page that takes long to render is re-rendered less often (at most half the
+            # time of one thread goes to one open tab)
+            await asyncio.sleep(max(poll_s, 2 * render_s))
 
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     return StreamingResponse(events(), media_type="text/event-stream", headers=headers)
