@@ -93,3 +93,48 @@ def progress(
     last_y = height - len(finish_times) / total * height
     coords.append(f"{width},{last_y:.1f}")
     return Progress(" ".join(coords), span, len(finish_times))
+
+
+@dataclass(frozen=True, slots=True)
+class StageLines:
+    """Rollouts running in each stage over time: one polyline per stage in a `width` x `height`
+    box, all on one vertical scale (`peak`)."""
+
+    lines: dict[str, str]
+    peak: int
+    total_s: float
+
+
+def stage_lines(
+    intervals: Sequence[tuple[str, datetime, datetime | None]],
+    stages: Sequence[str],
+    now: datetime,
+    width: int,
+    height: int,
+    points: int = 160,
+) -> StageLines | None:
+    """Sample each stage's number of running rollouts at `points` instants (an open run lasts
+    until `now`)."""
+    if not intervals:
+        return None
+    start = min(began for _, began, _ in intervals)
+    end = max(ended or now for _, _, ended in intervals)
+    span = max((end - start).total_seconds(), 1e-3)
+    counts = {stage: [0] * points for stage in stages}
+    for stage, began, ended in intervals:
+        if stage not in counts:
+            continue
+        first = int((began - start).total_seconds() / span * (points - 1))
+        last = int(((ended or now) - start).total_seconds() / span * (points - 1))
+        row = counts[stage]
+        for i in range(max(first, 0), min(last, points - 1) + 1):
+            row[i] += 1
+    peak = max((max(row) for row in counts.values()), default=0) or 1
+    lines = {
+        stage: " ".join(
+            f"{i / (points - 1) * width:.1f},{height - n / peak * height:.1f}"
+            for i, n in enumerate(row)
+        )
+        for stage, row in counts.items()
+    }
+    return StageLines(lines, peak, span)

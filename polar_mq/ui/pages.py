@@ -63,6 +63,9 @@ def job_page(session: Session, job_id: uuid.UUID) -> dict[str, Any]:
         "reward_low": low,
         "reward_high": high,
         "progress": chart,
+        "stage_lines": charts.stage_lines(
+            queries.stage_intervals(session, job_id), queries.STAGES, utcnow(), 640, 120
+        ),
         "slowest": queries.slowest_rollouts(session, job_id),
         "failed": queries.failed_rollouts(session, job_id),
     }

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from polar_mq.jobs import queries as job_queries
 from polar_mq.jobs.read_models import JobSummary
-from polar_mq.models import Rollout, RolloutStatus, TerminationReason
+from polar_mq.models import Event, EventKind, Rollout, RolloutStatus, TerminationReason
 from polar_mq.workers.transitions import STAGE_OF_STATUS
 
 STAGES = job_queries.STAGES
@@ -200,6 +200,34 @@ def finish_times(session: Session, job_id: uuid.UUID) -> list[datetime]:
             .order_by(Rollout.finished_at)
         )
     )
+
+
+def stage_intervals(
+    session: Session, job_id: uuid.UUID
+) -> list[tuple[str, datetime, datetime | None]]:
+    """(stage, started, ended or None) of every stage run of the job's rollouts, from the events.
+
+    Read through the rollouts (the events are indexed by rollout, not by job)."""
+    rows = session.execute(
+        select(Event.rollout_id, Event.attempt, Event.stage, Event.kind, Event.at)
+        .where(
+            Event.rollout_id.in_(select(Rollout.id).where(Rollout.job_id == job_id)),
+            Event.kind.in_([EventKind.STARTED, EventKind.FINISHED, EventKind.FAILED]),
+        )
+        .order_by(Event.rollout_id, Event.id)
+    ).tuples()
+    open_runs: dict[tuple[uuid.UUID | None, int, str], datetime] = {}
+    out: list[tuple[str, datetime, datetime | None]] = []
+    for rollout_id, attempt, stage, kind, at in rows:
+        key = (rollout_id, attempt, stage)
+        if kind == EventKind.STARTED:
+            if key in open_runs:  # started again (retry, resume): the earlier run ended here
+                out.append((stage, open_runs[key], at))
+            open_runs[key] = at
+        elif key in open_runs:
+            out.append((stage, open_runs.pop(key), at))
+    out.extend((stage, began, None) for (_, _, stage), began in open_runs.items())
+    return out
 
 
 def job_fingerprint(session: Session, job_id: uuid.UUID) -> tuple[object, ...]:

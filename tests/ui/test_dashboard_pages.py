@@ -58,6 +58,7 @@ def test_job_page_shows_stages_groups_histograms_slowest_and_failed(
     assert ">2 / 3<" in rows[1] and "incomplete" in rows[1]
     assert len(re.findall(r"<rect ", rows[0])) == 2  # rewards 0 and 1: two bars
     assert "<polyline" in text  # finished over time
+    assert text.count("class=\"stage-line s-") == 4  # running per stage over time
     failed = text.split('id="failed"', 1)[1].split("</table>", 1)[0]
     assert str(rollouts[5])[:8] in failed and "container vanished" in failed
     slowest = text.split('id="slowest"', 1)[1].split("</table>", 1)[0]

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import httpx
 
 from polar_mq.jobs.read_models import EventRecord, TrajectorySampleRecord
-from polar_mq.ui.charts import histogram, progress, reward_scale
+from polar_mq.ui.charts import histogram, progress, reward_scale, stage_lines
 from polar_mq.ui.timeline import stage_spans, timeline
 from polar_mq.ui.tokens_text import TokenDecoder
 from polar_mq.ui.trajectory_view import sample_view
@@ -132,3 +132,16 @@ def test_histograms_share_a_scale_and_progress_is_a_step_line() -> None:
     assert line is not None
     assert line.points == "0,10 50.0,10.0 50.0,7.5 100.0,7.5 100.0,5.0 100,5.0"
     assert progress(T0, [], 100, 10, 4) is None
+
+
+def test_stage_lines_count_running_rollouts_per_stage() -> None:
+    s = [T0 + timedelta(seconds=x) for x in range(11)]
+    intervals = [("prepare", s[0], s[2]), ("prepare", s[1], s[2]), ("run_agent", s[2], None)]
+    lines = stage_lines(intervals, ["prepare", "run_agent"], now=s[10], width=10, height=2,
+                        points=11)  # fmt: skip
+    assert lines is not None and lines.peak == 2 and lines.total_s == 10.0
+    prepare = [float(p.split(",")[1]) for p in lines.lines["prepare"].split()]
+    assert prepare[:4] == [1.0, 0.0, 0.0, 2.0]  # 1 running, then 2, then none (height 2 = 0)
+    agent = [float(p.split(",")[1]) for p in lines.lines["run_agent"].split()]
+    assert agent[1] == 2.0 and agent[2:] == [1.0] * 9  # the open run lasts until now
+    assert stage_lines([], ["prepare"], s[0], 10, 2) is None
