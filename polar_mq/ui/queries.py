@@ -19,7 +19,14 @@ from sqlalchemy.orm import Session
 
 from polar_mq.jobs import queries as job_queries
 from polar_mq.jobs.read_models import JobSummary
-from polar_mq.models import Event, EventKind, Rollout, RolloutStatus, TerminationReason
+from polar_mq.models import (
+    Event,
+    EventKind,
+    LlmCall,
+    Rollout,
+    RolloutStatus,
+    TerminationReason,
+)
 from polar_mq.workers.transitions import STAGE_OF_STATUS
 
 STAGES = job_queries.STAGES
@@ -243,3 +250,15 @@ def job_fingerprint(session: Session, job_id: uuid.UUID) -> tuple[object, ...]:
         ).where(Rollout.job_id == job_id)
     ).one()
     return tuple(row)
+
+
+def rollout_fingerprint(session: Session, rollout_id: uuid.UUID) -> tuple[object, ...]:
+    """Changes whenever the rollout moves, logs an event, or the proxy stores one of its calls."""
+    status = session.execute(
+        select(Rollout.status, Rollout.attempt, Rollout.reward).where(Rollout.id == rollout_id)
+    ).one_or_none()
+    last_event = session.scalar(select(func.max(Event.id)).where(Event.rollout_id == rollout_id))
+    calls = session.scalar(
+        select(func.count()).select_from(LlmCall).where(LlmCall.rollout_id == rollout_id)
+    )
+    return (tuple(status) if status else None, last_event, calls)

@@ -19,6 +19,7 @@ from polar_mq.api.deps import SessionDep, SettingsDep
 from polar_mq.api.errors import ApiError
 from polar_mq.config import Settings
 from polar_mq.db import unit_of_work
+from polar_mq.models import RolloutStatus
 from polar_mq.rollouts import artifact_queries
 from polar_mq.ui import auth, pages, queries
 from polar_mq.ui.auth import JobId, RolloutId, UiPrincipal
@@ -38,6 +39,7 @@ SECURITY_HEADERS = {
     "Cache-Control": "no-store",
 }
 Cursor = Annotated[str | None, Query(max_length=500)]
+TERMINAL = RolloutStatus.TERMINAL
 
 
 def page(request: Request, name: str, context: dict[str, Any], status: int = 200) -> Response:
@@ -165,9 +167,27 @@ def rollout(
     request: Request, rollout_id: RolloutId, session: SessionDep, principal: UiPrincipal
 ) -> Response:
     decoder: TokenDecoder | None = request.app.state.token_decoder
+    since = digest(queries.rollout_fingerprint(session, rollout_id))
     context = pages.rollout_page(session, rollout_id, decoder)
-    context.update(principal=principal)
+    context.update(principal=principal, since=since)
     return page(request, "rollout.html", context)
+
+
+@router.get("/rollouts/{rollout_id}/live")
+def rollout_live(request: Request, rollout_id: RolloutId, since: Cursor = None) -> Response:
+    decoder: TokenDecoder | None = request.app.state.token_decoder
+
+    def fingerprint() -> object:
+        with unit_of_work(_factory(request)) as session:
+            return queries.rollout_fingerprint(session, rollout_id)
+
+    def render() -> Rendered:
+        with unit_of_work(_factory(request)) as session:
+            context = pages.rollout_page(session, rollout_id, decoder)
+        done = context["r"].status in TERMINAL
+        return Rendered(fragment("rollout_live.html", context), done)
+
+    return live_stream(request, fingerprint, render, since)
 
 
 @router.get("/rollouts/{rollout_id}/artifacts/{name:path}")

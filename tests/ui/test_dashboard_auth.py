@@ -83,6 +83,7 @@ def test_a_tenant_sees_only_its_own_jobs_and_rollouts(client: TestClient, keys: 
         f"/ui/jobs/{alice_job}",
         f"/ui/jobs/{alice_job}/live",
         f"/ui/rollouts/{alice_rollouts[0]}",
+        f"/ui/rollouts/{alice_rollouts[0]}/live",
         f"/ui/rollouts/{alice_rollouts[0]}/artifacts/agent.log",
     ):
         answer = client.get(path)

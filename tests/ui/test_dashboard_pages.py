@@ -58,7 +58,7 @@ def test_job_page_shows_stages_groups_histograms_slowest_and_failed(
     assert ">2 / 3<" in rows[1] and "incomplete" in rows[1]
     assert len(re.findall(r"<rect ", rows[0])) == 2  # rewards 0 and 1: two bars
     assert "<polyline" in text  # finished over time
-    assert text.count("class=\"stage-line s-") == 4  # running per stage over time
+    assert text.count('class="stage-line s-') == 4  # running per stage over time
     failed = text.split('id="failed"', 1)[1].split("</table>", 1)[0]
     assert str(rollouts[5])[:8] in failed and "container vanished" in failed
     slowest = text.split('id="slowest"', 1)[1].split("</table>", 1)[0]
@@ -207,3 +207,19 @@ def test_page_fingerprint_changes_when_a_rollout_finishes(
     since_after = re.search(r"since=([0-9a-f]+)", after)
     assert since_after is not None and since_after.group(1) != since_before
     assert len(digest(("x",))) == 16
+
+
+def test_a_running_rollout_page_follows_its_stream_until_it_ends(
+    client: TestClient, keys: Keys, db_session_factory: sessionmaker[Session]
+) -> None:
+    _, rollouts = submit(client, keys.alice_write, [{"instruction": "a"}], 1)
+    sign_in(client, keys.alice_read)
+    running = client.get(f"/ui/rollouts/{rollouts[0]}").text
+    assert f'data-live-src="/ui/rollouts/{rollouts[0]}/live?since=' in running
+    complete_rollout(db_session_factory, rollouts[0], 1.0)
+    finished = client.get(f"/ui/rollouts/{rollouts[0]}").text
+    assert "data-live-src" not in finished
+    with client.stream("GET", f"/ui/rollouts/{rollouts[0]}/live", params={"since": "x"}) as s:
+        events = _events("".join(s.iter_text()))
+    assert [kind for kind, _ in events] == ["update", "end"]
+    assert 'id="rollout-status">completed<' in str(events[0][1]["html"])
