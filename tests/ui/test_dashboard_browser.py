@@ -66,17 +66,21 @@ def _submit(stack: LocalStack, key: str, gates: Path) -> str:
 
 
 def _text(driver: Any, element_id: str) -> str:
-    from selenium.webdriver.common.by import By
-
-    return str(driver.find_element(By.ID, element_id).text)
+    """An element's text, read in one script call: the live part is replaced while the test
+    looks, so a found element may be gone by the time its text is asked for."""
+    script = "const e = document.getElementById(arguments[0]); return e ? e.textContent : null;"
+    return str(driver.execute_script(script, element_id)).strip()
 
 
 def _wait(driver: Any, condition: Any, what: str) -> Any:
-    from selenium.common.exceptions import TimeoutException
+    from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
     from selenium.webdriver.support.ui import WebDriverWait
 
     try:
-        return WebDriverWait(driver, WAIT_S, poll_frequency=0.1).until(condition)
+        wait = WebDriverWait(
+            driver, WAIT_S, poll_frequency=0.1, ignored_exceptions=[StaleElementReferenceException]
+        )
+        return wait.until(condition)
     except TimeoutException:
         pytest.fail(f"timed out waiting for {what}; page: {driver.current_url}")
 
