@@ -212,29 +212,24 @@ def finish_times(session: Session, job_id: uuid.UUID) -> list[datetime]:
 def stage_intervals(
     session: Session, job_id: uuid.UUID
 ) -> list[tuple[str, datetime, datetime | None]]:
-    """(stage, started, ended or None) of every stage run of the job's rollouts, from the events.
-
-    Read through the rollouts (the events are indexed by rollout, not by job)."""
+    """(stage, first start, last end or None) of each stage of each attempt of the job's
+    rollouts, aggregated in the database from the events (read through the rollouts: the events
+    are indexed by rollout, not by job). A stage retried in place counts as one run from its
+    first start to its end."""
+    ended = Event.kind.in_([EventKind.FINISHED, EventKind.FAILED])
     rows = session.execute(
-        select(Event.rollout_id, Event.attempt, Event.stage, Event.kind, Event.at)
+        select(
+            Event.stage,
+            func.min(Event.at).filter(Event.kind == EventKind.STARTED),
+            func.max(Event.at).filter(ended),
+        )
         .where(
             Event.rollout_id.in_(select(Rollout.id).where(Rollout.job_id == job_id)),
             Event.kind.in_([EventKind.STARTED, EventKind.FINISHED, EventKind.FAILED]),
         )
-        .order_by(Event.rollout_id, Event.id)
+        .group_by(Event.rollout_id, Event.attempt, Event.stage)
     ).tuples()
-    open_runs: dict[tuple[uuid.UUID | None, int, str], datetime] = {}
-    out: list[tuple[str, datetime, datetime | None]] = []
-    for rollout_id, attempt, stage, kind, at in rows:
-        key = (rollout_id, attempt, stage)
-        if kind == EventKind.STARTED:
-            if key in open_runs:  # started again (retry, resume): the earlier run ended here
-                out.append((stage, open_runs[key], at))
-            open_runs[key] = at
-        elif key in open_runs:
-            out.append((stage, open_runs.pop(key), at))
-    out.extend((stage, began, None) for (_, _, stage), began in open_runs.items())
-    return out
+    return [(stage, began, end) for stage, began, end in rows if began is not None]
 
 
 def job_fingerprint(session: Session, job_id: uuid.UUID) -> tuple[object, ...]:
