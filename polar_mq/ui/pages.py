@@ -24,7 +24,8 @@ from polar_mq.ui.tokens_text import TokenDecoder
 from polar_mq.ui.trajectory_view import trajectory_views
 
 JOBS_PER_PAGE = 50
-GROUPS_PER_PAGE = 1000
+GROUPS_PER_PAGE = 200
+"""Groups in a job page's table; the rest on following pages (`?groups=<cursor>`)."""
 INLINE_ARTIFACT_BYTES = 64 * 1024
 """Text artifacts up to this size are shown on the rollout page; longer ones show their tail."""
 TEXT_MEDIA = ("text/", "application/json", "application/x-ndjson")
@@ -35,11 +36,16 @@ def jobs_page(session: Session, tenant: str | None, cursor: str | None) -> dict[
     return {"jobs": jobs, "next_cursor": next_cursor, "stages": queries.STAGES}
 
 
-def job_page(session: Session, job_id: uuid.UUID) -> dict[str, Any]:
-    """Status, groups (statistics, advantages, histograms), progress, slowest and failed."""
+def job_page(
+    session: Session, job_id: uuid.UUID, groups_cursor: str | None = None
+) -> dict[str, Any]:
+    """Status, groups (statistics, advantages, histograms), progress, slowest and failed.
+
+    Groups are listed in task order, GROUPS_PER_PAGE at a time from `groups_cursor` (a results
+    cursor of `complete_only=False`)."""
     status = job_queries.job_status(session, job_id)
     page = results.job_results(
-        session, job_id, None, GROUPS_PER_PAGE, complete_only=False, advantages="grpo"
+        session, job_id, groups_cursor, GROUPS_PER_PAGE, complete_only=False, advantages="grpo"
     )
     rewards = [
         s.reward for g in page.groups for s in g.samples if s.usable and s.reward is not None
@@ -58,7 +64,8 @@ def job_page(session: Session, job_id: uuid.UUID) -> dict[str, Any]:
         "job": status,
         "stages": queries.STAGES,
         "groups": page.groups,
-        "groups_cut": page.next_cursor is not None,
+        "groups_next": page.next_cursor,
+        "groups_cursor": groups_cursor,
         "hists": hists,
         "reward_low": low,
         "reward_high": high,

@@ -136,22 +136,30 @@ def jobs_live(
 
 
 @router.get("/jobs/{job_id}")
-def job(request: Request, job_id: JobId, session: SessionDep, principal: UiPrincipal) -> Response:
+def job(
+    request: Request,
+    job_id: JobId,
+    session: SessionDep,
+    principal: UiPrincipal,
+    groups: Cursor = None,
+) -> Response:
     since = digest(queries.job_fingerprint(session, job_id))
-    context = pages.job_page(session, job_id)
+    context = pages.job_page(session, job_id, groups)
     context.update(principal=principal, since=since)
     return page(request, "job.html", context)
 
 
 @router.get("/jobs/{job_id}/live")
-def job_live(request: Request, job_id: JobId, since: Cursor = None) -> Response:
+def job_live(
+    request: Request, job_id: JobId, since: Cursor = None, groups: Cursor = None
+) -> Response:
     def fingerprint() -> object:
         with unit_of_work(_factory(request)) as session:
             return queries.job_fingerprint(session, job_id)
 
     def render() -> Rendered:
         with unit_of_work(_factory(request)) as session:
-            context = pages.job_page(session, job_id)
+            context = pages.job_page(session, job_id, groups)
         status = context["job"]
         return Rendered(fragment("job_live.html", context), status.terminal == status.total)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import re
 import uuid
 from datetime import timedelta
@@ -223,3 +224,19 @@ def test_a_running_rollout_page_follows_its_stream_until_it_ends(
         events = _events("".join(s.iter_text()))
     assert [kind for kind, _ in events] == ["update", "end"]
     assert 'id="rollout-status">completed<' in str(events[0][1]["html"])
+
+
+def test_groups_are_paged_in_task_order(client: TestClient, keys: Keys) -> None:
+    job, _ = submit(client, keys.alice_write, [{"instruction": f"t{i}"} for i in range(205)], 1)
+    sign_in(client, keys.alice_read)
+    first = client.get(f"/ui/jobs/{job}").text
+    rows = first.split('id="groups"', 1)[1].split("</table>", 1)[0].count("<tr>") - 1
+    assert rows == 200
+    found = re.search(r'id="next-groups" href="([^"]+)"', first)
+    assert found is not None
+    second = client.get(html.unescape(found.group(1))).text
+    tail = second.split('id="groups"', 1)[1].split("</table>", 1)[0]
+    assert tail.count("<tr>") - 1 == 5
+    assert '<td class="num">200</td>' in tail and '<td class="num">204</td>' in tail
+    assert "next-groups" not in second
+    assert client.get(f"/ui/jobs/{job}", params={"groups": "garbage"}).status_code == 400
