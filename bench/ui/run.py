@@ -49,6 +49,25 @@ def _cpu_s(process: psutil.Process) -> float:
     return total
 
 
+def _first_loads(client: httpx.Client, paths: list[str], api: psutil.Process) -> dict[str, Any]:
+    """Each job page loaded once: nothing cached, every query and the whole render."""
+    times, cpu = [], []
+    for path in paths:
+        cpu_before = _cpu_s(api)
+        began = time.perf_counter()
+        answer = client.get(path)
+        times.append(time.perf_counter() - began)
+        cpu.append(_cpu_s(api) - cpu_before)
+        assert answer.status_code == 200, answer.status_code
+    return {
+        "n": len(paths),
+        "median_s": statistics.median(times),
+        "max_s": max(times),
+        "api_cpu_s": statistics.median(cpu),
+        "times_s": times,
+    }
+
+
 def _time_page(
     client: httpx.Client, path: str, repeats: int, api: psutil.Process
 ) -> dict[str, Any]:
@@ -82,9 +101,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         began = time.perf_counter()
         with unit_of_work(factory) as session:
             key = create_api_key(session, "bench", tenant="bench", scopes="jobs:read")
-            job_id, rollout_id = create_job(
-                session, args.rollouts, args.samples, args.calls, "bench", args.seed
-            )
+            small_job, _ = create_job(session, args.samples, args.samples, 1, "bench", 0)
+            jobs = [
+                create_job(session, args.rollouts, args.samples, args.calls, "bench", seed)
+                for seed in range(args.seed, args.seed + args.jobs)
+            ]
+        job_id, rollout_id = jobs[0]
         setup_s = time.perf_counter() - began
         engine.dispose()
         with tempfile.TemporaryDirectory() as tmp:
@@ -101,6 +123,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 with httpx.Client(base_url=base, timeout=60) as client:
                     login = client.post("/ui/login", data={"api_key": key, "next": "/ui/"})
                     assert login.status_code == 303, login.text
+                    # warm the process (imports, template compilation) on a small job
+                    assert client.get(f"/ui/jobs/{small_job}").status_code == 200
+                    first = _first_loads(client, [f"/ui/jobs/{j}" for j, _ in jobs], api)
                     pages = [
                         _time_page(client, f"/ui/jobs/{job_id}", args.repeats, api),
                         _time_page(client, "/ui/", args.repeats, api),
@@ -111,6 +136,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "samples_per_task": args.samples,
         "calls_per_rollout": args.calls,
         "synthetic_rows_s": setup_s,
+        "first_loads": first,
         "pages": pages,
         "target_job_page_s": TARGET_S,
         "load_average_1m": os.getloadavg()[0],
@@ -136,12 +162,22 @@ def report(result: dict[str, Any]) -> None:
             f"{page['p90_s'] * 1000:>6.0f}ms {page['max_s'] * 1000:>6.0f}ms "
             f"{page['api_cpu_s'] * 1000:>6.0f}ms"
         )
-    job = result["pages"][0]
-    verdict = "meets" if job["median_s"] < result["target_job_page_s"] else "MISSES"
+    first = result["first_loads"]
     print(
-        f"job page median {job['median_s'] * 1000:.0f} ms: {verdict} the target "
-        f"< {result['target_job_page_s'] * 1000:.0f} ms"
+        f"job page, first load of each of {first['n']} jobs (nothing cached): median "
+        f"{first['median_s'] * 1000:.0f} ms, max {first['max_s'] * 1000:.0f} ms, API CPU "
+        f"{first['api_cpu_s'] * 1000:.0f} ms; the repeated loads above reuse the render of the "
+        "unchanged job (the render cache)"
     )
+    for name, value in (
+        ("first load", first["median_s"]),
+        ("reload", result["pages"][0]["median_s"]),
+    ):
+        verdict = "meets" if value < result["target_job_page_s"] else "MISSES"
+        print(
+            f"job page {name} median {value * 1000:.0f} ms: {verdict} the target "
+            f"< {result['target_job_page_s'] * 1000:.0f} ms"
+        )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -150,6 +186,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--samples", type=int, default=8, help="samples per task (group size)")
     parser.add_argument("--calls", type=int, default=3, help="LLM calls per rollout")
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--jobs", type=int, default=5, help="jobs loaded once each, uncached")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--pg", default=PG_ADMIN, help="admin URL of the PostgreSQL server")
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/6")

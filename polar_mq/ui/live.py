@@ -17,8 +17,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable, Hashable
 from dataclasses import dataclass
 
 import orjson
@@ -39,6 +41,35 @@ class Rendered:
     done: bool
 
 
+class RenderCache:
+    """Rendered live parts by (page, its fingerprint digest): one per API process (app.state).
+
+    A page whose fingerprint did not change renders the same HTML, so it is rendered once for
+    every viewer and every reload: ten people watching one big job cost one render per change,
+    and a finished job's page is rendered once. The live parts hold nothing that depends on who
+    looks (access is checked before the cache is asked). Least recently used entries go first.
+    """
+
+    def __init__(self, max_entries: int = 64) -> None:
+        self._entries: OrderedDict[Hashable, Rendered] = OrderedDict()
+        self._max = max_entries
+        self._lock = threading.Lock()
+
+    def get_or_render(self, key: Hashable, render: Callable[[], Rendered]) -> Rendered:
+        with self._lock:
+            found = self._entries.get(key)
+            if found is not None:
+                self._entries.move_to_end(key)
+                return found
+        page = render()  # outside the lock: renders of different pages run side by side
+        with self._lock:
+            self._entries[key] = page
+            self._entries.move_to_end(key)
+            while len(self._entries) > self._max:
+                self._entries.popitem(last=False)
+        return page
+
+
 def digest(fingerprint: object) -> str:
     """A short stable hash of a fingerprint, put in the page so its stream starts from it."""
     return hashlib.sha256(repr(fingerprint).encode()).hexdigest()[:16]
@@ -51,12 +82,12 @@ def _event(kind: str, data: object) -> bytes:
 def live_stream(
     request: Request,
     fingerprint: Callable[[], object],
-    render: Callable[[], Rendered],
+    render: Callable[[str], Rendered],
     since: str | None,
     poll_s: float = POLL_S,
 ) -> StreamingResponse:
-    """An SSE response sending `render()` whenever `fingerprint()` changes (both run in threads,
-    each opening its own short session)."""
+    """An SSE response sending `render(digest)` whenever the digest of `fingerprint()` changes
+    (both run in threads, each opening its own short session)."""
 
     async def events() -> AsyncIterator[bytes]:
         yield b"retry: 2000\n\n"
@@ -68,7 +99,7 @@ def live_stream(
                 seen = digest(await run_in_threadpool(fingerprint))
                 if seen != last:
                     began = time.monotonic()
-                    page = await run_in_threadpool(render)
+                    page = await run_in_threadpool(render, seen)
                     render_s = time.monotonic() - began
                     last = seen
                     quiet_since = time.monotonic()

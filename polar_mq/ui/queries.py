@@ -22,9 +22,11 @@ from polar_mq.jobs.read_models import JobSummary
 from polar_mq.models import (
     Event,
     EventKind,
+    Job,
     LlmCall,
     Rollout,
     RolloutStatus,
+    StaleGroup,
     TerminationReason,
 )
 from polar_mq.workers.transitions import STAGE_OF_STATUS
@@ -233,18 +235,24 @@ def stage_intervals(
 
 
 def job_fingerprint(session: Session, job_id: uuid.UUID) -> tuple[object, ...]:
-    """Changes whenever a rollout of the job changes status, reason, attempt or reward."""
+    """Changes whenever what the job page shows changes: a rollout's status, reason, attempt,
+    reward or end; the job's own state (cancelled, stopped); a group found stale."""
     row = session.execute(
         select(
             func.count(),
             func.sum(Rollout.attempt),
             func.count(Rollout.reward),
+            func.sum(Rollout.reward),
             func.count(Rollout.finished_at),
             func.max(Rollout.finished_at),
             *[func.count().filter(Rollout.status == s) for s in RolloutStatus.ALL],
         ).where(Rollout.job_id == job_id)
     ).one()
-    return tuple(row)
+    job = session.execute(select(Job.status, Job.cancelled_at).where(Job.id == job_id)).one()
+    stale = session.scalar(
+        select(func.count()).select_from(StaleGroup).where(StaleGroup.job_id == job_id)
+    )
+    return (*row, *job, stale)
 
 
 def rollout_fingerprint(session: Session, rollout_id: uuid.UUID) -> tuple[object, ...]:

@@ -7,12 +7,15 @@ error pages on the API app.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from typing import Annotated, Any
 from urllib.parse import parse_qs
 
 from fastapi import APIRouter, FastAPI, Path, Query, Request
 from fastapi.staticfiles import StaticFiles
+from markupsafe import Markup
+from sqlalchemy.orm import Session
 from starlette.responses import RedirectResponse, Response
 
 from polar_mq.api.deps import SessionDep, SettingsDep
@@ -23,7 +26,7 @@ from polar_mq.models import RolloutStatus
 from polar_mq.rollouts import artifact_queries
 from polar_mq.ui import auth, pages, queries
 from polar_mq.ui.auth import JobId, RolloutId, UiPrincipal
-from polar_mq.ui.live import Rendered, digest, live_stream
+from polar_mq.ui.live import RenderCache, Rendered, digest, live_stream
 from polar_mq.ui.render import STATIC, templates
 from polar_mq.ui.system import system_view
 from polar_mq.ui.tokens_text import TokenDecoder
@@ -129,7 +132,7 @@ def jobs_live(
         with unit_of_work(_factory(request)) as session:
             return pages.jobs_page(session, tenant, cursor)
 
-    def render() -> Rendered:
+    def render(_digest: str) -> Rendered:
         return Rendered(fragment("jobs_live.html", context()), done=False)
 
     return live_stream(request, lambda: _jobs_fingerprint(context()), render, since)
@@ -144,9 +147,27 @@ def job(
     groups: Cursor = None,
 ) -> Response:
     since = digest(queries.job_fingerprint(session, job_id))
-    context = pages.job_page(session, job_id, groups)
-    context.update(principal=principal, since=since)
+    live = _job_live_part(request, session, job_id, groups, since)
+    context = {
+        "job_id": job_id, "live_html": Markup(live.html), "done": live.done, "since": since,
+        "groups_cursor": groups, "principal": principal,
+    }  # fmt: skip
     return page(request, "job.html", context)
+
+
+def _job_live_part(
+    request: Request, session: Session, job_id: uuid.UUID, groups: str | None, since: str
+) -> Rendered:
+    """The job page's live part (rendered by the autoescaping template, hence Markup), from the
+    render cache when the job has not changed since it was last rendered."""
+
+    def render() -> Rendered:
+        context = pages.job_page(session, job_id, groups)
+        status = context["job"]
+        return Rendered(fragment("job_live.html", context), status.terminal == status.total)
+
+    cache: RenderCache = request.app.state.ui_cache
+    return cache.get_or_render(("job", job_id, groups, since), render)
 
 
 @router.get("/jobs/{job_id}/live")
@@ -157,11 +178,9 @@ def job_live(
         with unit_of_work(_factory(request)) as session:
             return queries.job_fingerprint(session, job_id)
 
-    def render() -> Rendered:
+    def render(since: str) -> Rendered:
         with unit_of_work(_factory(request)) as session:
-            context = pages.job_page(session, job_id, groups)
-        status = context["job"]
-        return Rendered(fragment("job_live.html", context), status.terminal == status.total)
+            return _job_live_part(request, session, job_id, groups, since)
 
     return live_stream(request, fingerprint, render, since)
 
@@ -189,7 +208,7 @@ def rollout_live(request: Request, rollout_id: RolloutId, since: Cursor = None) 
         with unit_of_work(_factory(request)) as session:
             return queries.rollout_fingerprint(session, rollout_id)
 
-    def render() -> Rendered:
+    def render(_digest: str) -> Rendered:
         with unit_of_work(_factory(request)) as session:
             context = pages.rollout_page(session, rollout_id, decoder)
         done = context["r"].status in TERMINAL
@@ -255,5 +274,6 @@ def install_ui(app: FastAPI, settings: Settings) -> None:
         app.add_exception_handler(kind, handler)
     upstream = (settings.upstream_urls or [settings.upstream_url])[0]
     app.state.token_decoder = TokenDecoder(upstream, settings.served_model)
+    app.state.ui_cache = RenderCache()
     app.include_router(router)
     app.mount("/ui/static", StaticFiles(directory=STATIC), name="ui-static")

@@ -9,6 +9,7 @@ import httpx
 
 from polar_mq.jobs.read_models import EventRecord, TrajectorySampleRecord
 from polar_mq.ui.charts import histogram, progress, reward_scale, stage_lines
+from polar_mq.ui.live import RenderCache, Rendered
 from polar_mq.ui.timeline import stage_spans, timeline
 from polar_mq.ui.tokens_text import TokenDecoder
 from polar_mq.ui.trajectory_view import sample_view
@@ -145,3 +146,19 @@ def test_stage_lines_count_running_rollouts_per_stage() -> None:
     agent = [float(p.split(",")[1]) for p in lines.lines["run_agent"].split()]
     assert agent[1] == 2.0 and agent[2:] == [1.0] * 9  # the open run lasts until now
     assert stage_lines([], ["prepare"], s[0], 10, 2) is None
+
+
+def test_render_cache_renders_a_page_once_per_fingerprint_and_forgets_the_oldest() -> None:
+    renders: list[str] = []
+
+    def render(name: str) -> Rendered:
+        renders.append(name)
+        return Rendered(f"<p>{name}</p>", done=False)
+
+    cache = RenderCache(max_entries=2)
+    assert cache.get_or_render(("job", "a"), lambda: render("a")).html == "<p>a</p>"
+    assert cache.get_or_render(("job", "a"), lambda: render("a-again")).html == "<p>a</p>"
+    cache.get_or_render(("job", "b"), lambda: render("b"))
+    cache.get_or_render(("job", "c"), lambda: render("c"))  # evicts a
+    cache.get_or_render(("job", "a"), lambda: render("a2"))
+    assert renders == ["a", "b", "c", "a2"]
