@@ -146,6 +146,8 @@ def test_sign_in_watch_a_live_job_and_open_a_rollout(
         assert len(groups) == N_TASKS
         assert driver.find_elements(By.CSS_SELECTOR, "#groups svg.hist rect")
         driver.save_screenshot(str(shots / "03-job-completed.png"))
+        driver.execute_script("document.getElementById('groups').scrollIntoView()")
+        driver.save_screenshot(str(shots / "03-job-groups.png"))
 
         # 3. A rollout of the first group: timeline, calls, highlighted trajectory, agent log.
         driver.find_element(By.CSS_SELECTOR, "#groups tbody tr a.sample").click()
