@@ -103,4 +103,7 @@ def create_app(
     app.include_router(cancel.router)
     app.include_router(groups.router)
     app.include_router(policy.router)
+    from polar_mq.ui import install_ui  # here: the dashboard imports the API's modules
+
+    install_ui(app, settings)
     return app

@@ -1,0 +1,1 @@
+"""Dashboard page load times on a large synthetic job (see bench/README.md)."""

@@ -1,0 +1,3 @@
+from bench.ui.run import main
+
+main()
