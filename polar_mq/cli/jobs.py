@@ -13,6 +13,9 @@ import typer
 from polar_mq.cli.common import console, fail, load_settings
 from polar_mq.client import Client, PolarMQError
 
+ApiUrl = Annotated[str | None, typer.Option(help="API base URL")]
+ApiKey = Annotated[str | None, typer.Option(envvar="POLAR_MQ_API_KEY")]
+"""The two options of every command here: which API, and the key (also from the environment)."""
 DEFAULT_SAMPLES = 4
 """Samples per task when neither the file nor --samples says: a GRPO group."""
 
@@ -71,8 +74,8 @@ def submit(
     agent_timeout: Annotated[float | None, typer.Option(help="agent wall clock, s")] = None,
     pool: Annotated[str | None, typer.Option(help="worker pool")] = None,
     wait: Annotated[bool, typer.Option("--wait", help="wait and print results")] = False,
-    url: Annotated[str | None, typer.Option(help="API base URL")] = None,
-    api_key: Annotated[str | None, typer.Option(envvar="POLAR_MQ_API_KEY")] = None,
+    url: ApiUrl = None,
+    api_key: ApiKey = None,
 ) -> None:
     """Submit a job file, or a tasks file plus options for the rest of the job.
 
@@ -131,8 +134,8 @@ def export(
         Path | None,
         typer.Option(help="also save each rollout's artifacts under DIR/<rollout id>/"),
     ] = None,
-    url: Annotated[str | None, typer.Option(help="API base URL")] = None,
-    api_key: Annotated[str | None, typer.Option(envvar="POLAR_MQ_API_KEY")] = None,
+    url: ApiUrl = None,
+    api_key: ApiKey = None,
 ) -> None:
     """Write a job's training samples (one row each) as JSONL or Parquet."""
     from polar_mq.export import resolve_format
@@ -162,8 +165,8 @@ def export(
 
 def status(
     job_id: Annotated[str | None, typer.Argument(help="a job id; all jobs when omitted")] = None,
-    url: Annotated[str | None, typer.Option(help="API base URL")] = None,
-    api_key: Annotated[str | None, typer.Option(envvar="POLAR_MQ_API_KEY")] = None,
+    url: ApiUrl = None,
+    api_key: ApiKey = None,
 ) -> None:
     """Print a job's status, or the list of jobs."""
     client = api_client(url, api_key)
@@ -184,8 +187,8 @@ def groups(
         bool, typer.Option("--ack/--no-ack", help="acknowledge each batch once printed")
     ] = True,
     trajectories: Annotated[bool, typer.Option(help="include token arrays")] = False,
-    url: Annotated[str | None, typer.Option(help="API base URL")] = None,
-    api_key: Annotated[str | None, typer.Option(envvar="POLAR_MQ_API_KEY")] = None,
+    url: ApiUrl = None,
+    api_key: ApiKey = None,
 ) -> None:
     """Print a job's complete groups as they finish (one JSON line each), leasing them.
 
@@ -214,8 +217,8 @@ def groups(
 
 def cancel(
     job_id: Annotated[str, typer.Argument(help="job id")],
-    url: Annotated[str | None, typer.Option(help="API base URL")] = None,
-    api_key: Annotated[str | None, typer.Option(envvar="POLAR_MQ_API_KEY")] = None,
+    url: ApiUrl = None,
+    api_key: ApiKey = None,
 ) -> None:
     """Cancel every unfinished rollout of a job (running agents are killed)."""
     client = api_client(url, api_key)
@@ -235,8 +238,8 @@ def policy(
     ] = False,
     resume: Annotated[bool, typer.Option(help="let held LLM calls go (weights loaded)")] = False,
     drain_timeout: Annotated[float, typer.Option(help="seconds to wait for the drain")] = 30.0,
-    url: Annotated[str | None, typer.Option(help="API base URL")] = None,
-    api_key: Annotated[str | None, typer.Option(envvar="POLAR_MQ_API_KEY")] = None,
+    url: ApiUrl = None,
+    api_key: ApiKey = None,
 ) -> None:
     """Show or set the trainer's policy version (weight updates; see docs/async_rl.md)."""
     if resume and (version is not None or pause):

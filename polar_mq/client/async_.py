@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine
 from types import TracebackType
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
@@ -73,7 +73,7 @@ class AsyncClient:
             raise unreachable(exc) from exc
         return decode(response, call.raw)
 
-    async def _drive(self, stepper: Stepper) -> AsyncIterator[Any]:
+    async def _drive(self, stepper: Stepper) -> AsyncGenerator[Any, None]:
         """Perform the operation's steps, yielding the items it emits."""
         try:
             while (step := stepper.next()) is not None:

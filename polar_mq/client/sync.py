@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from types import TracebackType
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
@@ -74,7 +74,7 @@ class Client:
             raise unreachable(exc) from exc
         return decode(response, call.raw)
 
-    def _drive(self, stepper: Stepper) -> Iterator[Any]:
+    def _drive(self, stepper: Stepper) -> Generator[Any, None, None]:
         """Perform the operation's steps, yielding the items it emits."""
         try:
             while (step := stepper.next()) is not None:
