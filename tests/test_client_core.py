@@ -11,6 +11,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -192,3 +193,34 @@ def test_both_faces_report_errors_and_unreachable_servers_alike() -> None:
     with pytest.raises(PolarMQError) as down:
         sync.rollout("down")
     assert down.value.status == 0 and down.value.transient
+
+
+def test_async_export_saves_artifacts_inside_each_rollout_folder(tmp_path: Path) -> None:
+    """The async face gets `export(..., artifacts_dir=...)` from the core, as the sync one has."""
+    asked: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        asked.append(f"{request.url.path}?{request.url.query.decode()}")
+        if request.url.path == "/v1/jobs/j1/results":
+            group = {"group_id": "j1:0", "task_index": 0, "samples": [
+                {"rollout_id": "r1", "attempt": 2, "trajectories": []},
+            ]}  # fmt: skip
+            return httpx.Response(
+                200, json={"groups": [group], "next_cursor": None, "job_finished": True}
+            )
+        if request.url.path == "/v1/rollouts/r1/artifacts":
+            names = [{"name": "agent.log"}, {"name": "../escape"}]
+            return httpx.Response(200, json={"artifacts": names})
+        return httpx.Response(200, content=b"log of r1")
+
+    async def scenario() -> Any:
+        async with AsyncClient("http://test", transport=httpx.MockTransport(handler)) as client:
+            return await client.export(
+                "j1", tmp_path / "out.jsonl", artifacts_dir=tmp_path / "artifacts"
+            )
+
+    summary = asyncio.run(scenario())
+    assert (summary.groups, summary.rows, summary.artifacts) == (1, 0, 1)
+    assert (tmp_path / "artifacts" / "r1" / "agent.log").read_bytes() == b"log of r1"
+    assert not (tmp_path / "artifacts" / "escape").exists()
+    assert "/v1/rollouts/r1/artifacts/agent.log?attempt=2" in asked

@@ -108,8 +108,7 @@ class AsyncClient:
     iter_results = _iterating(ClientCore.iter_results)
     results = _awaiting(ClientCore.results)
     iter_groups = _iterating(ClientCore.iter_groups)
-    export = _awaiting(ClientCore.export)
-    """As `Client.export` (file writes happen in the event loop's thread)."""
+    export = _awaiting(ClientCore.export)  # its file writes happen in the event loop's thread
 
     policy = _awaiting(ClientCore.policy)
     set_policy = _awaiting(ClientCore.set_policy)

@@ -265,21 +265,20 @@ class ClientCore(GroupLeases):
         saved as `artifacts_dir/<rollout id>/<name>` too. A failed export leaves no file.
         """
         writer = _export_writer(job_id, path, format, advantages)
-        saved = [0]
+        saved = 0
 
         def write(page: dict[str, Any]) -> Op[None]:
+            nonlocal saved
             writer.add_page(page)
             if artifacts_dir is not None:
                 for rollout_id, attempt in page_rollouts(page):
-                    saved[0] += yield from self.save_artifacts(
-                        rollout_id, Path(artifacts_dir), attempt
-                    )
+                    saved += yield from self.save_artifacts(rollout_id, artifacts_dir, attempt)
 
         with writer:
             pages = self.iter_pages(job_id, complete_only, True, page_size, advantages)
             yield from for_each(pages, write)
             summary = writer.finish()
-        return dataclasses.replace(summary, artifacts=saved[0])
+        return dataclasses.replace(summary, artifacts=saved)
 
     # -- policy versions (weight updates)
 
