@@ -1,11 +1,11 @@
 """The sans-IO protocol between the client core and its two faces.
 
-Every client operation is written once, in `core.py`, as a generator that *describes* its I/O: it
-yields a `Call` (an HTTP request) and receives the decoded answer, or has the API's error thrown
-in; it yields a `Sleep` when it wants to wait; a streaming operation yields an `Emit` per item it
-hands to the caller. The sync face (`sync.py`) and the async face (`async_.py`) only carry these
-steps out with httpx.Client / time.sleep or httpx.AsyncClient / asyncio.sleep, so retries,
-pagination, polling, lease extension and acknowledgement logic exist in one place.
+Every client operation is written once (`core.py`, `leases.py`) as a generator that *describes*
+its I/O: it yields a `Call` (an HTTP request) and receives the decoded answer, or has the API's
+error thrown in; it yields a `Sleep` when it wants to wait; a streaming operation yields an `Emit`
+per item it hands to the caller. The sync face (`sync.py`) and the async face (`async_.py`) only
+carry these steps out with httpx.Client / time.sleep or httpx.AsyncClient / asyncio.sleep, so
+retries, pagination, polling, lease extension and acknowledgement logic exist in one place.
 """
 
 from __future__ import annotations
