@@ -87,7 +87,7 @@ def test_harness_list_shows_the_extra(tmp_path: Path, monkeypatch: pytest.Monkey
     """`[openai]` is printed as text, not swallowed as rich markup."""
     from typer.testing import CliRunner
 
-    from polar_mq.harness_cli import harness_app
+    from polar_mq.cli.harness import harness_app
 
     monkeypatch.setenv("POLAR_MQ_HARNESS_ROOT", str(tmp_path))
     monkeypatch.setenv("COLUMNS", "200")

@@ -1,5 +1,5 @@
-"""What the sync and async clients share: errors, request shapes, response parsing, the
-group-following state and the export writer hookup."""
+"""The client-side state of following a job: deadlines, the group follower behind `iter_groups`
+and the batch filler behind `stream_groups` (no I/O here: `core.py` drives them)."""
 
 from __future__ import annotations
 
@@ -7,122 +7,14 @@ import os
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-import httpx
-import orjson
-
-if TYPE_CHECKING:
-    from polar_mq.export import ExportWriter
-
-DEFAULT_TIMEOUT_S = 30.0
-EXPORT_PAGE_SIZE = 16
-"""Groups per results page while exporting: pages carry token arrays, keep them modest."""
-TRANSIENT_STATUSES = frozenset({502, 503, 504})
-SUBMIT_ATTEMPTS = 3
-MAX_POLL_FAILURES = 10
+from typing import Any
 
 
-class PolarMQError(Exception):
-    """An error answer of the API (status 0: the server could not be reached)."""
-
-    def __init__(self, status: int, type: str, message: str) -> None:
-        super().__init__(f"{status} {type}: {message}")
-        self.status = status
-        self.type = type
-        self.message = message
-
-    @property
-    def transient(self) -> bool:
-        """Worth retrying: the server was unreachable or briefly unavailable."""
-        return self.status == 0 or self.status in TRANSIENT_STATUSES
-
-
-@dataclass(frozen=True, slots=True)
-class Submission:
-    job_id: str
-    rollout_ids: list[str]
-    created: bool
-    """False when the idempotency key named a job that already existed."""
-
-
-# --------------------------------------------------------------------------------------------
-# Shared by both clients: request shapes, response parsing, the group-following state
-
-
-def _headers(api_key: str | None) -> dict[str, str]:
-    headers = {"Accept": "application/json", "User-Agent": "polar-mq-client"}
-    if api_key:
-        headers["Authorization"] = f"Bearer {api_key}"
-    return headers
-
-
-def _submit_body(spec: Mapping[str, Any]) -> bytes:
-    body = dict(spec)
-    if not body.get("idempotency_key"):
-        body["idempotency_key"] = f"client-{uuid.uuid4().hex}"
-    return orjson.dumps(body)
-
-
-def _parse(response: httpx.Response) -> Any:
-    """The JSON body of a 2xx response, or the API's error raised as PolarMQError."""
-    if response.is_success:
-        return orjson.loads(response.content)
-    try:
-        error = orjson.loads(response.content)["error"]
-        raise PolarMQError(response.status_code, str(error["type"]), str(error["message"]))
-    except (orjson.JSONDecodeError, KeyError, TypeError):
-        raise PolarMQError(response.status_code, "http_error", response.text[:500]) from None
-
-
-def page_rollouts(page: Mapping[str, Any]) -> list[tuple[str, int]]:
-    """(rollout id, attempt) of every sample of a results page."""
-    return [
-        (str(sample["rollout_id"]), int(sample["attempt"]))
-        for group in page.get("groups") or []
-        for sample in group.get("samples") or []
-    ]
-
-
-def _submission(data: Mapping[str, Any]) -> Submission:
-    return Submission(str(data["job_id"]), [str(r) for r in data["rollout_ids"]], data["created"])
-
-
-def _results_params(
-    complete_only: bool,
-    include_trajectories: bool,
-    limit: int,
-    cursor: str | None,
-    advantages: str | None = None,
-) -> dict[str, Any]:
-    params: dict[str, Any] = {
-        "complete_only": str(complete_only).lower(),
-        "include_trajectories": str(include_trajectories).lower(),
-        "limit": limit,
-    }
-    if cursor is not None:
-        params["cursor"] = cursor
-    if advantages is not None:
-        params["advantages"] = advantages
-    return params
-
-
-def _export_writer(
-    job_id: str, path: str | os.PathLike[str], format: str | None, advantages: str | None
-) -> ExportWriter:
-    from polar_mq.export import ExportWriter, resolve_format
-
-    target = Path(path)
-    return ExportWriter(target, resolve_format(target, format), job_id, advantages is not None)
-
-
-def _is_done(status: Mapping[str, Any]) -> bool:
+def is_done(status: Mapping[str, Any]) -> bool:
     return status.get("state") != "running"
 
 
-class _GroupFollower:
+class GroupFollower:
     """Which complete groups have been handed out, and where to poll next.
 
     The server lists a running job's groups in completion order and only once they are settled,
@@ -148,7 +40,7 @@ class _GroupFollower:
         return fresh, False
 
 
-class _Deadline:
+class Deadline:
     def __init__(self, timeout: float | None) -> None:
         self.at = None if timeout is None else time.monotonic() + timeout
         self.timeout = timeout
@@ -157,20 +49,6 @@ class _Deadline:
         if self.at is not None and time.monotonic() >= self.at:
             raise TimeoutError(f"{what} not finished after {self.timeout} s")
 
-
-def _info(status: Mapping[str, Any]) -> str:
-    failed = status["by_status"].get("failed", 0)
-    reward = status.get("mean_reward")
-    parts = [f"groups {status['groups_complete']}/{status['groups_total']}"]
-    if failed:
-        parts.append(f"[red]failed {failed}[/]")
-    if reward is not None:
-        parts.append(f"reward {reward:.3f}")
-    return "  ".join(parts)
-
-
-# --------------------------------------------------------------------------------------------
-# Group leases: the batching state behind `stream_groups`
 
 ACK_MODES = ("auto", "manual")
 
@@ -187,7 +65,7 @@ def delivery_ids(groups: Sequence[Mapping[str, Any]]) -> list[str]:
     return [str(g["delivery"]["delivery_id"]) for g in groups]
 
 
-def _lease_body(
+def lease_body(
     consumer: str,
     max_groups: int,
     lease_s: float,
@@ -201,29 +79,7 @@ def _lease_body(
     }  # fmt: skip
 
 
-MIN_POLL_S = 0.5
-"""A stream whose long-poll is shorter than this sleeps this long after an empty answer."""
-
-
-def _retry_delay(exc: PolarMQError, failures: int) -> float:
-    """Seconds to wait before retrying a failed call; raises `exc` when it is not worth it."""
-    if not exc.transient or failures >= MAX_POLL_FAILURES:
-        raise exc
-    return min(0.5 * failures, 5.0)
-
-
-def _lost_lease(exc: PolarMQError) -> bool:
-    """A 409 on ack/extend: the lease went to another consumer (or was acked elsewhere)."""
-    return exc.status == 409
-
-
-LOST_LEASE_WARNING = (
-    "group delivery %s could not be acknowledged (%s): its lease expired and it was handed out "
-    "again, so another consumer may train on it too; lease longer or extend leases"
-)
-
-
-class _BatchFiller:
+class BatchFiller:
     """Collects leased groups into batches of `batch_size` for `stream_groups`.
 
     Groups are leased until the batch is full; a partial batch goes out only once the job is
@@ -262,7 +118,7 @@ class _BatchFiller:
         # While groups are held, no wait may outlast a third of their lease: the extension
         # check runs between lease calls.
         wait_s = min(self.wait_s, self.lease_s / 3) if self.batch else self.wait_s
-        return _lease_body(
+        return lease_body(
             self.consumer, self.batch_size - len(self.batch), self.lease_s, wait_s,
             self.include_trajectories, self.advantages,
         )  # fmt: skip

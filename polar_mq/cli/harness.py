@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from polar_mq.cli.common import fail
 from polar_mq.config import Settings
 from polar_mq.harnesses.presets.install import InstallError, install, installed_versions
 from polar_mq.harnesses.presets.registry import get_preset, presets
@@ -57,17 +58,14 @@ def harness_install(
     root = _root().harness_root
     wanted = list(presets()) if all_presets else list(names or [])
     if not wanted:
-        console.print("[red]error:[/red] name a preset (see `polar-mq harness list`) or --all")
-        raise typer.Exit(2)
+        raise fail("name a preset (see `polar-mq harness list`) or --all", 2, to=console)
     failed = 0
     for item in wanted:
         name, _, version = item.partition("@")
         preset = get_preset(name)
         if preset is None:
-            console.print(
-                f"[red]error:[/red] unknown preset {name!r}; known: {', '.join(presets())}"
-            )
-            raise typer.Exit(2)
+            known = ", ".join(presets())
+            raise fail(f"unknown preset {name!r}; known: {known}", 2, to=console)
         version = version or preset.package.default_version
         try:
             report = install(

@@ -1,7 +1,7 @@
 """`polar-mq keys`: create, list and revoke REST API keys, straight in the database.
 
-Apart from `polar_mq.cli` to keep that module small; it talks to the database of
-POLAR_MQ_DATABASE_URL (an operator's action, not an API call: no key is needed to make the first).
+It talks to the database of POLAR_MQ_DATABASE_URL (an operator's action, not an API call: no key
+is needed to make the first).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 from sqlalchemy.orm import Session
 
+from polar_mq.cli.common import fail
 from polar_mq.config import get_settings
 from polar_mq.tenants.scopes import ALL_SCOPES
 
@@ -25,8 +26,7 @@ Limit = Annotated[int | None, typer.Option(min=1, help="overrides the tenant's q
 
 
 def _fail(message: str, code: int = 2) -> typer.Exit:
-    console.print(f"[red]error:[/red] {message}")
-    return typer.Exit(code)
+    return fail(message, code, to=console)
 
 
 @contextmanager

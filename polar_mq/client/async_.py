@@ -1,0 +1,138 @@
+"""`AsyncClient`: the asyncio face of the client core (httpx.AsyncClient, asyncio.sleep).
+
+The same operations as `Client`, each the core operation of the same name carried out step by
+step (`steps.py`): coroutines for calls, async iterators for streams.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine
+from types import TracebackType
+from typing import Any, Concatenate, ParamSpec, TypeVar
+
+import httpx
+
+from polar_mq.client.core import DEFAULT_TIMEOUT_S, ClientCore, headers
+from polar_mq.client.errors import PolarMQError
+from polar_mq.client.steps import Call, Emit, Op, Sleep, Stepper, Stream, decode, unreachable
+
+P = ParamSpec("P")
+T = TypeVar("T")
+I = TypeVar("I")  # noqa: E741
+
+
+def _awaiting(
+    op: Callable[Concatenate[ClientCore, P], Op[T]],
+) -> Callable[Concatenate[AsyncClient, P], Coroutine[Any, Any, T]]:
+    """The core operation `op` as a coroutine method that returns its result."""
+
+    @functools.wraps(op)
+    async def method(self: AsyncClient, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        return await self._run(op(self._core, *args, **kwargs))
+
+    return method
+
+
+def _iterating(
+    op: Callable[Concatenate[ClientCore, P], Stream[I]],
+) -> Callable[Concatenate[AsyncClient, P], AsyncIterator[I]]:
+    """The streaming core operation `op` as a method returning an async iterator of its items."""
+
+    @functools.wraps(op)
+    def method(self: AsyncClient, /, *args: P.args, **kwargs: P.kwargs) -> AsyncIterator[I]:
+        return self._drive(Stepper(op(self._core, *args, **kwargs)))
+
+    return method
+
+
+class AsyncClient:
+    """The same API for asyncio trainers: `async with AsyncClient(url) as client: ...`."""
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        *,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self._http = httpx.AsyncClient(
+            base_url=base_url.rstrip("/"),
+            headers=headers(api_key),
+            timeout=timeout,
+            transport=transport,
+        )
+        self._core = ClientCore(timeout)
+
+    async def _send(self, call: Call) -> Any:
+        try:
+            response = await self._http.request(call.method, call.path, **call.request_kwargs())
+        except httpx.TransportError as exc:
+            raise unreachable(exc) from exc
+        return decode(response, call.raw)
+
+    async def _drive(self, stepper: Stepper) -> AsyncGenerator[Any, None]:
+        """Perform the operation's steps, yielding the items it emits."""
+        try:
+            while (step := stepper.next()) is not None:
+                if isinstance(step, Emit):
+                    yield step.item
+                elif isinstance(step, Sleep):
+                    await asyncio.sleep(step.seconds)
+                else:
+                    try:
+                        stepper.reply(await self._send(step))
+                    except PolarMQError as exc:
+                        stepper.fail(exc)
+        finally:
+            stepper.close()
+
+    async def _run(self, op: Op[T]) -> T:
+        stepper = Stepper(op)
+        async for _ in self._drive(stepper):
+            raise TypeError("a streaming operation run as a call")
+        result: T = stepper.result
+        return result
+
+    submit = _awaiting(ClientCore.submit)
+    submit_spec = _awaiting(ClientCore.submit_spec)
+    status = _awaiting(ClientCore.status)
+    cancel = _awaiting(ClientCore.cancel)
+    cancel_rollout = _awaiting(ClientCore.cancel_rollout)
+    jobs = _awaiting(ClientCore.jobs)
+    wait = _awaiting(ClientCore.wait)
+
+    iter_pages = _iterating(ClientCore.iter_pages)
+    iter_results = _iterating(ClientCore.iter_results)
+    results = _awaiting(ClientCore.results)
+    iter_groups = _iterating(ClientCore.iter_groups)
+    export = _awaiting(ClientCore.export)  # its file writes happen in the event loop's thread
+
+    policy = _awaiting(ClientCore.policy)
+    set_policy = _awaiting(ClientCore.set_policy)
+    resume_policy = _awaiting(ClientCore.resume_policy)
+
+    lease_groups = _awaiting(ClientCore.lease_groups)
+    ack_groups = _awaiting(ClientCore.ack_groups)
+    extend_leases = _awaiting(ClientCore.extend_leases)
+    stream_groups = _iterating(ClientCore.stream_groups)
+
+    rollout = _awaiting(ClientCore.rollout)
+    trajectory = _awaiting(ClientCore.trajectory)
+    calls = _awaiting(ClientCore.calls)
+    artifacts = _awaiting(ClientCore.artifacts)
+    artifact = _awaiting(ClientCore.artifact)
+    save_artifacts = _awaiting(ClientCore.save_artifacts)
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
