@@ -181,12 +181,17 @@ class LocalRuntime(Runtime):
     def upload(self, data: bytes, dest: str) -> None:
         """Write a file the agent owns (and the directories made for it), so it can use it; never
         through a link the agent left (see `safe_files`: UnsafePath otherwise)."""
-        target = self._resolve(dest)
+        candidate = Path(dest)
+        # lexically (links are refused by `safe_files` below, not followed here)
+        target = Path(
+            os.path.normpath(candidate if candidate.is_absolute() else self.workdir / dest)
+        )
         # only into the agent's own directories: a link the agent planted must not make the
         # worker overwrite the runtime's records (runtime.json names the user commands run as)
-        mine = [d.resolve() for d in self._agent_dirs()]
+        mine = [*self._agent_dirs(), *(d.resolve() for d in self._agent_dirs())]
         if not any(target.is_relative_to(d) and target != d for d in mine):
-            raise ValueError(f"path {dest!r} is outside the workspace, home and tmp directories")
+            where = "runtime" if not target.is_relative_to(self.path) else "workspace, home and tmp"
+            raise safe_files.UnsafePath(f"path {dest!r} is outside {where} {self.runtime_id}")
         made = [p for p in target.parents if p.is_relative_to(self.path) and not p.exists()]
         safe_files.write_file(self.path, dest, self.workdir, data)
         agent = self.agent
