@@ -16,5 +16,9 @@ fi
 # The unprivileged user agents run as when a worker runs as root (POLAR_MQ_AGENT_USER's default;
 # without it agents run as nobody). See docs/hardening.md.
 if [ "$(id -u)" = 0 ] && ! id polar-agent >/dev/null 2>&1 && command -v useradd >/dev/null 2>&1; then
-  useradd --system --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin polar-agent
+  group=()
+  if getent group polar-agent >/dev/null 2>&1; then group=(-g polar-agent); fi  # left by a partial run
+  useradd --system "${group[@]}" --no-create-home --home-dir /nonexistent \
+    --shell /usr/sbin/nologin polar-agent ||
+    echo "[bootstrap] could not create the polar-agent user; agents will run as nobody"
 fi
