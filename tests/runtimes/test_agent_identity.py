@@ -154,7 +154,7 @@ def test_an_agent_link_never_hands_it_the_runtime_records(open_root: Path) -> No
     rt.start()
     try:
         assert rt.exec("ln -s ../runtime.json planted").ok
-        with pytest.raises(ValueError, match="outside workspace|is a symlink"):
+        with pytest.raises(ValueError, match=r"outside workspace|is a symlink"):
             rt.upload(b'{"agent": {"uid": 0, "gid": 0, "name": "root"}}', "planted")
         assert rt.agent == AGENT and (rt.path / "runtime.json").stat().st_uid == 0
         assert rt.exec("echo x > ../runtime.json").exit_code != 0  # not the agent's to write
