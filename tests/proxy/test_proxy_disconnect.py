@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
@@ -41,9 +41,13 @@ def http_scope(path: str, headers: dict[str, str], body: bytes) -> dict[str, Any
 
 
 async def call_and_hang_up(
-    harness: Harness, body: dict[str, Any], after_chunks: int
+    harness: Harness,
+    body: dict[str, Any],
+    after_chunks: int | None = None,
+    leaves: Callable[[list[bytes]], bool] | None = None,
 ) -> list[bytes]:
-    """Drive the proxy app like a server whose client leaves after `after_chunks` body chunks."""
+    """Drive the proxy app like a server whose client leaves after `after_chunks` body chunks (or
+    once `leaves(received)` says so)."""
     raw = orjson.dumps(body)
     gone = asyncio.Event()
     received: list[bytes] = []
@@ -62,7 +66,7 @@ async def call_and_hang_up(
             if gone.is_set():
                 return  # like uvicorn (ASGI 2.3): sends after a disconnect are dropped
             received.append(message.get("body", b""))
-            if len(received) >= after_chunks:
+            if (leaves or (lambda got: len(got) >= (after_chunks or 0)))(received):
                 gone.set()
             await asyncio.sleep(0.01)  # the network is slower than the relay
 
@@ -147,28 +151,8 @@ async def test_agent_hanging_up_after_the_last_event_keeps_the_call_complete(
         "messages": [{"role": "user", "content": "What is 12 * 34?"}],
         "stream": True,
     }
-    raw = orjson.dumps(body)
-    gone = asyncio.Event()
-    received: list[bytes] = []
-    sent_body = False
-
-    async def receive() -> Message:
-        nonlocal sent_body
-        if not sent_body:
-            sent_body = True
-            return {"type": "http.request", "body": raw, "more_body": False}
-        await gone.wait()
-        return {"type": "http.disconnect"}
-
-    async def send(message: Message) -> None:
-        if message["type"] != "http.response.body" or gone.is_set():
-            return
-        received.append(message.get("body", b""))
-        if b"[DONE]" in received[-1]:
-            gone.set()  # the agent leaves at once; the relay is still inside this send
-            await asyncio.sleep(0.05)
-
-    await paced.app(http_scope("/v1/chat/completions", paced.auth, raw), receive, send)
+    # the agent leaves on the last event, while the relay is still inside that send
+    received = await call_and_hang_up(paced, body, leaves=lambda got: b"[DONE]" in got[-1])
     assert received[-1].endswith(b"data: [DONE]\n\n")
     (row,) = await paced.rows()
     assert (row["complete"], row["status_code"], row["finish_reason"]) == (True, 200, "stop")
