@@ -80,10 +80,14 @@ def test_swapped_grader_files_score_zero_and_honest_work_scores_one(
          {"tests": {"path": str(hidden_dir)}, "links": {"tests": str(decoy)}}],
         {"name": "tests", "diff": False},
     )  # fmt: skip
+    # never a system file here: the grading command itself (`echo > reward.txt`, run as root when
+    # the worker is root and the runtime root is private) writes through the agent's link
+    elsewhere = tmp_path / "outside.txt"
+    elsewhere.write_text("x")
     reward_file = submit(
         rel,
         [{}, {"write": {"$HOME/mine": "1.0"}, "links": {"reward.txt": "$HOME/mine"}},
-         {"links": {"reward.txt": "/etc/passwd"}}],
+         {"links": {"reward.txt": str(elsewhere)}}],
         {"name": "command", "command": "echo 1.0 > reward.txt", "reward_file": "reward.txt"},
     )  # fmt: skip
     answer = submit(

@@ -214,7 +214,7 @@ def test_upload_and_download(runtime: LocalRuntime) -> None:
     ("bad", "why"),
     [
         ("../../escape.txt", "outside runtime"),
-        ("/etc/passwd", "outside runtime"),
+        ("/nonexistent/polar_mq_escape.txt", "outside runtime"),
         ("link/passwd", "link is a symlink"),
         ("inner/passwd", "inner is a symlink"),
         ("file", "file is a symlink"),
