@@ -37,7 +37,9 @@ def test_regular_files_round_trip_and_directories_are_created(root: Path) -> Non
     assert read_file(root, "../home/../workspace/a/b/c.bin", ws(root)) == b"v2"
 
 
-@pytest.mark.parametrize("target", ["/nonexistent/polar_mq_target", "../../outside.txt", "../home/x", "sub"])
+@pytest.mark.parametrize(
+    "target", ["/nonexistent/polar_mq_target", "../../outside.txt", "../home/x", "sub"]
+)
 def test_a_symlinked_file_is_refused_both_ways(root: Path, target: str) -> None:
     (root / "home" / "x").write_text("1.0")
     (ws(root) / "reward.txt").symlink_to(target)
