@@ -6,6 +6,7 @@ Alembic migrations on it, and drops it at the end, so parallel or interrupted ru
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import Iterator
@@ -28,10 +29,10 @@ PG_ADMIN_URL = os.environ.get("POLAR_MQ_TEST_PG", "postgresql://postgres@127.0.0
 REDIS_URL = os.environ.get("POLAR_MQ_TEST_REDIS", "redis://127.0.0.1:6379")
 
 
-@pytest.fixture(scope="session")
-def pg_url() -> Iterator[str]:
-    """URL of a fresh, migrated PostgreSQL database for this test session."""
-    name = f"polar_mq_test_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+@contextlib.contextmanager
+def scratch_database(prefix: str) -> Iterator[str]:
+    """A fresh, migrated PostgreSQL database named `<prefix>_<pid>_<random>`, dropped after."""
+    name = f"{prefix}_{os.getpid()}_{uuid.uuid4().hex[:6]}"
     admin = create_db_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
         conn.execute(text(f'CREATE DATABASE "{name}"'))
@@ -41,6 +42,13 @@ def pg_url() -> Iterator[str]:
     with admin.connect() as conn:
         conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
     admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> Iterator[str]:
+    """URL of a fresh, migrated PostgreSQL database for this test session."""
+    with scratch_database("polar_mq_test") as url:
+        yield url
 
 
 @pytest.fixture(scope="session")

@@ -28,20 +28,18 @@ from pathlib import Path
 import pytest
 import redis
 from api_support import REDIS_URL, complete_rollout
-from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
 from polar_mq.db import create_db_engine, make_session_factory, unit_of_work
 from polar_mq.jobs import deliveries
 from polar_mq.jobs.schemas import JobCreate
 from polar_mq.jobs.service import create_job
-from polar_mq.migrate import upgrade
 from polar_mq.models.artifact import RolloutArtifact
 from polar_mq.processes import ManagedProcess, free_port
 from polar_mq.tenants.keys import create_api_key
 from polar_mq.tenants.quotas import Owner
 from polar_mq.tenants.scopes import ALL_SCOPES
-from tests.conftest import PG_ADMIN_URL
+from tests.conftest import scratch_database
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 
@@ -72,16 +70,8 @@ class Seeded:
 
 @pytest.fixture(scope="module")
 def fuzz_db_url() -> Iterator[str]:
-    name = f"polar_mq_fuzz_{os.getpid()}_{uuid.uuid4().hex[:6]}"
-    admin = create_db_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    url = PG_ADMIN_URL.rsplit("/", 1)[0] + "/" + name
-    upgrade(url)
-    yield url
-    with admin.connect() as conn:
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    admin.dispose()
+    with scratch_database("polar_mq_fuzz") as url:
+        yield url
 
 
 def _seed(factory: sessionmaker[Session]) -> Seeded:

@@ -17,27 +17,18 @@ from pathlib import Path
 import pytest
 import redis
 from security_support import SETTINGS_MAX_ROLLOUTS_PER_REQUEST, TENANT_QUOTAS, LiveApi, make_key
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from polar_mq.db import create_db_engine, make_session_factory
-from polar_mq.migrate import upgrade
 from polar_mq.processes import ManagedProcess, free_port
-from tests.conftest import PG_ADMIN_URL, REDIS_URL
+from tests.conftest import REDIS_URL, scratch_database
 
 
 @pytest.fixture(scope="session")
 def security_db_url() -> Iterator[str]:
-    name = f"polar_mq_security_{os.getpid()}_{uuid.uuid4().hex[:6]}"
-    admin = create_db_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    url = PG_ADMIN_URL.rsplit("/", 1)[0] + "/" + name
-    upgrade(url)
-    yield url
-    with admin.connect() as conn:
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    admin.dispose()
+    with scratch_database("polar_mq_security") as url:
+        yield url
 
 
 @pytest.fixture(scope="session")
