@@ -158,6 +158,17 @@ class Settings(BaseSettings):
         description="who agents run as when the worker is root: a user name or uid[:gid] "
         "(default: the user polar-agent if it exists, else nobody); never root",
     )
+    agent_claims_dir: Path = Field(
+        Path("/run/polar_mq/agent-claims"),
+        description="where `local` records which pool user (polar-agent-N) each live runtime "
+        "holds; one directory per node, shared by all its workers",
+    )
+    unsafe_root_agents: bool = Field(
+        False,
+        description="development only (refused in production): when the runtime root is below "
+        "a private directory, run agents as the worker itself (root) instead of refusing; "
+        "never with untrusted agents",
+    )
     harness_root: Path = Field(
         Path.home() / ".cache" / "polar_mq" / "harnesses",
         description="installed harness presets, one directory per name/version (harness install)",
@@ -260,6 +271,8 @@ class Settings(BaseSettings):
         problems = security_problems(self)
         if self.is_production and self.database_url.startswith("sqlite"):
             problems.append("production needs PostgreSQL (POLAR_MQ_DATABASE_URL)")
+        if self.is_production and self.unsafe_root_agents:
+            problems.append("POLAR_MQ_UNSAFE_ROOT_AGENTS is for development only")
         if self.visibility_timeout_s <= self.max_agent_timeout_s:
             problems.append(
                 "POLAR_MQ_VISIBILITY_TIMEOUT_S must exceed POLAR_MQ_MAX_AGENT_TIMEOUT_S, otherwise "

@@ -22,3 +22,14 @@ if [ "$(id -u)" = 0 ] && ! id polar-agent >/dev/null 2>&1 && command -v useradd 
     --shell /usr/sbin/nologin polar-agent ||
     echo "[bootstrap] could not create the polar-agent user; agents will run as nobody"
 fi
+# One agent user per live `local` runtime (polar_mq/runtimes/agent_pool.py): polar-agent-1..N,
+# so two rollouts of a node cannot read each other's workspaces. Size: the node's worker slots
+# plus its warm pool.
+if [ "$(id -u)" = 0 ] && getent group polar-agent >/dev/null 2>&1 && command -v useradd >/dev/null 2>&1; then
+  for i in $(seq 1 "${POLAR_MQ_AGENT_POOL_SIZE:-32}"); do
+    id "polar-agent-$i" >/dev/null 2>&1 && continue
+    useradd --system -g polar-agent --no-create-home --home-dir /nonexistent \
+      --shell /usr/sbin/nologin "polar-agent-$i" ||
+      { echo "[bootstrap] could not create agent pool users; agents of a node share one user"; break; }
+  done
+fi

@@ -24,6 +24,11 @@ from polar_mq.models import Base
 # and `json:loads` standing in for a buggy scoring function) are import paths: allow them here, in
 # every settings object and process of the session, as an operator would for their own modules.
 os.environ.setdefault("POLAR_MQ_IMPORT_ALLOWLIST", "polar_mq,tests,polar_user_evals,json")
+# Most tests keep their runtimes below pytest's temporary directories (0700), which the
+# unprivileged agent users cannot enter: there the tests' own agents run as the worker, opted
+# into explicitly (a real node refuses). The isolation tests put runtimes below open directories,
+# where agents run as pool users (tests/security, tests/runtimes/test_agent_identity.py).
+os.environ.setdefault("POLAR_MQ_UNSAFE_ROOT_AGENTS", "1")
 
 PG_ADMIN_URL = os.environ.get("POLAR_MQ_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 REDIS_URL = os.environ.get("POLAR_MQ_TEST_REDIS", "redis://127.0.0.1:6379")

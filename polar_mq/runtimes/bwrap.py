@@ -46,7 +46,8 @@ import polar_mq
 from polar_mq.runtimes import cgroups, forwarder
 from polar_mq.runtimes.base import ExecResult, ResourceLimits
 from polar_mq.runtimes.identity import AgentIdentity
-from polar_mq.runtimes.local import LocalRuntime, _atomic_write, _signal_all, _wait_gone
+from polar_mq.runtimes.local import LocalRuntime
+from polar_mq.runtimes.process_kit import atomic_write, signal_all, wait_gone
 from polar_mq.runtimes.proxy_relay import ProxyRelay
 
 Network = Literal["host", "none", "proxy_only"]
@@ -122,7 +123,7 @@ class BwrapRuntime(LocalRuntime):
         if self.pids_limit is not None:
             cgroups.create(self.cgroup.name, self.pids_limit)
         settings = {"network": self.network, "pids_limit": self.pids_limit, "ro": self.ro_binds}
-        _atomic_write(self.path / _SETTINGS_FILE, json.dumps(settings).encode())
+        atomic_write(self.path / _SETTINGS_FILE, json.dumps(settings).encode())
 
     def stop(self) -> None:
         try:
@@ -142,8 +143,8 @@ class BwrapRuntime(LocalRuntime):
                 members.append(psutil.Process(pid))
             except psutil.Error:
                 continue
-        _signal_all(members, signal.SIGKILL)
-        left = _wait_gone(members, 5.0)
+        signal_all(members, signal.SIGKILL)
+        left = wait_gone(members, 5.0)
         return sorted(set(survivors) | {p.pid for p in left})
 
     def _choose_agent(self) -> AgentIdentity:
@@ -161,7 +162,7 @@ class BwrapRuntime(LocalRuntime):
         if parts.scheme != "http" or not parts.hostname:
             raise ValueError(f"network proxy_only relays plain http proxies only, not {url!r}")
         route = {"host": parts.hostname, "port": parts.port or 80}
-        _atomic_write(self.path / _ROUTE_FILE, json.dumps(route).encode())
+        atomic_write(self.path / _ROUTE_FILE, json.dumps(route).encode())
         inside = f"127.0.0.1:{PROXY_PORT_INSIDE}"
         return urlunsplit(("http", inside, parts.path, parts.query, parts.fragment))
 

@@ -36,7 +36,8 @@ import docker
 from polar_mq.runtimes.base import ExecResult, ResourceLimits, check_exec_timeouts
 from polar_mq.runtimes.docker_exec import StreamPump, container_pids, kill_exec, supervise
 from polar_mq.runtimes.identity import AgentIdentity
-from polar_mq.runtimes.local import EXEC_TAG, RUNTIME_TAG, LocalRuntime, _open_sink
+from polar_mq.runtimes.local import LocalRuntime
+from polar_mq.runtimes.process_kit import EXEC_TAG, RUNTIME_TAG, open_sink
 
 Network = Literal["host", "none"]
 NETWORKS: tuple[Network, ...] = ("host", "none")
@@ -279,7 +280,7 @@ class DockerRuntime(LocalRuntime):
             workdir=str(self._resolve(cwd) if cwd else self.workdir),
             user=f"{agent.uid}:{agent.gid}",  # never the image's root
         )["Id"]
-        sink = _open_sink(stdout_path)
+        sink = open_sink(stdout_path)
         reason: str | None = None
         try:
             pump = StreamPump(api.exec_start(handle, stream=True, demux=True), sink)

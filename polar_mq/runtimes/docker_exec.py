@@ -21,7 +21,7 @@ from typing import IO, Any
 import psutil
 from docker.errors import APIError, NotFound
 
-from polar_mq.runtimes.local import _environ_bytes, _safe_activity, _signal_all, _Tail, _wait_gone
+from polar_mq.runtimes.process_kit import Tail, environ_bytes, safe_activity, signal_all, wait_gone
 
 _POLL_S = 0.2  # how often a silent exec is asked whether it has exited
 _EOF = None
@@ -33,8 +33,8 @@ class StreamPump:
     def __init__(self, stream: Any, sink: IO[bytes] | None) -> None:
         self.stream = stream
         self.sink = sink
-        self.stdout = _Tail()
-        self.stderr = _Tail()
+        self.stdout = Tail()
+        self.stderr = Tail()
         self.eof = False
         self._queue: queue.SimpleQueue[tuple[bytes | None, bytes | None] | None] = (
             queue.SimpleQueue()
@@ -125,7 +125,7 @@ def supervise(
             wake = min(deadline, last_poll + _POLL_S)
             if inactivity_timeout is not None:
                 if now >= last_seen + inactivity_timeout and activity is not None:
-                    last_seen = max(last_seen, _safe_activity(activity))
+                    last_seen = max(last_seen, safe_activity(activity))
                 if now >= last_seen + inactivity_timeout:
                     return "inactive"
                 wake = min(wake, last_seen + inactivity_timeout)
@@ -150,7 +150,7 @@ def tagged_in_container(api: Any, container_id: str, needle: str) -> Iterator[ps
     """The container's processes whose environment holds `needle` (`NAME=value`)."""
     wanted = f"\0{needle}\0".encode()
     for pid in container_pids(api, container_id):
-        environ = _environ_bytes(pid)
+        environ = environ_bytes(pid)
         if environ is None or wanted not in b"\0" + environ + b"\0":
             continue
         with contextlib.suppress(psutil.Error):
@@ -160,8 +160,8 @@ def tagged_in_container(api: Any, container_id: str, needle: str) -> Iterator[ps
 def kill_exec(api: Any, container_id: str, needle: str, grace_s: float) -> list[int]:
     """SIGTERM, grace, then freeze-and-SIGKILL every process of one exec; return survivors."""
     members = {p.pid: p for p in tagged_in_container(api, container_id, needle)}
-    _signal_all(members.values(), signal.SIGTERM)
-    _wait_gone(members.values(), grace_s)
+    signal_all(members.values(), signal.SIGTERM)
+    wait_gone(members.values(), grace_s)
     end = time.monotonic() + 10.0
     frozen: dict[int, psutil.Process] = {}
     while time.monotonic() < end:
@@ -170,9 +170,9 @@ def kill_exec(api: Any, container_id: str, needle: str, grace_s: float) -> list[
         if not new:
             if not frozen:
                 return []
-            _signal_all(frozen.values(), signal.SIGKILL)
-            frozen = {p.pid: p for p in _wait_gone(frozen.values(), end - time.monotonic())}
+            signal_all(frozen.values(), signal.SIGKILL)
+            frozen = {p.pid: p for p in wait_gone(frozen.values(), end - time.monotonic())}
             continue
-        _signal_all(new.values(), signal.SIGSTOP)
+        signal_all(new.values(), signal.SIGSTOP)
         frozen.update(new)
     return sorted(frozen)

@@ -19,33 +19,42 @@ workspace the agent user cannot reach (below a 0700 directory) is refused in pro
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import resource
-import selectors
 import shutil
 import signal
 import stat
 import subprocess
-import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import IO, Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
 from polar_mq.runtimes import identity, safe_files
+from polar_mq.runtimes.agent_pool import POOL_PREFIX, AgentPool
 from polar_mq.runtimes.base import ExecResult, ResourceLimits, Runtime, check_exec_timeouts
 from polar_mq.runtimes.identity import AgentIdentity
+from polar_mq.runtimes.process_kit import (
+    EXEC_TAG,
+    RUNTIME_TAG,
+    Supervisor,
+    atomic_write,
+    kill_tree,
+    open_sink,
+    rlimit_setter,
+    signal_all,
+    tagged_processes,
+    wait_gone,
+)
 
-RUNTIME_TAG = "POLAR_MQ_RUNTIME_ID"
-EXEC_TAG = "POLAR_MQ_EXEC_ID"
-TAIL_BYTES = 8192
-_READ_CHUNK = 65536
-_FINAL_READS = 16
+if TYPE_CHECKING:
+    from polar_mq.config import Settings
+
+__all__ = ["EXEC_TAG", "RUNTIME_TAG", "LocalRuntime"]
+
 _META_FILE = "runtime.json"
 # Worker variables an ordinary program needs; everything else (database URLs, secrets) stays out.
 _PASSTHROUGH_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TERM", "SSL_CERT_FILE")
@@ -120,7 +129,7 @@ class LocalRuntime(Runtime):
                 "limits": None if limits is None else _limits_dict(limits),
                 "agent": self._choose_agent().as_dict(),
             }
-            _atomic_write(meta_path, json.dumps(meta).encode())
+            atomic_write(meta_path, json.dumps(meta).encode())
         self._give_dirs()
 
     def _agent_dirs(self) -> tuple[Path, ...]:
@@ -128,18 +137,32 @@ class LocalRuntime(Runtime):
 
     def _choose_agent(self) -> AgentIdentity:
         """The identity this runtime will run commands as (see the module docstring)."""
-        agent = self._agent or identity.node_identity()
+        agent = self._agent or self._pool_agent() or identity.node_identity()
         if not agent.switch or identity.can_reach(self.workdir, agent):
             return agent
+        self._release_agent(agent)
         message = (
             f"runtime root {self.root} is not reachable by the agent user {agent.name} (uid "
             f"{agent.uid}): a parent directory is private; put POLAR_MQ_RUNTIME_ROOT below "
             "directories every user may enter (e.g. /tmp/polar_mq/runtimes)"
         )
-        if _strict():
+        settings = _settings()
+        if settings.is_production or not settings.unsafe_root_agents:
             raise RuntimeError(message)
-        identity.say_once(f"{message}; development: agents there run as the worker's user")
+        identity.say_once(f"{message}; POLAR_MQ_UNSAFE_ROOT_AGENTS: agents there run as the worker")
         return identity.worker_identity()
+
+    def _pool_agent(self) -> AgentIdentity | None:
+        """A user of its own from the node's pool (`agent_pool`), when the node uses the default
+        agent user and the worker can switch users; None otherwise or when the pool is busy."""
+        settings = _settings()
+        if settings.agent_user or not identity.node_identity().switch:
+            return None
+        return AgentPool(settings.agent_claims_dir).claim(self.path)
+
+    def _release_agent(self, agent: AgentIdentity) -> None:
+        if agent.name.startswith(POOL_PREFIX):
+            AgentPool(_settings().agent_claims_dir).release(self.path, agent.uid)
 
     def _give_dirs(self) -> None:
         """The agent owns its directories; the runtime directory stays the worker's, unlisted."""
@@ -154,6 +177,8 @@ class LocalRuntime(Runtime):
             self.root.chmod(stat.S_IMODE(info.st_mode) & ~0o044)
         for directory in self._agent_dirs():
             os.lchown(directory, agent.uid, agent.gid)
+            # owner-only: agents of other runtimes (other pool users) cannot look in
+            directory.chmod(0o700)
 
     def hand_over(self) -> None:
         identity.chown_tree(self.workdir, self.agent)
@@ -167,14 +192,17 @@ class LocalRuntime(Runtime):
         _raise_on_survivors(self.runtime_id, survivors)
 
     def stop(self) -> None:
+        agent = self.agent
         survivors = self._kill_all()
+        if not survivors:
+            self._release_agent(agent)
         shutil.rmtree(self.path, ignore_errors=True)
         _raise_on_survivors(self.runtime_id, survivors)
         if self.path.exists():
             raise RuntimeError(f"runtime {self.runtime_id}: could not remove {self.path}")
 
     def alive_processes(self) -> list[int]:
-        return sorted(p.pid for p in _tagged_processes(RUNTIME_TAG, self.runtime_id))
+        return sorted(p.pid for p in tagged_processes(RUNTIME_TAG, self.runtime_id))
 
     # -- files ---------------------------------------------------------------------------------
 
@@ -236,7 +264,7 @@ class LocalRuntime(Runtime):
         full_env[EXEC_TAG] = exec_id
         limits = self.limits
         user = self._launch_as()
-        sink = _open_sink(stdout_path)
+        sink = open_sink(stdout_path)
         started = time.monotonic()
         try:
             proc = subprocess.Popen(
@@ -247,7 +275,7 @@ class LocalRuntime(Runtime):
                 cwd=self._resolve(cwd) if cwd else self.workdir,
                 env=full_env,
                 start_new_session=True,
-                preexec_fn=_rlimit_setter(limits) if limits else None,
+                preexec_fn=rlimit_setter(limits) if limits else None,
                 user=user.uid if user else None,
                 group=user.gid if user else None,
                 extra_groups=[] if user else None,
@@ -260,13 +288,13 @@ class LocalRuntime(Runtime):
             # e.g. a list command whose program does not exist: report it like a shell would
             return ExecResult(127, "", str(exc), False, False, time.monotonic() - started)
 
-        watch = _Supervisor(proc, sink, self.drain_s)
+        watch = Supervisor(proc, sink, self.drain_s)
         reason: str | None = None
         try:
             reason = watch.run(timeout, inactivity_timeout, activity)
         finally:
             if reason is not None or proc.poll() is None:
-                _kill_tree(proc, exec_id, self.kill_grace_s)
+                kill_tree(proc, exec_id, self.kill_grace_s)
             watch.close()
             if sink is not None:
                 sink.close()
@@ -304,256 +332,18 @@ class LocalRuntime(Runtime):
         end = time.monotonic() + deadline_s
         frozen: dict[int, psutil.Process] = {}
         while time.monotonic() < end:
-            found = {p.pid: p for p in _tagged_processes(RUNTIME_TAG, self.runtime_id)}
+            found = {p.pid: p for p in tagged_processes(RUNTIME_TAG, self.runtime_id)}
             new = {pid: p for pid, p in found.items() if pid not in frozen}
             if not new:
                 if not frozen:
                     return []
-                _signal_all(frozen.values(), signal.SIGKILL)
-                alive = _wait_gone(frozen.values(), end - time.monotonic())
+                signal_all(frozen.values(), signal.SIGKILL)
+                alive = wait_gone(frozen.values(), end - time.monotonic())
                 frozen = {p.pid: p for p in alive}
                 continue
-            _signal_all(new.values(), signal.SIGSTOP)
+            signal_all(new.values(), signal.SIGSTOP)
             frozen.update(new)
         return sorted(frozen)
-
-
-class _Tail:
-    """The last `limit` bytes of a stream, trimmed in amortised steps."""
-
-    def __init__(self, limit: int = TAIL_BYTES) -> None:
-        self.limit = limit
-        self.buf = bytearray()
-
-    def add(self, chunk: bytes) -> None:
-        self.buf += chunk
-        if len(self.buf) > 2 * self.limit:
-            del self.buf[: -self.limit]
-
-    def text(self) -> str:
-        return bytes(self.buf[-self.limit :]).decode("utf-8", errors="replace")
-
-
-class _Supervisor:
-    """Pumps a process's pipes and decides when it has to die; never blocks on a full pipe.
-
-    Event driven: it sleeps in select until output arrives, the process exits (a pidfd where the
-    kernel has one, else a short poll) or a deadline passes.
-    """
-
-    def __init__(self, proc: subprocess.Popen[bytes], sink: IO[bytes] | None, drain_s: float):
-        assert proc.stdout is not None and proc.stderr is not None
-        self.proc = proc
-        self.sink = sink
-        self.drain_s = drain_s
-        self.stdout = _Tail()
-        self.stderr = _Tail()
-        self.selector = selectors.DefaultSelector()
-        self.open_streams = 0
-        for stream, tail in ((proc.stdout, self.stdout), (proc.stderr, self.stderr)):
-            os.set_blocking(stream.fileno(), False)
-            self.selector.register(stream.fileno(), selectors.EVENT_READ, tail)
-            self.open_streams += 1
-        self.pidfd: int | None = None
-        try:
-            self.pidfd = os.pidfd_open(proc.pid)
-            self.selector.register(self.pidfd, selectors.EVENT_READ, None)
-        except (AttributeError, OSError):
-            self.pidfd = None
-
-    def run(
-        self,
-        timeout: float | None,
-        inactivity_timeout: float | None,
-        activity: Callable[[], float] | None,
-    ) -> str | None:
-        """Return "timeout" or "inactive" when the process must be killed, None when it ended."""
-        start = time.monotonic()
-        deadline = start + timeout if timeout is not None else float("inf")
-        last_seen = start
-        exited_at: float | None = None
-        while True:
-            now = time.monotonic()
-            if exited_at is None and self.proc.poll() is not None:
-                exited_at = now
-            if exited_at is not None:
-                if self.open_streams == 0 or now >= exited_at + self.drain_s:
-                    return None
-                wake = exited_at + self.drain_s
-            else:
-                if now >= deadline:
-                    return "timeout"
-                wake = deadline
-                if inactivity_timeout is not None:
-                    if now >= last_seen + inactivity_timeout and activity is not None:
-                        last_seen = max(last_seen, _safe_activity(activity))
-                    if now >= last_seen + inactivity_timeout:
-                        return "inactive"
-                    wake = min(wake, last_seen + inactivity_timeout)
-                if self.pidfd is None:
-                    wake = min(wake, now + 0.1)
-            if self._pump(max(0.0, wake - now)):
-                last_seen = time.monotonic()
-
-    def _pump(self, wait: float) -> bool:
-        """Wait up to `wait` seconds for events; return True when output arrived."""
-        got_output = False
-        for key, _ in self.selector.select(wait if wait != float("inf") else None):
-            if key.data is None:  # the pidfd: the process exited
-                self.selector.unregister(key.fd)
-                continue
-            got_output |= self._read(key.fd, key.data)
-        return got_output
-
-    def _read(self, fd: int, tail: _Tail) -> bool:
-        try:
-            chunk = os.read(fd, _READ_CHUNK)
-        except BlockingIOError:
-            return False
-        if not chunk:
-            self.selector.unregister(fd)
-            self.open_streams -= 1
-            return False
-        tail.add(chunk)
-        if self.sink is not None:
-            self.sink.write(chunk)
-        return True
-
-    def close(self) -> None:
-        """Collect what is left in the pipes without blocking, then release every descriptor."""
-        for key in list(self.selector.get_map().values()):
-            if key.data is not None:
-                # bounded: a background writer that holds the pipe must not keep us here
-                for _ in range(_FINAL_READS):
-                    if not self._read(key.fd, key.data):
-                        break
-        self.selector.close()
-        if self.pidfd is not None:
-            os.close(self.pidfd)
-        for stream in (self.proc.stdout, self.proc.stderr):
-            if stream is not None:
-                stream.close()
-
-
-def _safe_activity(activity: Callable[[], float]) -> float:
-    """A failing activity probe must not kill the agent; it just reports nothing new."""
-    try:
-        return float(activity())
-    except Exception:
-        return float("-inf")
-
-
-def _kill_tree(proc: subprocess.Popen[bytes], exec_id: str, grace_s: float) -> None:
-    """SIGTERM, then SIGKILL, the command's group, its descendants and its escaped daemons."""
-    members: dict[int, psutil.Process] = {}
-    try:
-        leader = psutil.Process(proc.pid)
-        members[leader.pid] = leader
-        members.update((c.pid, c) for c in leader.children(recursive=True))
-    except psutil.Error:
-        pass
-    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-        members.update((p.pid, p) for p in _tagged_processes(EXEC_TAG, exec_id))
-        with contextlib.suppress(OSError):
-            os.killpg(proc.pid, sig)
-        _signal_all(members.values(), sig)
-        if not _wait_gone(members.values(), wait_s, proc):
-            return
-
-
-def _wait_gone(
-    procs: Iterable[psutil.Process],
-    timeout: float,
-    child: subprocess.Popen[bytes] | None = None,
-) -> list[psutil.Process]:
-    """Poll until every process is gone (zombies count as gone); return the survivors.
-
-    Not psutil.wait_procs: it would reap our own child behind subprocess's back and lose its
-    exit status.
-    """
-    end = time.monotonic() + max(0.0, timeout)
-    pending = list(procs)
-    while True:
-        if child is not None:
-            child.poll()
-        pending = [p for p in pending if not _is_gone(p)]
-        if not pending or time.monotonic() >= end:
-            return pending
-        time.sleep(0.01)
-
-
-def _is_gone(proc: psutil.Process) -> bool:
-    try:
-        return proc.status() == psutil.STATUS_ZOMBIE or not proc.is_running()
-    except psutil.Error:
-        return True
-
-
-def _signal_all(procs: Iterable[psutil.Process], sig: int) -> None:
-    for proc in procs:
-        with contextlib.suppress(psutil.Error):
-            proc.send_signal(sig)  # psutil checks that the pid was not reused
-
-
-def _tagged_processes(name: str, value: str) -> list[psutil.Process]:
-    """Every live process (other than this one) whose environment holds `name=value`."""
-    needle = f"\0{name}={value}\0".encode()
-    me = os.getpid()
-    found: list[psutil.Process] = []
-    for pid in psutil.pids():
-        if pid == me:
-            continue
-        environ = _environ_bytes(pid)
-        if environ is None or needle not in b"\0" + environ + b"\0":
-            continue
-        try:
-            found.append(psutil.Process(pid))
-        except psutil.Error:
-            continue
-    return found
-
-
-def _environ_bytes(pid: int) -> bytes | None:
-    """The raw initial environment of a process; reading /proc directly avoids dict building."""
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as handle:
-            return handle.read()
-    except FileNotFoundError:
-        if os.path.isdir("/proc/self"):
-            return None
-    except OSError:
-        return None
-    try:  # no procfs: let psutil find the environment
-        return b"\0".join(f"{k}={v}".encode() for k, v in psutil.Process(pid).environ().items())
-    except psutil.Error:
-        return None
-
-
-def _rlimit_setter(limits: ResourceLimits) -> Callable[[], None] | None:
-    """Plan the setrlimit calls in the parent so the forked child only makes syscalls."""
-    plan: list[tuple[int, tuple[int, int]]] = []
-    wanted = (
-        (resource.RLIMIT_AS, limits.memory_mb and limits.memory_mb * 1024 * 1024, 0),
-        # one second of headroom: SIGXCPU at the soft limit lets a program report before SIGKILL
-        (resource.RLIMIT_CPU, limits.cpu_seconds, 1),
-        (resource.RLIMIT_NOFILE, limits.max_open_files, 0),
-    )
-    for res, value, headroom in wanted:
-        if not value:
-            continue
-        _, hard = resource.getrlimit(res)
-        new_hard = value + headroom
-        if hard != resource.RLIM_INFINITY:
-            new_hard = min(new_hard, hard)
-        plan.append((res, (min(value, new_hard), new_hard)))
-    if not plan:
-        return None
-
-    def apply() -> None:
-        for res, pair in plan:
-            resource.setrlimit(res, pair)
-
-    return apply
 
 
 def _limits_dict(limits: ResourceLimits) -> dict[str, Any]:
@@ -564,31 +354,10 @@ def _limits_dict(limits: ResourceLimits) -> dict[str, Any]:
     }
 
 
-def _open_sink(path: Path | None) -> IO[bytes] | None:
-    if path is None:
-        return None
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return open(path, "wb")  # closed by exec() in a finally block
+def _settings() -> Settings:
+    from polar_mq.config import get_settings  # config imports nothing of the runtimes
 
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    """Readers in other processes see the old file or the new one, never half of it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _strict() -> bool:
-    """Production refuses what development only warns about."""
-    from polar_mq.config import get_settings
-
-    return get_settings().is_production
+    return get_settings()
 
 
 def _raise_on_survivors(runtime_id: str, survivors: list[int]) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from polar_mq.config import get_settings
 from polar_mq.runtimes import LocalRuntime
 from polar_mq.runtimes.bwrap import BwrapRuntime, bwrap_available
 from polar_mq.runtimes.identity import (
@@ -109,21 +110,32 @@ def test_hand_over_gives_worker_files_to_the_agent(open_root: Path) -> None:
 
 
 @as_root
-def test_unreachable_root_keeps_the_worker_in_development(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+def test_unreachable_root_is_refused_unless_root_agents_are_opted_into(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Below a private directory the agent user could not open its own files: development runs
-    such a runtime as the worker and says so (production refuses it at start)."""
+    """Below a private directory the agent user could not open its own files. The runtime never
+    silently falls back to the worker (root: a grading command would then write through an
+    agent's links as root); only the explicit development switch runs agents as the worker."""
     private = tmp_path / "private"
     private.mkdir(mode=0o700)
+    monkeypatch.setenv("POLAR_MQ_UNSAFE_ROOT_AGENTS", "0")
+    get_settings.cache_clear()
+    refused = LocalRuntime(f"rt-priv-{uuid.uuid4().hex[:6]}", private, agent=AGENT)
+    with pytest.raises(RuntimeError, match="not reachable by the agent user"):
+        refused.start()
+    refused.stop()
+
+    monkeypatch.setenv("POLAR_MQ_UNSAFE_ROOT_AGENTS", "1")
+    get_settings.cache_clear()
     rt = LocalRuntime(f"rt-priv-{uuid.uuid4().hex[:6]}", private, agent=AGENT)
     with caplog.at_level(logging.WARNING):
         rt.start()
     try:
         assert rt.agent == worker_identity()
-        assert any("not reachable by the agent user" in r.message for r in caplog.records)
+        assert any("UNSAFE_ROOT_AGENTS" in r.message for r in caplog.records)
     finally:
         rt.stop()
+        get_settings.cache_clear()
 
 
 @as_root

@@ -1,0 +1,120 @@
+"""One agent user per live `local` runtime, so rollouts on one node cannot read each other.
+
+Under `local` nothing but the uid separates two agents of a node: with one shared agent user, an
+agent could read another rollout's workspace (its task, its hidden files once copied, its answer)
+and signal or trace its processes. A root worker therefore gives each runtime its own user from a
+*pool* of unprivileged users named `polar-agent-1`, `polar-agent-2`, ... (created ahead by
+`scripts/bootstrap.sh`, `POLAR_MQ_AGENT_POOL_SIZE`, or by the operator with `useradd`; real
+passwd entries, because harnesses such as Claude Code and Gemini CLI look their user up).
+
+Which runtime holds which user is recorded on disk (`Settings.agent_claims_dir`, one file per
+uid naming the runtime directory), under a node-wide file lock, because the stages of one rollout
+run in different worker processes. A claim is stale, and taken over, when its runtime directory
+is gone or records another user (a worker died before `stop()`). When every pool user is busy,
+the runtime falls back to the node's shared agent user and says so once: size the pool at least
+to the node's worker slots plus its warm pool.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import pwd
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+from polar_mq.runtimes.identity import AgentIdentity, say_once
+
+POOL_PREFIX = "polar-agent-"
+_MEMBER = re.compile(rf"^{re.escape(POOL_PREFIX)}(\d+)$")
+_LOCK_FILE = ".lock"
+_META_FILE = "runtime.json"
+
+
+def pool_members() -> list[AgentIdentity]:
+    """The node's pool users in pool order (never uid or gid 0)."""
+    members: list[tuple[int, AgentIdentity]] = []
+    for entry in pwd.getpwall():
+        match = _MEMBER.match(entry.pw_name)
+        if match and entry.pw_uid != 0 and entry.pw_gid != 0:
+            members.append(
+                (int(match.group(1)), AgentIdentity(entry.pw_uid, entry.pw_gid, entry.pw_name))
+            )
+    return [identity for _, identity in sorted(members, key=lambda item: item[0])]
+
+
+class AgentPool:
+    """Claims and releases pool users for runtime directories (safe across worker processes)."""
+
+    def __init__(self, claims_dir: Path, members: list[AgentIdentity] | None = None) -> None:
+        self.claims_dir = Path(claims_dir)
+        self.members = pool_members() if members is None else members
+
+    def claim(self, runtime_path: Path) -> AgentIdentity | None:
+        """A pool user for `runtime_path` (the one it already holds, if any); None when busy."""
+        if not self.members:
+            return None
+        holder_of = str(runtime_path)
+        with self._locked():
+            free: AgentIdentity | None = None
+            for member in self.members:
+                holder = self._holder(member)
+                if holder == holder_of:
+                    return member
+                if free is None and (holder is None or not _still_held(holder, member)):
+                    free = member
+            if free is not None:
+                self._write(free, holder_of)
+                return free
+        say_once(
+            f"all {len(self.members)} agent pool users are busy: this runtime's agent shares "
+            "the node's agent user with others; make the pool at least as large as the node's "
+            "worker slots plus its warm pool (POLAR_MQ_AGENT_POOL_SIZE in scripts/bootstrap.sh)"
+        )
+        return None
+
+    def release(self, runtime_path: Path, uid: int) -> None:
+        """Give the user back, if `runtime_path` still holds it."""
+        with self._locked():
+            for member in self.members:
+                if member.uid == uid and self._holder(member) == str(runtime_path):
+                    (self.claims_dir / str(uid)).unlink(missing_ok=True)
+
+    def _holder(self, member: AgentIdentity) -> str | None:
+        try:
+            return (self.claims_dir / str(member.uid)).read_text()
+        except OSError:
+            return None
+
+    def _write(self, member: AgentIdentity, holder: str) -> None:
+        path = self.claims_dir / str(member.uid)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(holder)
+        os.replace(tmp, path)
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        self.claims_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        with open(self.claims_dir / _LOCK_FILE, "a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _still_held(holder: str, member: AgentIdentity) -> bool:
+    """Whether the runtime named by a claim still exists and has not recorded another user.
+
+    A runtime that exists without its record yet is being started (it claims before it writes)."""
+    runtime = Path(holder)
+    if not runtime.is_dir():
+        return False
+    try:
+        recorded = json.loads((runtime / _META_FILE).read_text()).get("agent")
+    except (OSError, ValueError, AttributeError):
+        return True
+    return not isinstance(recorded, dict) or int(recorded.get("uid", -1)) == member.uid

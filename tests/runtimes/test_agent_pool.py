@@ -1,0 +1,166 @@
+"""One pool user per live `local` runtime: two rollouts of a node cannot read each other.
+
+The unit half drives `AgentPool` with made-up members (claims, re-claims, release, stale claims,
+a busy pool); the real half starts runtimes on this node's pool users (scripts/bootstrap.sh makes
+them) and has one agent try to read the other's workspace and process environment.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from polar_mq.config import get_settings
+from polar_mq.evaluators import CommandEvaluator, EvalContext
+from polar_mq.runtimes import LocalRuntime
+from polar_mq.runtimes.agent_pool import AgentPool, pool_members
+from polar_mq.runtimes.identity import AgentIdentity
+
+MEMBERS = [AgentIdentity(70001 + i, 70000, f"polar-agent-{i + 1}") for i in range(2)]
+
+
+def _runtime_dir(base: Path, name: str, uid: int | None = None) -> Path:
+    path = base / name
+    path.mkdir(parents=True)
+    if uid is not None:
+        (path / "runtime.json").write_text(
+            json.dumps({"agent": {"uid": uid, "gid": 0, "name": "x"}})
+        )
+    return path
+
+
+def test_each_runtime_gets_its_own_member_until_released(tmp_path: Path) -> None:
+    pool = AgentPool(tmp_path / "claims", MEMBERS)
+    a = _runtime_dir(tmp_path, "a")
+    b = _runtime_dir(tmp_path, "b")
+    first, second = pool.claim(a), pool.claim(b)
+    assert first is not None and second is not None and first != second
+    assert pool.claim(a) == first  # another stage of the same runtime: the same user
+    assert pool.claim(_runtime_dir(tmp_path, "c")) is None  # busy: the caller shares
+    assert first is not None
+    pool.release(b, first.uid)  # not b's: nothing happens
+    assert pool.claim(_runtime_dir(tmp_path, "d")) is None
+    pool.release(a, first.uid)
+    assert pool.claim(_runtime_dir(tmp_path, "e")) == first
+
+
+def test_stale_claims_are_taken_over(tmp_path: Path) -> None:
+    pool = AgentPool(tmp_path / "claims", MEMBERS)
+    gone = _runtime_dir(tmp_path, "gone")
+    moved = _runtime_dir(tmp_path, "moved")
+    assert pool.claim(gone) == MEMBERS[0] and pool.claim(moved) == MEMBERS[1]
+    shutil.rmtree(gone)  # its worker died before stop(); the janitor removed the directory
+    (moved / "runtime.json").write_text(json.dumps({"agent": {"uid": 4321}}))
+    assert pool.claim(_runtime_dir(tmp_path, "x")) == MEMBERS[0]
+    assert pool.claim(_runtime_dir(tmp_path, "y")) == MEMBERS[1]
+    # a runtime that exists but has not written its record yet is still starting: kept
+    starting = _runtime_dir(tmp_path, "starting")
+    fresh = AgentPool(tmp_path / "claims2", MEMBERS[:1])
+    assert fresh.claim(starting) == MEMBERS[0]
+    assert fresh.claim(_runtime_dir(tmp_path, "z")) is None
+
+
+needs_pool = pytest.mark.skipif(
+    os.geteuid() != 0 or len(pool_members()) < 2,
+    reason="needs a root worker and two agent pool users (scripts/bootstrap.sh creates them)",
+)
+
+
+@pytest.fixture
+def open_root(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    base = Path("/tmp") / f"pmq-pool-{uuid.uuid4().hex[:8]}"
+    base.mkdir(mode=0o755)
+    base.chmod(0o755)
+    monkeypatch.setenv("POLAR_MQ_AGENT_CLAIMS_DIR", str(base / "claims"))
+    monkeypatch.delenv("POLAR_MQ_AGENT_USER", raising=False)
+    get_settings.cache_clear()
+    yield base / "runtimes"
+    get_settings.cache_clear()
+    shutil.rmtree(base, ignore_errors=True)
+
+
+@needs_pool
+def test_two_local_runtimes_cannot_read_each_other(open_root: Path) -> None:
+    first = LocalRuntime("rt-pool-a", open_root)
+    second = LocalRuntime("rt-pool-b", open_root)
+    first.start()
+    second.start()
+    try:
+        assert first.agent.name.startswith("polar-agent-")
+        assert second.agent.name.startswith("polar-agent-")
+        assert first.agent.uid != second.agent.uid
+        first.upload(b"the answer is 42", "secret.txt")
+        sleeper = first.exec(
+            "(sleep 30 &) ; echo started", timeout=10
+        )  # a background process of rollout A with A's environment
+        assert sleeper.ok, sleeper
+        victim = first.alive_processes()
+        assert victim
+        probe = second.exec(
+            f"cat {first.workdir}/secret.txt 2>&1 || echo workspace-refused; "
+            f"ls {first.workdir} > /dev/null 2>&1 || echo listing-refused; "
+            f"cat /proc/{victim[0]}/environ > /dev/null 2>&1 || echo environ-refused; "
+            f"kill -STOP {victim[0]} 2>/dev/null || echo signal-refused; "
+            f"cat {first.path}/home/.x > /dev/null 2>&1; touch {first.path}/tmp/x 2>/dev/null "
+            "|| echo tmp-refused"
+        )
+        lines = probe.stdout_tail.splitlines()
+        assert "the answer is 42" not in probe.stdout_tail
+        for expected in (
+            "workspace-refused",
+            "listing-refused",
+            "environ-refused",
+            "signal-refused",
+            "tmp-refused",
+        ):
+            assert expected in lines, probe
+        # its own workspace is fine
+        assert first.exec("cat secret.txt").stdout_tail == "the answer is 42"
+    finally:
+        released = first.agent
+        first.stop()
+        second.stop()
+    # the stopped runtimes' users go back to the pool: the next runtime takes the first again
+    third = LocalRuntime("rt-pool-c", open_root)
+    third.start()
+    try:
+        assert third.agent == released
+    finally:
+        third.stop()
+
+
+@needs_pool
+def test_a_grading_command_runs_as_the_runtimes_agent_never_root(open_root: Path) -> None:
+    """The command evaluator runs in the workspace the agent controlled: as the agent's user, a
+    link the agent planted cannot make it write a file the agent could not write itself."""
+    rt = LocalRuntime("rt-pool-grade", open_root)
+    rt.start()
+    guarded = open_root.parent / "worker-only.txt"  # the worker's file, not a system one
+    guarded.write_text("untouched")
+    guarded.chmod(0o644)
+    try:
+        assert rt.exec(f"ln -s {guarded} reward.txt").ok
+        grader = CommandEvaluator("id -u > uid.txt; echo 1.0 > reward.txt", reward_file=None)
+        result = grader.evaluate(
+            EvalContext(
+                rollout_id="r-1",
+                task={},
+                runtime=rt,
+                workdir=rt.workdir,
+                agent_exit_code=0,
+                termination_reason="completed",
+                final_text=None,
+            )
+        )
+        assert result.reward == 0.0, result.detail  # the write through the link was refused
+        assert (rt.workdir / "uid.txt").read_text().strip() == str(rt.agent.uid)
+        assert rt.agent.uid != 0
+        assert guarded.read_text() == "untouched"
+    finally:
+        rt.stop()
