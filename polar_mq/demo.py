@@ -54,6 +54,11 @@ def _demo_settings(root: Path, upstream_url: str, model: str) -> Settings:
         upstream_url=upstream_url,
         served_model=model,
         runtime_root=(root / "runtimes").resolve(),
+        # The demo runs only the built-in reference agent on arithmetic tasks, under its own
+        # private directory (0700, made in run_demo): its agents run as the user who started the
+        # demo, also root, whose interpreter may sit below a private home. Real nodes run agents
+        # as unprivileged pool users (docs/hardening.md).
+        unsafe_root_agents=True,
         node_name="demo",
         pool="demo",
     )
@@ -100,7 +105,7 @@ def _exit_on_sigterm() -> None:
 def run_demo(use_fake: bool, n_tasks: int, samples: int) -> int:
     _exit_on_sigterm()
     shutil.rmtree(DEMO_DIR, ignore_errors=True)
-    DEMO_DIR.mkdir(parents=True)
+    DEMO_DIR.mkdir(parents=True, mode=0o700)
     vllm: local_vllm.LocalVllmServer | None = None
     if not use_fake and not local_vllm.is_installed():
         console.print(

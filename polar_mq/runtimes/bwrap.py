@@ -86,6 +86,7 @@ class BwrapRuntime(LocalRuntime):
     """
 
     kind = "bwrap"
+    owner_only_dirs = False
 
     def __init__(
         self,

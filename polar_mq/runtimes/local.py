@@ -69,6 +69,9 @@ class LocalRuntime(Runtime):
     """
 
     kind = "local"
+    owner_only_dirs = True
+    """Agent directories 0700: under `local` only the uid separates rollouts. (`bwrap` builds its
+    sandbox as a capability-less root that must still enter them; its mounts separate rollouts.)"""
 
     def __init__(
         self,
@@ -177,8 +180,9 @@ class LocalRuntime(Runtime):
             self.root.chmod(stat.S_IMODE(info.st_mode) & ~0o044)
         for directory in self._agent_dirs():
             os.lchown(directory, agent.uid, agent.gid)
-            # owner-only: agents of other runtimes (other pool users) cannot look in
-            directory.chmod(0o700)
+            if self.owner_only_dirs:
+                # agents of other runtimes (other pool users) cannot look in
+                directory.chmod(0o700)
 
     def hand_over(self) -> None:
         identity.chown_tree(self.workdir, self.agent)
