@@ -37,8 +37,10 @@ def api(
     import uvicorn
 
     from polar_mq.api.app import create_app
+    from polar_mq.observability.logs import configure_from_settings
 
     settings = load_settings()
+    configure_from_settings("api", settings)
     host = host or settings.api_host
     if host not in LOCAL_HOSTS and not _has_keys(settings):
         raise fail(
@@ -47,7 +49,7 @@ def api(
         )
     uvicorn.run(
         create_app(settings), host=host, port=port or settings.api_port,
-        access_log=False, log_level="warning",
+        access_log=False, log_level="warning", log_config=None,
     )  # fmt: skip
 
 
@@ -112,6 +114,11 @@ def worker(
         raise fail(str(exc), 2) from exc
     for w in plan:
         console.print(f"{w.hostname}: queue {w.queue}, concurrency {w.concurrency}")
+    from polar_mq.observability.logs import configure_from_settings
+    from polar_mq.observability.node_metrics import serve_node_metrics
+
+    configure_from_settings("node", settings)
+    metrics = serve_node_metrics(settings, [w.queue for w in plan])
     if janitor:
         from polar_mq.workers.janitor import start_node_janitor
 
@@ -127,7 +134,9 @@ def worker(
         from polar_mq.workers.warm_refiller import start_refiller
 
         refiller = start_refiller(settings, agent_workers[0].concurrency)
-    code = supervise(plan, drain=drain)
+    code = supervise(plan, env=metrics.env if metrics else None, drain=drain)
+    if metrics is not None:
+        metrics.stop()
     if refiller is not None:
         refiller.stop()  # empties the node's pool: a stopped node keeps no idle runtimes
     raise typer.Exit(code)
@@ -182,6 +191,11 @@ def sweeper(
     settings = load_settings()
     if interval is not None:
         settings = settings.model_copy(update={"sweep_interval_s": interval})
+    from polar_mq.observability.logs import configure_from_settings
+    from polar_mq.observability.sweeper_metrics import serve_sweeper_metrics
+
+    configure_from_settings("sweeper", settings)
+    serve_sweeper_metrics(settings)
     swept = build_sweeper(settings)
     if once:
         report = swept.sweep_once()
