@@ -9,9 +9,10 @@ default INFO level: one level check per call, a formatted line once per rollout.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from polar_mq.proxy.sink import CallSink
+if TYPE_CHECKING:  # at run time: polar_mq.proxy imports this module
+    from polar_mq.proxy.sink import CallSink
 
 log = logging.getLogger("polar_mq.proxy.calls")
 
