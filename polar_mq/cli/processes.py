@@ -106,6 +106,9 @@ def worker(
         os.environ["POLAR_MQ_NODE_NAME"] = node
     get_settings.cache_clear()
     settings = load_settings()
+    from polar_mq.observability.logs import configure_from_settings
+
+    configure_from_settings("node", settings)
     try:
         plan = plan_workers(
             settings, parse_stages(stages), parse_concurrency(concurrency), pool_impl
@@ -114,17 +117,19 @@ def worker(
         raise fail(str(exc), 2) from exc
     for w in plan:
         console.print(f"{w.hostname}: queue {w.queue}, concurrency {w.concurrency}")
-    from polar_mq.observability.logs import configure_from_settings
-    from polar_mq.observability.node_metrics import serve_node_metrics
-
-    configure_from_settings("node", settings)
-    metrics = serve_node_metrics(settings, [w.queue for w in plan])
     if janitor:
         from polar_mq.workers.janitor import start_node_janitor
 
         start_node_janitor(settings)
     if drain_timeout < 0 or stop_grace < 0:
         raise fail("--drain-timeout and --stop-grace must be ≥ 0", 2)
+    from polar_mq.observability.node_metrics import serve_node_metrics
+
+    try:
+        metrics = serve_node_metrics(settings, [w.queue for w in plan])
+    except OSError as exc:  # the port is taken
+        port = settings.worker_metrics_port
+        raise fail(f"cannot serve node metrics on port {port}: {exc}", 2) from None
     drain = None
     if drain_timeout:
         drain = DrainPolicy(drain_timeout, unfinished_on_node(settings), kill_grace_s=stop_grace)
@@ -195,7 +200,11 @@ def sweeper(
     from polar_mq.observability.sweeper_metrics import serve_sweeper_metrics
 
     configure_from_settings("sweeper", settings)
-    serve_sweeper_metrics(settings)
+    try:
+        serve_sweeper_metrics(settings)
+    except OSError as exc:
+        port = settings.sweeper_metrics_port
+        raise fail(f"cannot serve sweeper metrics on port {port}: {exc}", 2) from None
     swept = build_sweeper(settings)
     if once:
         report = swept.sweep_once()

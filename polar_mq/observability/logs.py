@@ -87,7 +87,7 @@ def configure_logging(
     if log_dir is not None:
         log_dir.mkdir(parents=True, exist_ok=True)
         path = log_file(log_dir, process)
-        file_handler = logging.FileHandler(path, encoding="utf-8")
+        file_handler = logging.FileHandler(path, encoding="utf-8", delay=True)  # at 1st line
         file_handler.setFormatter(JsonLines(process))
         handlers.append(file_handler)
     for handler in handlers:

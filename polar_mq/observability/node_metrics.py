@@ -125,4 +125,9 @@ def serve_node_metrics(settings: Settings, queues: Sequence[str]) -> NodeMetrics
     """Start the node's `/metrics` when `POLAR_MQ_WORKER_METRICS_PORT` is set; else None."""
     if settings.worker_metrics_port is None:
         return None
-    return NodeMetrics(settings, queues, settings.worker_metrics_port).start()
+    metrics = NodeMetrics(settings, queues, settings.worker_metrics_port)
+    try:
+        return metrics.start()
+    except OSError:  # the port is taken: no directory left behind
+        metrics.stop()
+        raise

@@ -2,7 +2,8 @@
 JSON-lines logs of the same run gathered by `polar-mq logs`; the Grafana dashboard's metric names.
 
 One stack: fake vLLM-shaped upstream, proxy, API, sweeper and one worker node (`polar-mq
-worker`: a Celery process per stage behind one metrics port), PostgreSQL and Redis.
+worker`: a Celery process per stage, each with two prefork children, behind one metrics port),
+PostgreSQL and Redis.
 """
 
 from __future__ import annotations
@@ -61,6 +62,13 @@ def _wait_http(url: str, timeout_s: float = 60) -> None:
         time.sleep(0.5)
 
 
+def _wait_for_a_stage(url: str, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while value(scrape(url), "polar_stage_duration_seconds_count", outcome="done") < 1:
+        assert time.monotonic() < deadline, "no stage finished"
+        time.sleep(0.2)
+
+
 @pytest.fixture(scope="module")
 def run(pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     tmp = tmp_path_factory.mktemp("observability")
@@ -80,7 +88,7 @@ def run(pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     with LocalStack(settings, tmp / "logs") as stack:
         stack.fake_upstream(upstream, ttft_ms=300)
         stack.proxy()
-        stack.node(s.node_name, janitor=False)
+        stack.node(s.node_name, {st: 2 for st in Stage}, pool_impl="prefork", janitor=False)
         stack.sweeper(interval_s=1)
         stack.api()
         for url in urls.values():
@@ -89,6 +97,7 @@ def run(pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
         job = client.submit(
             TASKS, samples_per_task=2, harness={"type": "reference"}, evaluator="exact_match"
         )
+        _wait_for_a_stage(urls["node"])
         during = {name: scrape(url) for name, url in urls.items()}  # while it runs
         status = client.wait(str(job.job_id), progress=False, timeout=240)
         assert status["state"] == "completed", status
@@ -102,6 +111,7 @@ def run(pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
 
 
 def test_every_process_serves_metrics_during_the_job(run: Run) -> None:
+    assert value(run.during["node"], "polar_stage_duration_seconds_count", outcome="done") >= 1
     assert value(run.during["api"], "polar_api_requests_total", route="/v1/jobs") >= 1
     assert "polar_queue_depth" in run.during["node"]
     assert value(run.during["api"], "polar_rollouts") == len(run.rollout_ids)

@@ -4,6 +4,10 @@ and the proxy's line per call."""
 from __future__ import annotations
 
 import logging
+import os
+import socket
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -93,3 +97,22 @@ def test_the_proxy_logs_a_rollouts_first_call_and_failures(
         ("INFO", "call 0"), ("WARNING", "call 2"),
     ]  # fmt: skip
     assert {getattr(r, "rollout_id", None) for r in caplog.records} == {str(rid)}
+
+
+def test_a_taken_metrics_port_stops_the_node_with_a_message(tmp_path: Path) -> None:
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        env = {
+            **os.environ,
+            "POLAR_MQ_WORKER_METRICS_PORT": str(port),
+            "POLAR_MQ_RUNTIME_ROOT": str(tmp_path),
+        }
+        argv = [sys.executable, "-m", "polar_mq.cli", "worker", "--stages", "build"]
+        argv += ["--no-janitor", "--no-warm-pool"]
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    said = " ".join((done.stdout + done.stderr).split())
+    assert done.returncode == 2, said
+    assert f"cannot serve node metrics on port {port}" in said
+    assert "Traceback" not in said
