@@ -19,17 +19,15 @@ FIELDS = ("job_id", "rollout_id", "attempt", "stage")
 """The fields a line about a rollout carries (others may be bound too)."""
 
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
+"""Every value set is a new dict, never changed after: a copied context never sees a change."""
 _context: ContextVar[Mapping[str, Any]] = ContextVar("polar_mq_log_context", default=_EMPTY)
 
 
 def _clean(fields: Mapping[str, Any]) -> dict[str, Any]:
-    """Plain JSON values: ids as strings, enums by value, None left out."""
-    out: dict[str, Any] = {}
-    for key, value in fields.items():
-        if value is None:
-            continue
-        out[key] = value if isinstance(value, int | float | bool) else str(value)
-    return out
+    """The fields with a value (None is left out). Values stay as given (a UUID, an int): the
+    JSON formatter and the text formatter render them; converting here would cost every proxied
+    call a few microseconds."""
+    return {key: value for key, value in fields.items() if value is not None}
 
 
 def current() -> Mapping[str, Any]:
@@ -38,13 +36,19 @@ def current() -> Mapping[str, Any]:
 
 
 def bind(**fields: Any) -> None:
-    """Add fields to this context until the enclosing `log_context` (or task, or request) ends."""
-    _context.set(MappingProxyType({**_context.get(), **_clean(fields)}))
+    """Add fields to this context until the enclosing `log_context` (or task, or request) ends.
+
+    On the proxy's request path: a new plain dict (never changed once set), no more."""
+    merged = dict(_context.get())
+    for key, value in fields.items():
+        if value is not None:
+            merged[key] = value
+    _context.set(merged)
 
 
 def push(**fields: Any) -> Token[Mapping[str, Any]]:
     """Bind fields until `pop(token)`: for a start and an end in two callbacks (Celery signals)."""
-    return _context.set(MappingProxyType({**_context.get(), **_clean(fields)}))
+    return _context.set({**_context.get(), **_clean(fields)})
 
 
 def pop(token: Token[Mapping[str, Any]]) -> None:

@@ -43,7 +43,7 @@ def test_context_nests_and_is_undone() -> None:
     with log_context(rollout_id=rid, stage="prepare"):
         bind(job_id="j", attempt=2)
         assert current() == {
-            "rollout_id": str(rid),
+            "rollout_id": rid,
             "stage": "prepare",
             "job_id": "j",
             "attempt": 2,
