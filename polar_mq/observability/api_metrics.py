@@ -180,10 +180,10 @@ def route_of(scope: Scope) -> str:
     path = getattr(route, "path", None)
     if isinstance(path, str) and path:
         return path
-    root = scope.get("root_path", "")
-    app_root = scope.get("app_root_path")
-    if app_root and root and root != app_root:  # inside a mount (the dashboard's static files)
-        return f"{root.removeprefix(app_root)}/*"
+    if "app_root_path" in scope:  # inside a mount (the dashboard's static files)
+        mounted = str(scope.get("root_path", "")).removeprefix(str(scope["app_root_path"]))
+        if mounted:
+            return f"{mounted}/*"
     return UNMATCHED
 
 

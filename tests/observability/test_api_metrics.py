@@ -46,9 +46,11 @@ def test_requests_are_counted_by_route_template(client: TestClient) -> None:
     for _ in range(2):
         assert client.get(f"/v1/jobs/{uuid.uuid4()}").status_code == 404
     assert client.get("/no/such/path").status_code == 404
+    assert client.get("/ui/static/ui.css").status_code == 200
     samples = _scrape(client)
     assert value(samples, "polar_api_requests_total", route="/v1/jobs/{job_id}", status="404") == 2
     assert value(samples, "polar_api_requests_total", route="(unmatched)") == 1
+    assert value(samples, "polar_api_requests_total", route="/ui/static/*", status="200") == 1
     assert not any(
         "/v1/jobs/" in dict(labels).get("route", "") and "{" not in dict(labels)["route"]
         for labels in samples["polar_api_requests_total"]
