@@ -200,6 +200,25 @@ class Settings(BaseSettings):
     default_agent_timeout_s: float = Field(600.0, gt=0)
     max_agent_timeout_s: float = Field(3600.0, gt=0)
     default_inactivity_timeout_s: float | None = Field(None, gt=0)
+    log_level: str = Field(
+        "INFO", description="level of polar_mq's own loggers (libraries log at WARNING)"
+    )
+    log_dir: Path | None = Field(
+        None,
+        description="also write JSON lines to <dir>/<process>-<pid>.jsonl (read by polar-mq logs)",
+    )
+    metrics_host: str = Field(
+        "127.0.0.1", description="bind address of the worker node's and sweeper's /metrics"
+    )
+    worker_metrics_port: int | None = Field(
+        None, ge=1, le=65535, description="`polar-mq worker` serves the node's /metrics here"
+    )
+    sweeper_metrics_port: int | None = Field(
+        None, ge=1, le=65535, description="`polar-mq sweeper` serves its /metrics here"
+    )
+    metrics_cache_s: float = Field(
+        5.0, ge=0, description="the API's /metrics re-counts rollouts and jobs at most this often"
+    )
     result_backend: str | None = None
     task_always_eager: bool = False
 
@@ -257,6 +276,14 @@ class Settings(BaseSettings):
                 return orjson.loads(text)
             return [url.strip() for url in text.split(",") if url.strip()]
         return value
+
+    @field_validator("log_level")
+    @classmethod
+    def _known_level(cls, value: str) -> str:
+        level = value.strip().upper()
+        if level not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+            raise ValueError(f"unknown log level {value!r}; use debug, info, warning or error")
+        return level
 
     @field_validator("proxy_admin_token", mode="before")
     @classmethod

@@ -26,6 +26,8 @@ from polar_mq.body_timeout import BodyTimeoutMiddleware
 from polar_mq.config import Settings
 from polar_mq.db import create_db_engine, make_session_factory
 from polar_mq.imports import AllowlistMiddleware
+from polar_mq.observability.api_logs import install_request_context
+from polar_mq.observability.api_metrics import install_metrics
 from polar_mq.workers.celery_app import PolarCelery, create_celery, publish_messages
 from polar_mq.workers.outbox import Publisher, attach_publisher
 from polar_mq.workers.routing import StageMessage
@@ -97,6 +99,8 @@ def create_app(
     app.add_middleware(
         BodyTimeoutMiddleware, timeout_s=settings.body_read_timeout_s, refuse=body_timeout_response
     )
+    install_metrics(app, settings.metrics_cache_s)  # outermost: every request is counted
+    install_request_context(app)  # before the routers: their lines name the job or rollout
     app.include_router(health.router)
     app.include_router(jobs.router)
     app.include_router(rollouts.router)

@@ -37,8 +37,10 @@ def api(
     import uvicorn
 
     from polar_mq.api.app import create_app
+    from polar_mq.observability.logs import configure_from_settings
 
     settings = load_settings()
+    configure_from_settings("api", settings)
     host = host or settings.api_host
     if host not in LOCAL_HOSTS and not _has_keys(settings):
         raise fail(
@@ -47,7 +49,7 @@ def api(
         )
     uvicorn.run(
         create_app(settings), host=host, port=port or settings.api_port,
-        access_log=False, log_level="warning",
+        access_log=False, log_level="warning", log_config=None,
     )  # fmt: skip
 
 
@@ -104,6 +106,9 @@ def worker(
         os.environ["POLAR_MQ_NODE_NAME"] = node
     get_settings.cache_clear()
     settings = load_settings()
+    from polar_mq.observability.logs import configure_from_settings
+
+    configure_from_settings("node", settings)
     try:
         plan = plan_workers(
             settings, parse_stages(stages), parse_concurrency(concurrency), pool_impl
@@ -118,6 +123,13 @@ def worker(
         start_node_janitor(settings)
     if drain_timeout < 0 or stop_grace < 0:
         raise fail("--drain-timeout and --stop-grace must be ≥ 0", 2)
+    from polar_mq.observability.node_metrics import serve_node_metrics
+
+    try:
+        metrics = serve_node_metrics(settings, [w.queue for w in plan])
+    except OSError as exc:  # the port is taken
+        port = settings.worker_metrics_port
+        raise fail(f"cannot serve node metrics on port {port}: {exc}", 2) from None
     drain = None
     if drain_timeout:
         drain = DrainPolicy(drain_timeout, unfinished_on_node(settings), kill_grace_s=stop_grace)
@@ -127,7 +139,9 @@ def worker(
         from polar_mq.workers.warm_refiller import start_refiller
 
         refiller = start_refiller(settings, agent_workers[0].concurrency)
-    code = supervise(plan, drain=drain)
+    code = supervise(plan, env=metrics.env if metrics else None, drain=drain)
+    if metrics is not None:
+        metrics.stop()
     if refiller is not None:
         refiller.stop()  # empties the node's pool: a stopped node keeps no idle runtimes
     raise typer.Exit(code)
@@ -182,6 +196,15 @@ def sweeper(
     settings = load_settings()
     if interval is not None:
         settings = settings.model_copy(update={"sweep_interval_s": interval})
+    from polar_mq.observability.logs import configure_from_settings
+    from polar_mq.observability.sweeper_metrics import serve_sweeper_metrics
+
+    configure_from_settings("sweeper", settings)
+    try:
+        serve_sweeper_metrics(settings)
+    except OSError as exc:
+        port = settings.sweeper_metrics_port
+        raise fail(f"cannot serve sweeper metrics on port {port}: {exc}", 2) from None
     swept = build_sweeper(settings)
     if once:
         report = swept.sweep_once()

@@ -16,6 +16,7 @@ from starlette.routing import Route
 from polar_mq.body_timeout import BodyReadTimeout, BodyTimeoutMiddleware
 from polar_mq.config import Settings
 from polar_mq.db import create_db_engine
+from polar_mq.observability.proxy_logs import CallLogSink
 from polar_mq.proxy import routes
 from polar_mq.proxy.apis.registry import family_routes
 from polar_mq.proxy.auth import RolloutAuth
@@ -72,6 +73,7 @@ def create_proxy_app(
         call_sink: CallSink = BudgetedSink(stored_sink, lambda: budgets)
         if engine.FIDELITY == RETOKENIZED:  # ids from the backend's /tokenize, after the call
             call_sink = RetokenizingSink(call_sink, lambda name: pool.get(name).client)
+        call_sink = CallLogSink(call_sink)  # a log line per call, with its rollout
         await call_sink.start()
         policy: PolicySync | None = None
         policy_engine: Engine | None = None

@@ -12,6 +12,7 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import Response
 
+from polar_mq.observability.context import bind
 from polar_mq.proxy.apis.base import AUTHENTICATION, PERMISSION
 from polar_mq.proxy.errors import openai_error
 from polar_mq.proxy.rollout_states import Refusal
@@ -27,6 +28,7 @@ async def admit(request: Request) -> RolloutClaim | Refusal:
     claim = state.auth.authenticate(request)
     if isinstance(claim, str):
         return Refusal(401, BAD_TOKEN, claim)
+    bind(rollout_id=claim.rollout_id, attempt=claim.attempt)  # this request's log lines
     if state.rollouts is None:  # no database to ask (tests with an injected sink)
         return claim
     refused = await state.rollouts.refusal(claim.rollout_id)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 
 from polar_mq.config import Settings
+from polar_mq.observability.logs import configure_from_settings
 from polar_mq.proxy.app import create_proxy_app
 
 
@@ -21,11 +22,13 @@ def run_proxy(settings: Settings) -> None:
     """Serve the proxy on `settings.proxy_host:proxy_port` until interrupted."""
     import uvicorn
 
+    configure_from_settings("proxy", settings)
     uvicorn.run(
         create_proxy_app(settings),
         host=settings.proxy_host,
         port=settings.proxy_port,
         access_log=False,
+        log_config=None,  # uvicorn's lines go through our handlers (JSON, the log directory)
         log_level="warning",
         lifespan="on",
         **uvicorn_options(),  # type: ignore[arg-type]

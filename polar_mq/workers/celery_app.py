@@ -10,6 +10,7 @@ compare-and-set transitions of the stages.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,6 +18,8 @@ from celery import Celery
 from kombu.exceptions import ChannelError
 
 from polar_mq.config import Settings
+from polar_mq.observability.celery_hooks import install_celery_hooks
+from polar_mq.observability.stage_metrics import DUE_HEADER
 from polar_mq.workers.priority import (
     MAX_PRIORITY,
     BrokerKind,
@@ -90,6 +93,7 @@ def create_celery(settings: Settings) -> PolarCelery:
         task_default_queue=f"{settings.queue_prefix}.default",
     )
     app.conf.include = ["polar_mq.workers.tasks"]
+    install_celery_hooks(settings)  # logging, stage metrics and log context (signals)
     return app
 
 
@@ -115,6 +119,7 @@ def publish_messages(app: PolarCelery, messages: Sequence[StageMessage]) -> None
                 queue=queue_name(prefix, msg.stage, msg.pool, msg.node),
                 producer=producer,
                 countdown=msg.countdown,
+                headers={DUE_HEADER: time.time() + (msg.countdown or 0.0)},  # queue-wait metric
                 **options,
             )
 

@@ -23,6 +23,8 @@ from polar_mq.db import unit_of_work
 from polar_mq.imports import allowing
 from polar_mq.jobs.early_stop import after_rollout_ended
 from polar_mq.models import RolloutStatus, TerminationReason
+from polar_mq.observability import context as log_context
+from polar_mq.observability.stage_metrics import observe_outcome
 from polar_mq.workers.context import WorkerContext
 from polar_mq.workers.priority import job_priority
 from polar_mq.workers.recovery import backoff_s, restart_claimed, retry_in_place, retry_policy
@@ -132,6 +134,7 @@ def run_stage(
     if isinstance(claimed, str):
         log.info("%s of %s skipped: rollout is %s", stage, rollout_id, claimed)
         return f"skipped:{claimed}"
+    log_context.bind(job_id=claimed.rollout.job_id, attempt=claimed.rollout.attempt)
     on_lost = (lambda: _release_runtime(ctx, claimed)) if stage in RUNTIME_STAGES else None
     started = time.monotonic()
     with ctx.leases.hold(claimed, on_lost) as held:
@@ -151,6 +154,7 @@ def run_stage(
             return _unexpected(ctx, claimed, retries, traceback.format_exc())
         held.settle()  # from here on a heartbeat missing the row is our own commit
         outcome.detail["duration_s"] = round(time.monotonic() - started, 4)
+        observe_outcome(stage, outcome.detail)
         try:
             next_message = _next_message(ctx, claimed, outcome)
             _commit(

@@ -35,6 +35,7 @@ from polar_mq.db import unit_of_work
 from polar_mq.jobs.early_stop import after_rollout_ended
 from polar_mq.models import Event, EventKind, Job, TerminationReason
 from polar_mq.models.base import utcnow
+from polar_mq.observability.sweeper_metrics import observe_sweep
 from polar_mq.policy.admission import admit_all
 from polar_mq.policy.state import current_version
 from polar_mq.workers.outbox import defer_publish
@@ -94,6 +95,7 @@ class Sweeper:
             report.admitted = admit_all(session, current_version(session), worker=self.name)
         if report.changed:
             log.warning("sweeper: %s", report.details)
+        observe_sweep(report)
         return report
 
     def _pool(self, spec: dict[str, Any]) -> str:
