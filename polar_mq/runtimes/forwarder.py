@@ -121,10 +121,10 @@ def main(argv: list[str]) -> None:
     listener = _listen(port)
     parent = os.getpid()
     if os.fork() == 0:
-        _die_with_parent(parent)
         devnull = os.open(os.devnull, os.O_RDWR)
-        for fd in (0, 1, 2):
+        for fd in (0, 1, 2):  # first: the command's output ends when the command does
             os.dup2(devnull, fd)
+        _die_with_parent(parent)
         try:
             _serve(listener, path, parent)
         finally:
