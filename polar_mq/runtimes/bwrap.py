@@ -38,7 +38,6 @@ from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Literal
-from urllib.parse import urlsplit, urlunsplit
 
 import psutil
 
@@ -48,15 +47,17 @@ from polar_mq.runtimes.base import ExecResult, ResourceLimits
 from polar_mq.runtimes.identity import AgentIdentity
 from polar_mq.runtimes.local import LocalRuntime
 from polar_mq.runtimes.process_kit import atomic_write, signal_all, wait_gone
-from polar_mq.runtimes.proxy_relay import ProxyRelay
+from polar_mq.runtimes.proxy_relay import (
+    PROXY_PORT_INSIDE,
+    ProxyRelay,
+    record_route,
+    recorded_route,
+)
 
 Network = Literal["host", "none", "proxy_only"]
 NETWORKS: tuple[Network, ...] = ("host", "none", "proxy_only")
-PROXY_PORT_INSIDE = 8010
-"""Where `proxy_only` sandboxes find the proxy (their loopback is their own: any port is free)."""
 PROXY_SOCKET_INSIDE = "/run/polar-mq/proxy.sock"
 _SETTINGS_FILE = "bwrap.json"
-_ROUTE_FILE = "proxy_route.json"
 _SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt")
 # Enter the sandbox's cgroup, then become bwrap: the shell's pid is the future bwrap's pid, so
 # nothing forks outside the group. $0 is the group's cgroup.procs file.
@@ -159,20 +160,10 @@ class BwrapRuntime(LocalRuntime):
     def agent_proxy_url(self, url: str) -> str:
         if self._recorded().get("network") != "proxy_only":
             return url
-        parts = urlsplit(url)
-        if parts.scheme != "http" or not parts.hostname:
-            raise ValueError(f"network proxy_only relays plain http proxies only, not {url!r}")
-        route = {"host": parts.hostname, "port": parts.port or 80}
-        atomic_write(self.path / _ROUTE_FILE, json.dumps(route).encode())
-        inside = f"127.0.0.1:{PROXY_PORT_INSIDE}"
-        return urlunsplit(("http", inside, parts.path, parts.query, parts.fragment))
+        return record_route(self.path, url)
 
     def _proxy_route(self) -> tuple[str, int] | None:
-        try:
-            route = json.loads((self.path / _ROUTE_FILE).read_text())
-            return str(route["host"]), int(route["port"])
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
+        return recorded_route(self.path)
 
     # -- processes -----------------------------------------------------------------------------
 

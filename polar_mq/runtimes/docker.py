@@ -1,8 +1,9 @@
 """The `docker` runtime: one long-lived container per runtime; commands run in it by `docker exec`.
 
 The container is the sandbox: an image, memory/cpu/pids limits enforced by its cgroup, a network
-of `none` (no interface but loopback) or `host` (the node's network, so the proxy on 127.0.0.1 is
-reachable), no new privileges. Its init (`docker-init`) reaps orphans and `sleep infinity` keeps
+of `none` (no interface but loopback), `host` (the node's network, so the proxy on 127.0.0.1 is
+reachable) or `proxy_only` (`none` plus the proxy, through a relay: `docker_relay.py`), no new
+privileges. Its init (`docker-init`) reaps orphans and `sleep infinity` keeps
 it up between stages, so processes an exec leaves in the background live until reset or stop.
 
 Re-attach: the container is named from the runtime id and the runtime root, so any process on the
@@ -13,8 +14,8 @@ on both sides and work even while the container is stopped.
 
 Never root: every exec runs as the node's agent identity (`identity.py`, `docker exec --user
 uid:gid`), which owns those directories; the container's keep-alive stays the image's user. The
-container's pid namespace hides the node's processes. `network: proxy_only` is not offered yet
-(refused at submit): use `bwrap` for it.
+container's pid namespace hides the node's processes. The network policy is a label of the
+container (`LABEL_NETWORK`), so every handle relays the way the container was made.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import shutil
 import time
 import uuid
 from collections.abc import Callable, Mapping
+from contextlib import nullcontext
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
@@ -33,16 +35,19 @@ from docker.models.containers import Container
 from docker.types import Ulimit
 
 import docker
+from polar_mq.runtimes import docker_relay
 from polar_mq.runtimes.base import ExecResult, ResourceLimits, check_exec_timeouts
-from polar_mq.runtimes.docker_exec import StreamPump, container_pids, kill_exec, supervise
+from polar_mq.runtimes.docker_exec import container_pids, run_exec
 from polar_mq.runtimes.identity import AgentIdentity
 from polar_mq.runtimes.local import LocalRuntime
-from polar_mq.runtimes.process_kit import EXEC_TAG, RUNTIME_TAG, open_sink
+from polar_mq.runtimes.process_kit import EXEC_TAG, RUNTIME_TAG
+from polar_mq.runtimes.proxy_relay import ProxyRelay, record_route, recorded_route
 
-Network = Literal["host", "none"]
-NETWORKS: tuple[Network, ...] = ("host", "none")
+Network = Literal["host", "none", "proxy_only"]
+NETWORKS: tuple[Network, ...] = ("host", "none", "proxy_only")
 LABEL_RUNTIME = "org.polar-mq.runtime-id"
 LABEL_ROOT = "org.polar-mq.runtime-root"
+LABEL_NETWORK = "org.polar-mq.network"
 KEEPALIVE = ["sleep", "infinity"]
 
 
@@ -145,11 +150,26 @@ class DockerRuntime(LocalRuntime):
 
     def start(self) -> None:
         super().start()
+        if self.network == "proxy_only":
+            docker_relay.prepare(self.path)
         found = self.container()
+        created = found is None
         if found is None:
             found = self._create()
         if found.status != "running":
             found.start()
+        if created and self.network == "proxy_only":
+            self._check_forwarder()
+
+    def _check_forwarder(self) -> None:
+        """Fail at start (the prepare stage), not as the agent's error, without an interpreter."""
+        probe = self.exec(docker_relay.check_argv(self.python), timeout=60)
+        if not probe.ok:
+            detail = (probe.stderr_tail or probe.stdout_tail).strip()[-300:]
+            raise RuntimeError(
+                f"network proxy_only: image {self.image!r} cannot run the proxy forwarder with "
+                f"{self.python!r} (set runtime.python to the image's Python 3): {detail}"
+            )
 
     def _create(self) -> Container:
         if not self.image:
@@ -174,15 +194,21 @@ class DockerRuntime(LocalRuntime):
             "image": self.image,
             "command": KEEPALIVE,
             "name": self.name,
-            "labels": {LABEL_RUNTIME: self.runtime_id, LABEL_ROOT: str(self.root)},
+            "labels": {
+                LABEL_RUNTIME: self.runtime_id,
+                LABEL_ROOT: str(self.root),
+                LABEL_NETWORK: self.network,
+            },
             "init": True,
             "detach": True,
             "hostname": "sandbox",
-            "network_mode": self.network,
+            "network_mode": "none" if self.network == "proxy_only" else self.network,
             "working_dir": str(self.workdir),
             "volumes": {str(d): {"bind": str(d), "mode": "rw"} for d in binds},
             "security_opt": ["no-new-privileges"],
         }
+        if self.network == "proxy_only":
+            args["volumes"].update(docker_relay.mount(self.path))
         limits = self.limits
         if limits is not None and limits.memory_mb is not None:
             args["mem_limit"] = f"{limits.memory_mb}m"
@@ -248,6 +274,18 @@ class DockerRuntime(LocalRuntime):
     def alive_processes(self) -> list[int]:
         return sorted(container_pids(self.client.api, self.name))
 
+    # -- proxy route (network: proxy_only) ------------------------------------------------------
+
+    def _network(self, found: Container | None) -> str:
+        """The policy the container was made with (its label), else this handle's."""
+        labels = found.labels if found is not None else {}
+        return str(labels.get(LABEL_NETWORK) or self.network)
+
+    def agent_proxy_url(self, url: str) -> str:
+        if self._network(self.container()) != "proxy_only":
+            return url
+        return record_route(self.path, url)
+
     # -- processes -----------------------------------------------------------------------------
 
     def exec(
@@ -269,46 +307,26 @@ class DockerRuntime(LocalRuntime):
         exec_id = uuid.uuid4().hex
         full_env = {**self._base_env(), **(env or {}), RUNTIME_TAG: self.runtime_id}
         full_env[EXEC_TAG] = exec_id
-        api = self.client.api
-        container_id = str(found.id)
-        started = time.monotonic()
-        agent = self.agent
-        handle = api.exec_create(
-            container_id,
-            argv,
-            environment=full_env,
-            workdir=str(self._resolve(cwd) if cwd else self.workdir),
-            user=f"{agent.uid}:{agent.gid}",  # never the image's root
-        )["Id"]
-        sink = open_sink(stdout_path)
-        reason: str | None = None
-        try:
-            pump = StreamPump(api.exec_start(handle, stream=True, demux=True), sink)
-            try:
-                reason = supervise(
-                    pump,
-                    lambda: bool(api.exec_inspect(handle).get("Running")),
-                    timeout,
-                    inactivity_timeout,
-                    activity,
-                    self.drain_s,
-                )
-            finally:
-                if reason is not None or api.exec_inspect(handle).get("Running"):
-                    kill_exec(api, container_id, f"{EXEC_TAG}={exec_id}", self.kill_grace_s)
-                pump.close()
-        finally:
-            if sink is not None:
-                sink.close()
-        exit_code = api.exec_inspect(handle).get("ExitCode")
-        return ExecResult(
-            exit_code=None if reason else exit_code,
-            stdout_tail=pump.stdout.text(),
-            stderr_tail=pump.stderr.text(),
-            timed_out=reason == "timeout",
-            inactive=reason == "inactive",
-            duration_s=time.monotonic() - started,
-        )
+        route = recorded_route(self.path) if self._network(found) == "proxy_only" else None
+        relay_dir = docker_relay.relay_dir(self.path)
+        with ProxyRelay(route, self.agent, relay_dir) if route else nullcontext() as relay:
+            if relay is not None:
+                argv = docker_relay.wrap(self.python, relay.socket_name, argv)
+            return run_exec(
+                self.client.api,
+                str(found.id),
+                argv,
+                environment=full_env,
+                workdir=str(self._resolve(cwd) if cwd else self.workdir),
+                user=f"{self.agent.uid}:{self.agent.gid}",  # never the image's root
+                tag=f"{EXEC_TAG}={exec_id}",
+                timeout=timeout,
+                inactivity_timeout=inactivity_timeout,
+                activity=activity,
+                stdout_path=stdout_path,
+                drain_s=self.drain_s,
+                kill_grace_s=self.kill_grace_s,
+            )
 
     def _base_env(self) -> dict[str, str]:
         """HOME and TMPDIR only: PATH and locale come from the image, nothing from the worker."""

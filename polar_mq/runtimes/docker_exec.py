@@ -15,13 +15,22 @@ import queue
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 from typing import IO, Any
 
 import psutil
 from docker.errors import APIError, NotFound
 
-from polar_mq.runtimes.process_kit import Tail, environ_bytes, safe_activity, signal_all, wait_gone
+from polar_mq.runtimes.base import ExecResult
+from polar_mq.runtimes.process_kit import (
+    Tail,
+    environ_bytes,
+    open_sink,
+    safe_activity,
+    signal_all,
+    wait_gone,
+)
 
 _POLL_S = 0.2  # how often a silent exec is asked whether it has exited
 _EOF = None
@@ -131,6 +140,60 @@ def supervise(
                 wake = min(wake, last_seen + inactivity_timeout)
         if pump.wait(wake - now):
             last_seen = time.monotonic()
+
+
+def run_exec(
+    api: Any,
+    container_id: str,
+    argv: list[str],
+    *,
+    environment: Mapping[str, str],
+    workdir: str,
+    user: str,
+    tag: str,
+    timeout: float | None,
+    inactivity_timeout: float | None,
+    activity: Callable[[], float] | None,
+    stdout_path: Path | None,
+    drain_s: float,
+    kill_grace_s: float,
+) -> ExecResult:
+    """Run `argv` in the container as `user` to completion, or kill it on expiry.
+
+    `tag` (`NAME=value`) is in `environment` and marks the exec's processes for the kill."""
+    started = time.monotonic()
+    handle = api.exec_create(
+        container_id, argv, environment=dict(environment), workdir=workdir, user=user
+    )["Id"]
+    sink = open_sink(stdout_path)
+    reason: str | None = None
+    try:
+        pump = StreamPump(api.exec_start(handle, stream=True, demux=True), sink)
+        try:
+            reason = supervise(
+                pump,
+                lambda: bool(api.exec_inspect(handle).get("Running")),
+                timeout,
+                inactivity_timeout,
+                activity,
+                drain_s,
+            )
+        finally:
+            if reason is not None or api.exec_inspect(handle).get("Running"):
+                kill_exec(api, container_id, tag, kill_grace_s)
+            pump.close()
+    finally:
+        if sink is not None:
+            sink.close()
+    exit_code = api.exec_inspect(handle).get("ExitCode")
+    return ExecResult(
+        exit_code=None if reason else exit_code,
+        stdout_tail=pump.stdout.text(),
+        stderr_tail=pump.stderr.text(),
+        timed_out=reason == "timeout",
+        inactive=reason == "inactive",
+        duration_s=time.monotonic() - started,
+    )
 
 
 def container_pids(api: Any, container_id: str) -> list[int]:

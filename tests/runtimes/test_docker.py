@@ -9,8 +9,16 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
-from runtime_backends import TEST_IMAGE, Backend, backend_for, connect_command, tcp_listener
+from runtime_backends import (
+    TEST_IMAGE,
+    Backend,
+    backend_for,
+    connect_command,
+    tcp_listener,
+    wait_for,
+)
 
 from polar_mq.runtimes import ResourceLimits
 from polar_mq.runtimes.docker import LABEL_ROOT, LABEL_RUNTIME, DockerRuntime
@@ -21,6 +29,13 @@ from polar_mq.runtimes.janitor import sweep_orphans
 def dock(tmp_path: Path) -> Iterator[Backend]:
     with backend_for("docker", tmp_path / "runtimes") as made:
         yield made
+
+
+def cmdline(pid: int) -> list[str]:
+    try:
+        return psutil.Process(pid).cmdline()
+    except psutil.Error:
+        return []
 
 
 def container_of(rt: object) -> object:
@@ -121,7 +136,49 @@ def test_janitor_only_touches_its_own_root(tmp_path: Path) -> None:
 
 
 def test_bad_options(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="network must be one of host, none"):
+    with pytest.raises(ValueError, match="network must be one of host, none, proxy_only"):
         DockerRuntime("rt-x", tmp_path, image=TEST_IMAGE, network="bridge")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="cpus"):
         DockerRuntime("rt-x", tmp_path, image=TEST_IMAGE, cpus=0)
+
+
+def test_proxy_only_reaches_the_recorded_proxy_and_nothing_else(dock: Backend) -> None:
+    """The agent's proxy URL points at the in-container forwarder (run as the agent user), which
+    reaches the recorded address through the worker's relay and nothing else: the listener's own
+    port is closed, and the container has loopback only."""
+    rt = dock.make("rt-proxy-only", network="proxy_only")
+    rt.start()
+    assert rt.exec("ls /run/polar-mq").exit_code != 0  # the agent cannot list the relay sockets
+    with tcp_listener() as port:
+        url = rt.agent_proxy_url(f"http://127.0.0.1:{port}/v1")
+        assert url == "http://127.0.0.1:8010/v1"
+        # handles built later (the run-agent stage) relay to the same place, one command after
+        # another (each command's forwarder leaves the port to the next)
+        again = dock.handle("rt-proxy-only")
+        for _ in range(3):
+            through = again.exec(connect_command(dock.python, 8010), timeout=30)
+            assert through.stdout_tail.startswith("got pong"), through
+        direct = rt.exec(connect_command(dock.python, port), timeout=30)
+    assert direct.stdout_tail.startswith("failed"), direct
+    interfaces = rt.exec("cat /proc/net/dev").stdout_tail
+    assert "lo:" in interfaces and interfaces.count(":") == 1  # loopback only
+
+    def forwarders() -> list[int]:
+        return [pid for pid in rt.alive_processes() if "forwarder.py" in " ".join(cmdline(pid))]
+
+    wait_for(lambda: forwarders() == [], what="every forwarder ended with its command")
+    assert not list((Path(rt.path) / "relay").glob("*.sock"))  # and each socket with its exec
+
+
+def test_proxy_only_refuses_proxies_it_cannot_relay_and_images_without_python(
+    dock: Backend,
+) -> None:
+    rt = dock.make("rt-proxy-https", network="proxy_only")
+    rt.start()
+    with pytest.raises(ValueError, match="plain http"):
+        rt.agent_proxy_url("https://proxy.example:443/v1")
+    host = dock.make("rt-proxy-host")
+    host.start()
+    assert host.agent_proxy_url("http://127.0.0.1:9/v1") == "http://127.0.0.1:9/v1"
+    with pytest.raises(RuntimeError, match="cannot run the proxy forwarder"):
+        dock.make("rt-proxy-nopy", network="proxy_only", python="no-such-python").start()

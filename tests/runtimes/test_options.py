@@ -28,6 +28,10 @@ def test_each_kind_gets_its_options(tmp_path: Path) -> None:
     assert isinstance(rt, DockerRuntime)
     assert (rt.image, rt.network, rt.cpus, rt.pids_limit) == ("img:1", "none", 1.5, 64)
 
+    spec = job({"kind": "docker", "image": "img:1", "network": "proxy_only"})
+    rt = runtime_from_spec(spec.stored_spec()["runtime"], "rt-4", tmp_path)
+    assert isinstance(rt, DockerRuntime) and rt.network == "proxy_only"
+
     spec = job({"kind": "bwrap", "network": "none", "pids": 32, "memory_mb": 256})
     rt = runtime_from_spec(spec.stored_spec()["runtime"], "rt-2", tmp_path)
     assert isinstance(rt, BwrapRuntime)
@@ -50,10 +54,9 @@ def test_each_kind_gets_its_options(tmp_path: Path) -> None:
         ({"kind": "local", "pids": 64}, "pids=64 needs kind bwrap or docker"),
         ({"kind": "k8s"}, "Input should be 'local', 'bwrap' or 'docker'"),
         ({"kind": "docker", "image": "i", "network": "bridge"}, "Input should be 'host', 'none'"),
-        ({"kind": "local", "network": "proxy_only"}, "network='proxy_only' needs kind bwrap"),
         (
-            {"kind": "docker", "image": "i", "network": "proxy_only"},
-            "network='proxy_only' needs kind bwrap",
+            {"kind": "local", "network": "proxy_only"},
+            "network='proxy_only' needs kind bwrap or docker",
         ),
         ({"kind": "docker", "image": "i", "pids": 2}, "greater than or equal to 8"),
         ({"evaluation": {"image": "other"}}, "Extra inputs are not permitted"),

@@ -5,24 +5,27 @@ URL and the proxy's address in their environment), the proxy, the API and the ag
 harness running a probe script. The probe tries what the issue lists: who it runs as, the workers'
 `/proc/<pid>/environ`, another rollout's workspace (and whether it can list the other runtimes'
 ids), the checkout, and TCP connections to
-PostgreSQL, Redis, the proxy's own port and an outside address; then it calls the proxy the way
-an agent does (`$OPENAI_BASE_URL`). Each result is one `NAME=outcome` line of the agent's log.
+PostgreSQL, Redis, the proxy's own port (on loopback and on the node's own address) and an outside
+address; then it calls the proxy the way an agent does (`$OPENAI_BASE_URL`, with curl, or with the
+image's Python where there is no curl). Each result is one `NAME=outcome` line of the agent's log.
 
 What each runtime guarantees (docs/hardening.md): every runtime runs the agent as an
 unprivileged user that cannot read a root worker's environment; `bwrap` also hides the node's
-processes, the other workspaces and the checkout, and with `network: proxy_only` it reaches the
-proxy and nothing else. `local` shares one agent user per node and the node's network.
+processes, the other workspaces and the checkout, and `docker` likewise (its container); with
+`network: proxy_only` both reach the proxy and nothing else. `local` has the node's network.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import socket
 import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
@@ -52,17 +55,41 @@ if ls {root} 2>/dev/null | grep -q {victim_id}; then echo "LIST_ROOT=read"
 else echo "LIST_ROOT=refused"; fi
 if cat {checkout}/pyproject.toml >/dev/null 2>&1; then echo "CHECKOUT=read"
 else echo "CHECKOUT=refused"; fi
-for target in 127.0.0.1/5432 127.0.0.1/6379 127.0.0.1/{proxy_port} {outside}; do
+for target in 127.0.0.1/5432 127.0.0.1/6379 127.0.0.1/{proxy_port} {node_targets} {outside}; do
   if timeout 5 bash -c "exec 3<>/dev/tcp/$target" 2>/dev/null; then echo "TCP_$target=open"
   else echo "TCP_$target=refused"; fi
 done
-curl -sS -m 30 -o reply.json -H "Authorization: Bearer $OPENAI_API_KEY" \\
-  -H 'Content-Type: application/json' \\
-  -d '{{"model": "fake-model", "messages": [{{"role": "user", "content": "hi"}}]}}' \\
-  "$OPENAI_BASE_URL/chat/completions"
+BODY='{{"model": "fake-model", "messages": [{{"role": "user", "content": "hi"}}]}}'
+if command -v curl >/dev/null 2>&1; then
+  curl -sS -m 30 -o reply.json -H "Authorization: Bearer $OPENAI_API_KEY" \\
+    -H 'Content-Type: application/json' -d "$BODY" "$OPENAI_BASE_URL/chat/completions"
+else
+  BODY="$BODY" python3 -c 'import os, urllib.request as r
+headers = {{"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"],
+           "Content-Type": "application/json"}}
+url = os.environ["OPENAI_BASE_URL"] + "/chat/completions"
+call = r.Request(url, data=os.environ["BODY"].encode(), headers=headers)
+open("reply.json", "wb").write(r.urlopen(call, timeout=30).read())'
+fi
 if grep -q choices reply.json; then echo "PROXY=answered"; else echo "PROXY=failed"; fi
 echo "BASE=$OPENAI_BASE_URL"
 """
+
+
+def node_address() -> str | None:
+    """The node's first non-loopback IPv4 address (PostgreSQL or Redis may listen there)."""
+    for addresses in psutil.net_if_addrs().values():
+        for address in addresses:
+            if address.family == socket.AF_INET and not address.address.startswith("127."):
+                return str(address.address)
+    return None
+
+
+def node_targets(stack: LocalStack) -> list[str]:
+    """PostgreSQL, Redis and the proxy on the node's own address (`host/port`), if it has one."""
+    address = node_address()
+    ports = (5432, 6379, stack.settings.proxy_port)
+    return [f"{address}/{port}" for port in ports] if address else []
 
 
 @pytest.fixture(scope="module")
@@ -117,6 +144,7 @@ def run_probe(
         root=stack.settings.runtime_root,
         checkout=CHECKOUT,
         proxy_port=stack.settings.proxy_port,
+        node_targets=" ".join(node_targets(stack)),
         outside=OUTSIDE,
     )
     client = client_of(stack)
@@ -202,20 +230,38 @@ def test_docker_agent_is_unprivileged(
     lines, log, _ = run_probe(stack, db_session_factory, victim, runtime)
     assert_never_root_nor_worker_environ(lines, log, stack.settings.secret_key)
     assert lines["VICTIM"] == "refused" and lines["CHECKOUT"] == "refused", log
+    # the control for the docker case below: the node's network reaches PostgreSQL
+    assert lines["TCP_127.0.0.1/5432"] == "open", log
 
 
-@pytest.mark.parametrize(
-    "runtime", [{"kind": "local"}, {"kind": "docker", "image": "polar-mq-runtime:test"}]
-)
-def test_proxy_only_is_refused_where_it_cannot_be_enforced(
-    stack: LocalStack, runtime: dict[str, str]
+def test_docker_proxy_only_agent_reaches_the_proxy_and_nothing_else(
+    stack: LocalStack, db_session_factory: sessionmaker[Session], victim: Path
 ) -> None:
+    reason = docker_available()
+    if reason is not None:
+        pytest.skip(reason)
+    runtime = {"kind": "docker", "image": "polar-mq-runtime:test", "network": "proxy_only"}
+    lines, log, calls = run_probe(stack, db_session_factory, victim, runtime)
+    assert_never_root_nor_worker_environ(lines, log, stack.settings.secret_key)
+    for name in ("VICTIM", "LIST_ROOT", "CHECKOUT"):
+        assert lines[name] == "refused", (name, log)
+    ports = ("127.0.0.1/5432", "127.0.0.1/6379", f"127.0.0.1/{stack.settings.proxy_port}")
+    targets = (*ports, *node_targets(stack), OUTSIDE)
+    for target in targets:
+        assert lines[f"TCP_{target}"] == "refused", (target, log)
+    assert len([k for k in lines if k.startswith("TCP_")]) == len(targets), log
+    # ... while the proxy answers through the in-container forwarder, and the call is logged
+    assert lines["BASE"].startswith("http://127.0.0.1:8010/"), log
+    assert lines["PROXY"] == "answered" and calls == 1, log
+
+
+def test_proxy_only_is_refused_where_it_cannot_be_enforced(stack: LocalStack) -> None:
     body = {
         "tasks": [{"instruction": "x"}],
         "harness": {"type": "command", "command": "true"},
-        "runtime": {**runtime, "network": "proxy_only"},
+        "runtime": {"kind": "local", "network": "proxy_only"},
     }
     base = f"http://{stack.settings.api_host}:{stack.settings.api_port}"
     response = httpx.post(f"{base}/v1/jobs", json=body, timeout=30)
     assert response.status_code == 422, response.text
-    assert "network='proxy_only' needs kind bwrap" in response.text
+    assert "network='proxy_only' needs kind bwrap or docker" in response.text
