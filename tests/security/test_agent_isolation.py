@@ -186,6 +186,8 @@ def test_local_agent_is_unprivileged_and_cannot_read_the_workers(
     lines, log, calls = run_probe(stack, db_session_factory, victim, {"kind": "local"})
     assert_never_root_nor_worker_environ(lines, log, stack.settings.secret_key)
     assert lines["LIST_ROOT"] == "refused", log  # other runtimes' ids are not listed
+    # another rollout's workspace: a different pool user, 0700 (runtimes/agent_pool.py)
+    assert lines["VICTIM"] == "refused", log
     assert lines["PROXY"] == "answered" and calls == 1, log
 
 
