@@ -36,7 +36,7 @@ def api(
     """Serve the REST API."""
     import uvicorn
 
-    from polar_mq.api.app import create_app
+    from polar_mq.app import create_app
 
     settings = load_settings()
     host = host or settings.api_host

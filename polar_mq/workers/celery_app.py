@@ -17,14 +17,14 @@ from celery import Celery
 from kombu.exceptions import ChannelError
 
 from polar_mq.config import Settings
+from polar_mq.lifecycle.messages import StageMessage, queue_name
+from polar_mq.lifecycle.priority import MAX_PRIORITY
 from polar_mq.workers.priority import (
-    MAX_PRIORITY,
     BrokerKind,
     broker_kind,
     broker_priority,
     redis_priority_options,
 )
-from polar_mq.workers.routing import StageMessage, queue_name
 
 log = logging.getLogger(__name__)
 EMBEDDED_PREFIX = "sqla+"
