@@ -158,9 +158,9 @@ def local_stack() -> Iterator[str]:
     proxy, API and one Celery worker per stage. Yields the API URL; removed after a clean run."""
     from polar_mq.config import Settings
     from polar_mq.devstack import LocalStack
+    from polar_mq.lifecycle.stages import Stage
     from polar_mq.migrate import upgrade
     from polar_mq.processes import free_port
-    from polar_mq.workers.routing import Stage
 
     root = Path(tempfile.mkdtemp(prefix="polar-async-example-"))
     upstream = free_port()

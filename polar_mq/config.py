@@ -16,16 +16,33 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import orjson
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
-
-from polar_mq.tenants.limits import QuotaLimits
 
 DEFAULT_SECRET = "polar-mq-dev-secret-change-me"
 MIN_SECRET_BYTES = 32
 """A shorter HMAC secret makes every rollout token guessable offline; production refuses it."""
 TOKEN_GRACE_S = 120
 """An agent token outlives the agent's own time limit by this much: the kill, the proxy flush."""
+
+
+class QuotaLimits(BaseModel):
+    """One set of limits; a field left `None` inherits from the level above (or is unlimited)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_rollouts_per_request: int | None = Field(None, ge=1, strict=True)
+    max_rollouts_in_flight: int | None = Field(None, ge=1, strict=True)
+    max_tokens_per_rollout: int | None = Field(None, ge=1, strict=True)
+
+    def overridden_by(self, other: QuotaLimits | None) -> QuotaLimits:
+        """These limits with every limit that `other` sets taking precedence."""
+        if other is None:
+            return self
+        return self.model_copy(update=other.model_dump(exclude_none=True))
+
+
+UNLIMITED = QuotaLimits()
 
 
 class Settings(BaseSettings):

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from polar_mq.config import Settings
+from polar_mq.lifecycle.stages import Stage
 from polar_mq.processes import ManagedProcess
 from polar_mq.workers.launcher import DEFAULT_CONCURRENCY
-from polar_mq.workers.routing import Stage
 
 
 def settings_env(settings: Settings) -> dict[str, str]:

@@ -28,9 +28,9 @@ from polar_mq.db import create_db_engine, make_session_factory, unit_of_work
 from polar_mq.jobs.queries import same_submission
 from polar_mq.jobs.schemas import JobCreate
 from polar_mq.jobs.service import SubmittedJob, create_job
+from polar_mq.lifecycle.outbox import Publisher, attach_publisher
 from polar_mq.tenants.quotas import Owner, tenant_quota, with_token_limit
 from polar_mq.tenants.scopes import ADMIN_TENANT
-from polar_mq.workers.outbox import Publisher, attach_publisher
 
 
 class IdempotencyConflict(Exception):

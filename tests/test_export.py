@@ -23,9 +23,9 @@ from polar_mq import export
 from polar_mq.client import AsyncClient, Client, PolarMQError
 from polar_mq.db import unit_of_work
 from polar_mq.jobs.group_stats import GRPO_EPS
+from polar_mq.lifecycle.messages import StageMessage
 from polar_mq.models import Rollout, RolloutStatus, TrajectorySample
 from polar_mq.models.base import utcnow
-from polar_mq.workers.routing import StageMessage
 from tests.live_api import serve_api
 
 TASKS = [{"instruction": f"task {i}", "answer": str(i), "metadata": {"i": i}} for i in range(3)]

@@ -33,8 +33,8 @@ from typing import Any
 from bench.pipeline.infra import cleanup_redis, fresh_database, stack_settings
 from polar_mq.client import Client
 from polar_mq.devstack import LocalStack
+from polar_mq.lifecycle.stages import Stage
 from polar_mq.processes import free_port
-from polar_mq.workers.routing import Stage
 
 from .trainer import LoopRun, run_async, run_sync
 

@@ -17,9 +17,9 @@ import redis
 from celery import Celery, chain
 
 from polar_mq.config import Settings
+from polar_mq.lifecycle.stages import Stage
 from polar_mq.workers.celery_app import create_celery
 from polar_mq.workers.launcher import StageWorker
-from polar_mq.workers.routing import Stage
 
 STEPS = 4
 ENTRY_MODULE = "bench.pipeline.baseline_entry"

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bench.pipeline.measure import AGENT_CALLS, Measurement
-from polar_mq.workers.routing import Stage
+from polar_mq.lifecycle.stages import Stage
 
 if TYPE_CHECKING:
     from bench.pipeline.run import Options

@@ -1,5 +1,5 @@
 """The REST API: FastAPI app factory, dependencies, error shapes and routes."""
 
-from polar_mq.api.app import create_app
+from polar_mq.api.app import create_api
 
-__all__ = ["create_app"]
+__all__ = ["create_api"]

@@ -26,11 +26,11 @@ from polar_mq.body_timeout import BodyTimeoutMiddleware
 from polar_mq.config import Settings
 from polar_mq.db import create_db_engine, make_session_factory
 from polar_mq.imports import AllowlistMiddleware
+from polar_mq.lifecycle.messages import StageMessage
+from polar_mq.lifecycle.outbox import Publisher, attach_publisher
 from polar_mq.observability.api_logs import install_request_context
 from polar_mq.observability.api_metrics import install_metrics
 from polar_mq.workers.celery_app import PolarCelery, create_celery, publish_messages
-from polar_mq.workers.outbox import Publisher, attach_publisher
-from polar_mq.workers.routing import StageMessage
 
 
 def _version() -> str:
@@ -40,13 +40,13 @@ def _version() -> str:
         return "0+unknown"
 
 
-def create_app(
+def create_api(
     settings: Settings,
     *,
     session_factory: sessionmaker[Session] | None = None,
     publisher: Publisher | None = None,
 ) -> FastAPI:
-    """Build the REST API.
+    """Build the REST API (without the dashboard: `polar_mq.app.create_app` adds it).
 
     `session_factory`: sessions on an existing engine (default: an engine on
     `settings.database_url`, opened in the lifespan); the app attaches its publisher to it, so
@@ -107,7 +107,4 @@ def create_app(
     app.include_router(cancel.router)
     app.include_router(groups.router)
     app.include_router(policy.router)
-    from polar_mq.ui import install_ui  # here: the dashboard imports the API's modules
-
-    install_ui(app, settings)
     return app

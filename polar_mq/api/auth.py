@@ -20,6 +20,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from polar_mq.api.errors import ApiError
+from polar_mq.config import UNLIMITED, QuotaLimits
 from polar_mq.models import ApiKey
 from polar_mq.tenants.keys import (
     KEY_PREFIX,
@@ -29,7 +30,6 @@ from polar_mq.tenants.keys import (
     key_quota,
     revoke_api_key,
 )
-from polar_mq.tenants.limits import UNLIMITED, QuotaLimits
 from polar_mq.tenants.scopes import ADMIN, ADMIN_TENANT, ALL_SCOPES
 
 __all__ = [

@@ -22,8 +22,9 @@ from starlette.responses import Response
 from polar_mq.api.allow import allowed_methods
 from polar_mq.api.responses import OrjsonResponse
 from polar_mq.body_timeout import BodyReadTimeout
+from polar_mq.errors import NotFound
 from polar_mq.jobs.deliveries import DeliveryConflict, UnknownDelivery
-from polar_mq.jobs.read_models import InvalidCursor, NotFound
+from polar_mq.jobs.read_models import InvalidCursor
 from polar_mq.policy.state import VersionWentBack
 from polar_mq.submit import IdempotencyConflict, UnstorableValue
 from polar_mq.tenants.quotas import QUOTA_EXCEEDED, QuotaExceeded

@@ -55,8 +55,8 @@ def keys_create(
     max_tokens_per_rollout: Limit = None,
 ) -> None:
     """Create an API key; it is printed once (alone on stdout) and only its hash is stored."""
+    from polar_mq.config import QuotaLimits
     from polar_mq.tenants.keys import create_api_key
-    from polar_mq.tenants.limits import QuotaLimits
 
     quota = QuotaLimits(
         max_rollouts_per_request=max_rollouts_per_request,

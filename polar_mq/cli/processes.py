@@ -36,7 +36,7 @@ def api(
     """Serve the REST API."""
     import uvicorn
 
-    from polar_mq.api.app import create_app
+    from polar_mq.app import create_app
     from polar_mq.observability.logs import configure_from_settings
 
     settings = load_settings()
@@ -123,7 +123,7 @@ def worker(
         start_node_janitor(settings)
     if drain_timeout < 0 or stop_grace < 0:
         raise fail("--drain-timeout and --stop-grace must be ≥ 0", 2)
-    from polar_mq.observability.node_metrics import serve_node_metrics
+    from polar_mq.workers.node_metrics import serve_node_metrics
 
     try:
         metrics = serve_node_metrics(settings, [w.queue for w in plan])

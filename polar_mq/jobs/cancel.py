@@ -1,4 +1,4 @@
-"""Cancelling a job or a rollout: one compare-and-set UPDATE, the workers notice by themselves.
+"""Cancelling a job or a rollout on request (the API's service over `lifecycle.cancel`).
 
 Cancelling only writes the database: every non-terminal rollout becomes `cancelled` (an
 infrastructure outcome: no reward, excluded from group statistics). Queued messages then find a
@@ -11,17 +11,13 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from typing import Any, cast
 
-from sqlalchemy import Table, func, insert, select, update
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from polar_mq.jobs.read_models import NotFound
-from polar_mq.models import Event, EventKind, Job, Rollout, RolloutStatus, TerminationReason
-from polar_mq.models.base import utcnow
-
-ROLLOUTS = cast(Table, Rollout.__table__)
-R = ROLLOUTS.c
+from polar_mq.errors import NotFound
+from polar_mq.lifecycle.cancel import ROLLOUTS, R, cancel_where
+from polar_mq.models import Job, Rollout, RolloutStatus
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,55 +49,3 @@ def cancel(
         .where(scope, R.status.in_(list(RolloutStatus.TERMINAL)))
     )
     return CancelResult(cancelled, int(terminal or 0) - len(cancelled))
-
-
-@dataclass(frozen=True, slots=True)
-class Cancelled:
-    id: uuid.UUID
-    task_index: int
-
-
-def cancel_where(
-    session: Session,
-    scope: Any,
-    worker: str,
-    detail: dict[str, Any] | None = None,
-    reason: str = TerminationReason.CANCELLED,
-) -> list[Cancelled]:
-    """Cancel the non-terminal rollouts matching `scope` (a SQL condition); the ones it took.
-
-    One conditional UPDATE: a rollout that ended meanwhile (or that a concurrent cancel took) is
-    left alone, so concurrent callers never cancel a rollout twice nor write two events for it.
-    `detail` goes into each `cancelled` event (e.g. why an early stop cancelled it); `reason` is
-    the termination reason (`stale` when the trainer's policy moved past the rollout).
-    """
-    now = utcnow()
-    rows = session.execute(
-        update(ROLLOUTS)
-        .where(scope, R.status.not_in(list(RolloutStatus.TERMINAL)))
-        .values(
-            status=RolloutStatus.CANCELLED,
-            termination_reason=reason,
-            reward=None,
-            finished_at=now,
-            lease_owner=None,
-            lease_expires_at=None,
-        )
-        .returning(R.id, R.job_id, R.attempt, R.task_index)
-    ).all()
-    if rows:
-        events: list[dict[str, Any]] = [
-            {
-                "job_id": row.job_id,
-                "rollout_id": row.id,
-                "stage": "cancel",
-                "kind": EventKind.CANCELLED,
-                "attempt": row.attempt,
-                "worker": worker,
-                "at": now,
-                "detail": detail or {},
-            }
-            for row in rows
-        ]
-        session.execute(insert(Event), events)
-    return [Cancelled(row.id, row.task_index) for row in rows]

@@ -15,24 +15,25 @@ from typing import Any
 from sqlalchemy import func, select, tuple_
 from sqlalchemy.orm import Session
 
-from polar_mq.jobs.completeness import group_query, terminal_flag
+from polar_mq.errors import NotFound
 from polar_mq.jobs.cursors import decode_cursor, encode_cursor
-from polar_mq.jobs.early_stop import STOPPED, stop_status
+from polar_mq.jobs.early_stop import stop_status
 from polar_mq.jobs.read_models import (
     JobPage,
     JobStatus,
     JobSummary,
-    NotFound,
     StageCount,
     StalenessStatus,
     record,
 )
 from polar_mq.jobs.schemas import JobCreate
+from polar_mq.lifecycle.completeness import group_query, terminal_flag
+from polar_mq.lifecycle.early_stop import STOPPED
+from polar_mq.lifecycle.priority import job_priority
+from polar_mq.lifecycle.stages import STAGE_OF_STATUS, STAGE_STATES
 from polar_mq.models import Job, JobTask, Rollout, RolloutStatus, TerminationReason
 from polar_mq.policy.admission import admitted_groups, capacity_groups
 from polar_mq.policy.state import current_version
-from polar_mq.workers.priority import job_priority
-from polar_mq.workers.transitions import STAGE_OF_STATUS, STAGE_STATES
 
 MAX_PAGE = 1000
 

@@ -14,14 +14,6 @@ from typing import Any, TypeVar
 _R = TypeVar("_R")
 
 
-class NotFound(LookupError):
-    """The job or rollout does not exist (the API answers 404)."""
-
-    def __init__(self, kind: str, ident: object) -> None:
-        super().__init__(f"{kind} {ident} not found")
-        self.kind = kind
-
-
 class InvalidCursor(ValueError):
     """A cursor that this server did not hand out (the API answers 400)."""
 

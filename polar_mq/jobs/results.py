@@ -26,7 +26,6 @@ from typing import Any
 from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import Session
 
-from polar_mq.jobs.completeness import group_query, is_straggler
 from polar_mq.jobs.cursors import decode_cursor, encode_cursor
 from polar_mq.jobs.group_stats import (
     ADVANTAGE_KINDS,
@@ -44,6 +43,7 @@ from polar_mq.jobs.read_models import (
     TrajectoryTokens,
     record,
 )
+from polar_mq.lifecycle.completeness import group_query, is_straggler
 from polar_mq.models import Job, JobTask, Rollout, TrajectorySample
 from polar_mq.models.base import utcnow
 from polar_mq.policy.staleness import stale_groups

@@ -15,11 +15,11 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, 
 
 from polar_mq.evaluators.registry import validate_evaluator_spec
 from polar_mq.harnesses import get_harness
+from polar_mq.lifecycle.priority import DEFAULT_PRIORITY, MAX_PRIORITY, MIN_PRIORITY
 from polar_mq.runtimes.options import check_runtime_options
 from polar_mq.sampling import validate_sampling
 from polar_mq.swe.spec import TaskSpecError, validate_task_fields
 from polar_mq.trajectories.registry import validate_builder_name
-from polar_mq.workers.priority import DEFAULT_PRIORITY, MAX_PRIORITY, MIN_PRIORITY
 
 MAX_TASKS = 100_000
 MAX_SAMPLES = 1024

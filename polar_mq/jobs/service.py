@@ -1,7 +1,7 @@
 """Creating jobs: rows first, messages after commit.
 
 A job, its tasks and all its rollouts are inserted in one transaction, with one `submitted` event
-per rollout; the prepare messages are deferred to after the commit (see workers.outbox). A job
+per rollout; the prepare messages are deferred to after the commit (see lifecycle.outbox). A job
 with `staleness` starts with its rollouts `held` and sends only what its capacity admits.
 Resubmitting with the same idempotency key returns the existing job instead of a second one; keys
 are per tenant. The owner's quota is checked after that lookup and before the first insert, in the
@@ -18,13 +18,14 @@ from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
 from polar_mq.jobs.schemas import JobCreate
+from polar_mq.lifecycle.messages import StageMessage
+from polar_mq.lifecycle.outbox import defer_publish
+from polar_mq.lifecycle.stages import Stage
 from polar_mq.models import Event, EventKind, Job, JobTask, Rollout, RolloutStatus
 from polar_mq.models.base import utcnow
 from polar_mq.policy.admission import admit
 from polar_mq.policy.state import current_version
 from polar_mq.tenants.quotas import Owner, check_quota
-from polar_mq.workers.outbox import defer_publish
-from polar_mq.workers.routing import Stage, StageMessage
 
 
 @dataclass(frozen=True, slots=True)

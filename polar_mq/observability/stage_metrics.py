@@ -28,9 +28,9 @@ from typing import Any
 
 from prometheus_client import Counter, Histogram
 
+from polar_mq.lifecycle.stages import Stage
 from polar_mq.observability import context
 from polar_mq.runtimes.warm_pool import is_pooled
-from polar_mq.workers.routing import Stage
 
 log = logging.getLogger("polar_mq.workers.stages")
 DUE_HEADER = "polar_due_at"

@@ -21,14 +21,11 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from sqlalchemy import distinct, func, insert, select, update
+from sqlalchemy import distinct, func, select
 from sqlalchemy.orm import Session
 
-from polar_mq.models import Event, EventKind, Job, Rollout, RolloutStatus, StaleGroup
-from polar_mq.models.base import utcnow
-from polar_mq.workers.outbox import defer_publish
-from polar_mq.workers.priority import job_priority
-from polar_mq.workers.routing import Stage, StageMessage
+from polar_mq.lifecycle.admission import release_groups
+from polar_mq.models import Job, Rollout, RolloutStatus, StaleGroup
 
 
 def capacity_groups(staleness: dict[str, Any], current_version: int) -> int:
@@ -51,7 +48,8 @@ def admitted_groups(session: Session, job_id: uuid.UUID) -> tuple[int, int]:
 def admit(session: Session, job_id: uuid.UUID, current_version: int, worker: str = "api") -> int:
     """Admit as many held groups of the job as its capacity allows; the number admitted.
 
-    Their rollouts move `held` → `queued` and their prepare messages go out after commit.
+    Their rollouts move `held` → `queued` and their prepare messages go out after commit
+    (`lifecycle.admission`).
     """
     job = session.scalars(select(Job).where(Job.id == job_id).with_for_update()).one_or_none()
     staleness = job.spec.get("staleness") if job is not None else None
@@ -70,33 +68,7 @@ def admit(session: Session, job_id: uuid.UUID, current_version: int, worker: str
     ).all()
     if not indexes:
         return 0
-    rows = session.execute(
-        update(Rollout)
-        .where(
-            Rollout.job_id == job_id,
-            Rollout.task_index.in_(indexes),
-            Rollout.status == RolloutStatus.HELD,
-        )
-        .values(status=RolloutStatus.QUEUED)
-        .returning(Rollout.id, Rollout.attempt)
-    ).all()
-    now = utcnow()
-    pool = str(job.spec.get("pool", "default"))
-    session.execute(
-        insert(Event),
-        [
-            {
-                "job_id": job_id, "rollout_id": row.id, "stage": Stage.PREPARE.value,
-                "kind": EventKind.ADMITTED, "attempt": row.attempt, "worker": worker, "at": now,
-                "detail": {"policy_version": current_version},
-            }
-            for row in rows
-        ],
-    )  # fmt: skip
-    priority = job_priority(job.spec)
-    for row in rows:
-        message = StageMessage(Stage.PREPARE, row.id, pool, attempt=row.attempt, priority=priority)
-        defer_publish(session, message)
+    release_groups(session, job, indexes, current_version, worker)
     return len(indexes)
 
 

@@ -25,8 +25,8 @@ from sqlalchemy import and_, func, insert, not_, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from polar_mq.jobs.cancel import cancel_where
-from polar_mq.jobs.completeness import group_query
+from polar_mq.lifecycle.cancel import cancel_where
+from polar_mq.lifecycle.completeness import group_query
 from polar_mq.models import (
     Event,
     EventKind,

@@ -16,12 +16,12 @@ from starlette.routing import Route
 from polar_mq.body_timeout import BodyReadTimeout, BodyTimeoutMiddleware
 from polar_mq.config import Settings
 from polar_mq.db import create_db_engine
-from polar_mq.observability.proxy_logs import CallLogSink
 from polar_mq.proxy import routes
 from polar_mq.proxy.apis.registry import family_routes
 from polar_mq.proxy.auth import RolloutAuth
 from polar_mq.proxy.backends import BackendPool, HealthChecker
 from polar_mq.proxy.backends.admin import admin_routes
+from polar_mq.proxy.call_log import CallLogSink
 from polar_mq.proxy.engines import get_engine
 from polar_mq.proxy.engines.base import RETOKENIZED
 from polar_mq.proxy.engines.retokenize import RetokenizingSink

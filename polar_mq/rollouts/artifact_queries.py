@@ -9,7 +9,7 @@ from datetime import datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from polar_mq.jobs.read_models import NotFound
+from polar_mq.errors import NotFound
 from polar_mq.models import Rollout, RolloutArtifact
 
 

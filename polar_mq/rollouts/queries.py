@@ -10,11 +10,11 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from polar_mq.errors import NotFound
 from polar_mq.jobs.read_models import (
     EvaluationRecord,
     EventRecord,
     LlmCallRecord,
-    NotFound,
     RolloutCalls,
     RolloutDetail,
     RolloutTrajectory,
@@ -22,6 +22,7 @@ from polar_mq.jobs.read_models import (
     TrajectorySampleRecord,
     record,
 )
+from polar_mq.lifecycle.stages import STAGE_OF_STATUS
 from polar_mq.models import (
     Evaluation,
     Event,
@@ -30,7 +31,6 @@ from polar_mq.models import (
     Rollout,
     TrajectorySample,
 )
-from polar_mq.workers.transitions import STAGE_OF_STATUS
 
 
 def _get_rollout(session: Session, rollout_id: uuid.UUID) -> Rollout:

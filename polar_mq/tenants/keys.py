@@ -14,9 +14,9 @@ from datetime import datetime
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
+from polar_mq.config import UNLIMITED, QuotaLimits
 from polar_mq.models import ApiKey
 from polar_mq.models.base import utcnow
-from polar_mq.tenants.limits import UNLIMITED, QuotaLimits
 from polar_mq.tenants.scopes import check_tenant, parse_scopes
 
 KEY_PREFIX = "pmq_"

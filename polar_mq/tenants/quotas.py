@@ -20,25 +20,42 @@ the job and all its rollouts are created, or nothing is.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any, Protocol, Self, TypeVar
 
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
+from polar_mq.config import UNLIMITED, QuotaLimits, Settings
 from polar_mq.models import Job, Rollout, RolloutStatus
 from polar_mq.sampling import sampling_policy
-from polar_mq.tenants.limits import UNLIMITED, QuotaLimits
 from polar_mq.tenants.scopes import ADMIN_TENANT
-
-if TYPE_CHECKING:
-    from polar_mq.config import Settings
-    from polar_mq.jobs.schemas import JobCreate
 
 LOCK_NAMESPACE = 0x504D51
 """First key of the per-tenant advisory lock (`PMQ`), so it never meets another lock's keys."""
 NOT_TERMINAL = [s for s in RolloutStatus.ALL if s not in RolloutStatus.TERMINAL]
 QUOTA_EXCEEDED = "quota_exceeded"
+
+
+class JobRequest(Protocol):
+    """What the quota checks read of a submitted job (`jobs.schemas.JobCreate`): the tenants
+    package sits below the jobs package, so it names the fields, not the class."""
+
+    @property
+    def tasks(self) -> Sequence[Any]: ...
+    @property
+    def samples_per_task(self) -> int: ...
+    @property
+    def sampling(self) -> Mapping[str, Any]: ...
+    @property
+    def max_tokens_per_rollout(self) -> int | None: ...
+    def model_copy(
+        self, *, update: Mapping[str, Any] | None = None, deep: bool = False
+    ) -> Self: ...
+
+
+Request = TypeVar("Request", bound=JobRequest)
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +85,7 @@ def tenant_quota(settings: Settings, tenant: str, key: QuotaLimits | None = None
     return defaults.overridden_by(settings.tenant_quotas.get(tenant)).overridden_by(key)
 
 
-def with_token_limit(spec: JobCreate, limit: int | None) -> JobCreate:
+def with_token_limit(spec: Request, limit: int | None) -> Request:
     """`spec` with `sampling.max_tokens` (per call) and `max_tokens_per_rollout` (the whole
     rollout's budget, `polar_mq.proxy.token_budget`) set to `limit` where it has none.
 
@@ -84,7 +101,7 @@ def with_token_limit(spec: JobCreate, limit: int | None) -> JobCreate:
     return spec.model_copy(update=update) if update else spec
 
 
-def check_quota(session: Session, owner: Owner, spec: JobCreate) -> None:
+def check_quota(session: Session, owner: Owner, spec: JobRequest) -> None:
     """Raise QuotaExceeded when `spec` would take `owner` over a limit; call inside the job's
     transaction, right before inserting it (it takes the tenant's lock until the commit)."""
     quota, tenant = owner.quota, owner.tenant
@@ -130,7 +147,7 @@ def rollouts_in_flight(session: Session, tenant: str) -> int:
     return int(count or 0)
 
 
-def _check_tokens(spec: JobCreate, limit: int | None) -> None:
+def _check_tokens(spec: JobRequest, limit: int | None) -> None:
     if limit is None:
         return
     budget = spec.max_tokens_per_rollout

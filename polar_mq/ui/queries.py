@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 
 from polar_mq.jobs import queries as job_queries
 from polar_mq.jobs.read_models import JobSummary
+from polar_mq.lifecycle.stages import STAGE_OF_STATUS
 from polar_mq.models import (
     Event,
     EventKind,
@@ -29,7 +30,6 @@ from polar_mq.models import (
     StaleGroup,
     TerminationReason,
 )
-from polar_mq.workers.transitions import STAGE_OF_STATUS
 
 STAGES = job_queries.STAGES
 LISTED_ROLLOUTS = 20

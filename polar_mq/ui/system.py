@@ -28,9 +28,9 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from polar_mq.config import Settings
+from polar_mq.lifecycle.stages import STAGE_OF_STATUS
 from polar_mq.models import Rollout
 from polar_mq.policy.state import PolicyView, current_policy
-from polar_mq.workers.transitions import STAGE_OF_STATUS
 
 log = logging.getLogger(__name__)
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from polar_mq.jobs.read_models import EventRecord
+from polar_mq.lifecycle.stages import NEXT_STAGE, Stage
 from polar_mq.models import EventKind
-from polar_mq.workers.routing import NEXT_STAGE, Stage
 
 STAGE_ORDER = {stage.value: i for i, stage in enumerate(Stage)}
 

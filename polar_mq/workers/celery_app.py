@@ -18,16 +18,16 @@ from celery import Celery
 from kombu.exceptions import ChannelError
 
 from polar_mq.config import Settings
+from polar_mq.lifecycle.messages import StageMessage, queue_name
+from polar_mq.lifecycle.priority import MAX_PRIORITY
 from polar_mq.observability.celery_hooks import install_celery_hooks
 from polar_mq.observability.stage_metrics import DUE_HEADER
 from polar_mq.workers.priority import (
-    MAX_PRIORITY,
     BrokerKind,
     broker_kind,
     broker_priority,
     redis_priority_options,
 )
-from polar_mq.workers.routing import StageMessage, queue_name
 
 log = logging.getLogger(__name__)
 EMBEDDED_PREFIX = "sqla+"

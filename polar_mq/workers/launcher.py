@@ -17,7 +17,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from polar_mq.config import Settings
-from polar_mq.workers.routing import Stage, queue_name
+from polar_mq.lifecycle.messages import queue_name
+from polar_mq.lifecycle.stages import Stage
 
 log = logging.getLogger(__name__)
 

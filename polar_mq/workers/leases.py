@@ -24,23 +24,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from sqlalchemy import bindparam, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from polar_mq.lifecycle.stages import STAGE_STATES
+from polar_mq.lifecycle.transitions import Claimed, renew_lease
 from polar_mq.models.base import utcnow
-from polar_mq.workers.transitions import ROLLOUTS, STAGE_STATES, Claimed, R, _rowcount
 
 log = logging.getLogger(__name__)
-
-_RENEW = (
-    update(ROLLOUTS)
-    .where(
-        R.id == bindparam("b_id"),
-        R.status == bindparam("b_busy"),
-        R.lease_owner == bindparam("b_owner"),
-    )
-    .values(lease_expires_at=bindparam("b_expires"))
-)
 
 
 @dataclass(eq=False)
@@ -106,15 +96,8 @@ class LeaseKeeper:
         expires = utcnow() + timedelta(seconds=self.lease_s)
         lost: list[Held] = []
         with self.factory() as session, session.begin():
-            conn = session.connection()
             for held in batch:
-                params = {
-                    "b_id": held.rollout_id,
-                    "b_busy": held.busy,
-                    "b_owner": held.owner,
-                    "b_expires": expires,
-                }
-                if _rowcount(conn.execute(_RENEW, params)) != 1:
+                if not renew_lease(session, held.rollout_id, held.busy, held.owner, expires):
                     lost.append(held)
         for held in lost:
             if held.lost.is_set() or held.settling.is_set():

@@ -1,9 +1,5 @@
-"""Job priorities on the broker: one scale for users, mapped to what each transport understands.
-
-A job's `priority` runs from 0 (the default, lowest) to 9 (highest): a higher priority is served
-sooner. It only orders messages that *wait* in a queue; it never preempts a running stage. Every
-stage message of the job carries it, so a high-priority job's later stages do not queue behind a
-low-priority backlog either.
+"""Job priorities on the broker: the scale of `lifecycle.priority`, mapped to what each transport
+understands.
 
 The transports disagree on the direction, hence the mapping kept in this one place:
 
@@ -18,13 +14,11 @@ The transports disagree on the direction, hence the mapping kept in this one pla
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from enum import StrEnum
 from typing import Any
 
-MIN_PRIORITY = 0
-MAX_PRIORITY = 9
-DEFAULT_PRIORITY = 0
+from polar_mq.lifecycle.priority import MAX_PRIORITY, MIN_PRIORITY
+
 REDIS_PRIORITY_STEPS = list(range(MIN_PRIORITY, MAX_PRIORITY + 1))
 """One Redis list per priority; every process (publishers and workers) must use the same steps,
 or a worker never polls the lists it does not know about."""
@@ -49,14 +43,6 @@ def broker_kind(broker_url: str) -> BrokerKind:
     if scheme in _AMQP_SCHEMES:
         return BrokerKind.AMQP
     return BrokerKind.OTHER
-
-
-def job_priority(spec: Mapping[str, Any]) -> int:
-    """The priority of a stored job spec; jobs stored before priorities existed get the default."""
-    value = spec.get("priority", DEFAULT_PRIORITY)
-    if not isinstance(value, int) or isinstance(value, bool):
-        return DEFAULT_PRIORITY
-    return min(MAX_PRIORITY, max(MIN_PRIORITY, value))
 
 
 def broker_priority(priority: int, kind: BrokerKind) -> int | None:

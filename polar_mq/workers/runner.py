@@ -21,14 +21,16 @@ from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_ex
 
 from polar_mq.db import unit_of_work
 from polar_mq.imports import allowing
-from polar_mq.jobs.early_stop import after_rollout_ended
+from polar_mq.lifecycle.early_stop import after_rollout_ended
+from polar_mq.lifecycle.messages import StageMessage
+from polar_mq.lifecycle.priority import job_priority
+from polar_mq.lifecycle.recovery import backoff_s, restart_claimed, retry_in_place, retry_policy
+from polar_mq.lifecycle.stages import NEXT_STAGE, STAGE_STATES, Stage
+from polar_mq.lifecycle.transitions import Claimed, LeaseLost, claim, fail, finish, runtime_released
 from polar_mq.models import RolloutStatus, TerminationReason
 from polar_mq.observability import context as log_context
 from polar_mq.observability.stage_metrics import observe_outcome
 from polar_mq.workers.context import WorkerContext
-from polar_mq.workers.priority import job_priority
-from polar_mq.workers.recovery import backoff_s, restart_claimed, retry_in_place, retry_policy
-from polar_mq.workers.routing import NEXT_STAGE, Stage, StageMessage
 from polar_mq.workers.stages import build, evaluate, prepare, run_agent
 from polar_mq.workers.stages.common import (
     StageFailure,
@@ -37,15 +39,6 @@ from polar_mq.workers.stages.common import (
     release_runtime,
 )
 from polar_mq.workers.stages.grading_runtime import release_grading_runtime
-from polar_mq.workers.transitions import (
-    STAGE_STATES,
-    Claimed,
-    LeaseLost,
-    claim,
-    fail,
-    finish,
-    runtime_released,
-)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -178,8 +171,8 @@ def _rollout_ended(ctx: WorkerContext, claimed: Claimed) -> None:
     """Apply the job's early-stop rule (`stop`), in its own transaction.
 
     Only once the rollout's terminal state is committed: that ordering is what keeps two rollouts
-    of a group ending at once from both missing the stop (see `jobs.early_stop`). A failure here is
-    only logged: the next rollout of the job to end repeats the check.
+    of a group ending at once from both missing the stop (see `lifecycle.early_stop`). A failure
+    here is only logged: the next rollout of the job to end repeats the check.
     """
     if not claimed.spec.get("stop"):
         return

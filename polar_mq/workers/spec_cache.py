@@ -11,7 +11,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from polar_mq.workers.transitions import RolloutRef, load_spec_and_task
+from polar_mq.lifecycle.transitions import RolloutRef, load_spec_and_task
 
 
 class SpecCache:

@@ -32,22 +32,20 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from polar_mq.config import Settings
 from polar_mq.db import unit_of_work
-from polar_mq.jobs.early_stop import after_rollout_ended
-from polar_mq.models import Event, EventKind, Job, TerminationReason
+from polar_mq.lifecycle.early_stop import after_rollout_ended
+from polar_mq.lifecycle.messages import StageMessage, queue_name
+from polar_mq.lifecycle.priority import job_priority
+from polar_mq.lifecycle.recovery import LostAttempt, republish, restart, resume, retry_policy
+from polar_mq.lifecycle.stages import BUSY, READY, Stage
+from polar_mq.lifecycle.transitions import R
+from polar_mq.models import Event, Job, TerminationReason
 from polar_mq.models.base import utcnow
 from polar_mq.observability.sweeper_metrics import observe_sweep
 from polar_mq.policy.admission import admit_all
 from polar_mq.policy.state import current_version
-from polar_mq.workers.outbox import defer_publish
-from polar_mq.workers.priority import job_priority
-from polar_mq.workers.recovery import LostAttempt, restart, resume, retry_policy
-from polar_mq.workers.routing import Stage, StageMessage, queue_name
-from polar_mq.workers.transitions import EVENTS, STAGE_STATES, R
 
 log = logging.getLogger(__name__)
 
-BUSY = {busy: stage for stage, (_, busy, _) in STAGE_STATES.items()}
-READY = {ready: stage for stage, (ready, _, _) in STAGE_STATES.items()}
 QueueDepth = Callable[[str], int | None]
 """Messages waiting in a queue, or None when the broker cannot say (then nothing is re-sent)."""
 
@@ -164,20 +162,7 @@ class Sweeper:
                 depths[queue] = self.queue_depth(queue)
             if depths[queue] != 0:
                 continue  # unknown, or messages are waiting: ours may well be among them
-            session.execute(
-                EVENTS.insert(),
-                {
-                    "job_id": row.job_id,
-                    "rollout_id": row.id,
-                    "stage": stage.value,
-                    "kind": EventKind.REPUBLISHED,
-                    "attempt": row.attempt,
-                    "worker": self.name,
-                    "at": now,
-                    "detail": {"queue": queue},
-                },
-            )
-            defer_publish(session, message)
+            republish(session, message, row.job_id, self.name, now, queue)
             report.republished += 1
             report.details.append({"republished": str(row.id), "stage": stage.value})
 
@@ -206,8 +191,8 @@ def _count(report: SweepReport, outcome: str, **detail: Any) -> None:
 def build_sweeper(settings: Settings) -> Sweeper:
     """A sweeper wired to the database and the broker of `settings` (the CLI's and tests' way)."""
     from polar_mq.db import create_db_engine, make_session_factory
+    from polar_mq.lifecycle.outbox import attach_publisher
     from polar_mq.workers.celery_app import create_celery, publish_messages, queue_depth
-    from polar_mq.workers.outbox import attach_publisher
 
     app = create_celery(settings)
     factory = make_session_factory(create_db_engine(settings.database_url))

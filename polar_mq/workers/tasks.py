@@ -7,9 +7,9 @@ from typing import Any
 
 from celery import Task, shared_task
 
+from polar_mq.lifecycle.stages import Stage
 from polar_mq.workers.celery_app import PolarCelery, publish_messages
 from polar_mq.workers.context import WorkerContext
-from polar_mq.workers.routing import Stage
 from polar_mq.workers.runner import run_stage
 
 _contexts: dict[tuple[int, int], WorkerContext] = {}

@@ -15,6 +15,7 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from polar_mq.db import unit_of_work
+from polar_mq.lifecycle.messages import StageMessage
 from polar_mq.models import (
     Evaluation,
     Event,
@@ -27,7 +28,6 @@ from polar_mq.models import (
     TrajectorySample,
 )
 from polar_mq.models.base import utcnow
-from polar_mq.workers.routing import StageMessage
 
 REDIS_URL = os.environ.get("POLAR_MQ_TEST_REDIS", "redis://127.0.0.1:6379")
 STAGES = ("prepare", "run_agent", "build", "evaluate")

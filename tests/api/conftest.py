@@ -15,7 +15,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
-from polar_mq.api import create_app
+from polar_mq.app import create_app
 from polar_mq.config import Settings
 
 

@@ -23,8 +23,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from polar_mq.client import AsyncClient, Client, delivery_ids
 from polar_mq.jobs import deliveries
+from polar_mq.lifecycle.messages import StageMessage
 from polar_mq.models import GroupDelivery
-from polar_mq.workers.routing import StageMessage
 from tests.live_api import serve_api
 
 

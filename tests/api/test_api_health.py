@@ -11,7 +11,7 @@ from api_support import REDIS_URL, row_counts
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
-from polar_mq.api import create_app
+from polar_mq.app import create_app
 from polar_mq.config import Settings
 from polar_mq.db import create_db_engine, make_session_factory
 

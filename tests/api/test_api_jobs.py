@@ -19,9 +19,9 @@ from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
 from polar_mq.jobs import results
+from polar_mq.lifecycle.stages import Stage
 from polar_mq.models import RolloutStatus
 from polar_mq.models.base import utcnow
-from polar_mq.workers.routing import Stage
 
 
 def _job(n_tasks: int = 2, samples: int = 3, **extra: Any) -> dict[str, Any]:

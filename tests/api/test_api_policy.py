@@ -16,7 +16,6 @@ from sqlalchemy.orm import Session, sessionmaker
 from polar_mq.db import unit_of_work
 from polar_mq.models import Event, EventKind, LlmCall, Rollout, RolloutStatus
 from polar_mq.models.base import utcnow
-from polar_mq.policy.admission import capacity_groups
 
 
 def submit(client: TestClient, n_tasks: int, **staleness: Any) -> str:
@@ -57,14 +56,6 @@ def lease(client: TestClient, job_id: str) -> dict[str, Any]:
     )
     assert response.status_code == 200, response.text
     return dict(response.json())
-
-
-def test_capacity_formula() -> None:
-    spec = {"max_staleness": 1, "batch_size": 4, "base_version": 2}
-    assert capacity_groups(spec, 2) == 8
-    assert capacity_groups(spec, 5) == 20
-    assert capacity_groups(spec, 0) == 8  # a version before the job's base never shrinks it
-    assert capacity_groups({**spec, "max_staleness": 0}, 2) == 4
 
 
 def test_groups_are_admitted_as_the_policy_version_moves(

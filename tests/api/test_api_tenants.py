@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from polar_mq.api import create_app
+from polar_mq.app import create_app
 from polar_mq.config import Settings
 from polar_mq.models import Job
 

@@ -12,8 +12,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from polar_mq.config import Settings
 from polar_mq.jobs.schemas import JobCreate
+from polar_mq.lifecycle.stages import Stage
 from polar_mq.submit import Enqueuer, IdempotencyConflict, enqueue_job, submit_job
-from polar_mq.workers.routing import Stage
 
 SPEC = {"tasks": [{"instruction": "a"}, {"instruction": "b"}], "samples_per_task": 2}
 

@@ -21,15 +21,15 @@ from polar_mq.config import Settings
 from polar_mq.db import unit_of_work
 from polar_mq.jobs.schemas import JobCreate
 from polar_mq.jobs.service import create_job
+from polar_mq.lifecycle.stages import Stage
+from polar_mq.lifecycle.transitions import Claimed, RolloutRef
 from polar_mq.models import LlmCall, Rollout, RolloutStatus
 from polar_mq.proxy import create_proxy_app
 from polar_mq.testing.fake_vllm import create_fake_vllm_app
 from polar_mq.testing.servers import serve_in_thread
 from polar_mq.tokens import issue_rollout_token
 from polar_mq.workers.context import WorkerContext
-from polar_mq.workers.routing import Stage
 from polar_mq.workers.stages import build, evaluate
-from polar_mq.workers.transitions import Claimed, RolloutRef
 
 SECRET = "judge-test-secret"
 TASK = {"instruction": "What is 6*7?", "answer": "42", "grade": 7}

@@ -11,9 +11,10 @@ from sqlalchemy.orm import Session, sessionmaker
 from polar_mq.db import unit_of_work
 from polar_mq.jobs.schemas import JobCreate
 from polar_mq.jobs.service import create_job
+from polar_mq.lifecycle.messages import StageMessage
+from polar_mq.lifecycle.outbox import attach_publisher
+from polar_mq.lifecycle.stages import Stage
 from polar_mq.models import Event, Job, Rollout
-from polar_mq.workers.outbox import attach_publisher
-from polar_mq.workers.routing import Stage, StageMessage
 
 
 @pytest.fixture()

@@ -23,9 +23,9 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from polar_mq.devstack import LocalStack
+from polar_mq.lifecycle.stages import Stage
 from polar_mq.models import Event, EventKind, LlmCall, Rollout
 from polar_mq.processes import free_port
-from polar_mq.workers.routing import Stage
 from tests.e2e.stack import client_of, e2e_settings
 from tests.observability.scrape import Samples, scrape, value
 

@@ -28,6 +28,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from polar_mq.client import Client
 from polar_mq.devstack import LocalStack
+from polar_mq.lifecycle.stages import Stage
 from polar_mq.models import (
     Evaluation,
     Event,
@@ -40,7 +41,6 @@ from polar_mq.models import (
 from polar_mq.processes import ManagedProcess, free_port
 from polar_mq.runtimes.local import RUNTIME_TAG
 from polar_mq.workers.janitor import local_runtime_ids
-from polar_mq.workers.routing import Stage
 from tests.e2e.stack import e2e_settings
 
 REPO = Path(__file__).resolve().parents[2]

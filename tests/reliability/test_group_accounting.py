@@ -14,7 +14,7 @@ import signal
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from polar_mq.workers.routing import Stage
+from polar_mq.lifecycle.stages import Stage
 from tests.reliability.support import (
     RelStack,
     agent_seen_calls,

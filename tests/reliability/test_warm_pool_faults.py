@@ -10,9 +10,9 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from polar_mq.lifecycle.stages import Stage
 from polar_mq.models import Event, EventKind
 from polar_mq.runtimes.warm_pool import WarmPool, is_pooled
-from polar_mq.workers.routing import Stage
 from tests.reliability.support import (
     RelStack,
     agent_seen_calls,

@@ -18,6 +18,7 @@ from fastapi import FastAPI
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from polar_mq.config import UNLIMITED, QuotaLimits
 from polar_mq.db import unit_of_work
 from polar_mq.jobs.schemas import JobCreate
 from polar_mq.jobs.service import create_job
@@ -26,7 +27,6 @@ from polar_mq.models.artifact import RolloutArtifact
 from polar_mq.models.policy import PolicyState
 from polar_mq.processes import ManagedProcess
 from polar_mq.tenants.keys import create_api_key
-from polar_mq.tenants.limits import UNLIMITED, QuotaLimits
 from polar_mq.tenants.quotas import Owner
 
 JOBS_READ, JOBS_WRITE, POLICY_WRITE, ADMIN = "jobs:read", "jobs:write", "policy:write", "admin"

@@ -33,7 +33,7 @@ from security_support import (
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from polar_mq.api import create_app
+from polar_mq.app import create_app
 from polar_mq.config import Settings
 from polar_mq.db import unit_of_work
 from polar_mq.models import Job

@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
 from polar_mq import imports
-from polar_mq.api import create_app
+from polar_mq.app import create_app
 from polar_mq.config import Settings
 from polar_mq.evaluators import get_evaluator
 from polar_mq.imports import EVALUATOR_GROUP, ImportNotAllowed, allowing

@@ -19,8 +19,8 @@ from security_support import SETTINGS_MAX_ROLLOUTS_PER_REQUEST, LiveApi, make_ke
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from polar_mq.config import QuotaLimits
 from polar_mq.models import Job, JobTask, Rollout
-from polar_mq.tenants.limits import QuotaLimits
 from polar_mq.tenants.quotas import rollouts_in_flight
 
 pytestmark = pytest.mark.e2e

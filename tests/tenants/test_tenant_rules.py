@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 
 from polar_mq.api.auth import ANONYMOUS, Principal
-from polar_mq.config import Settings
+from polar_mq.config import QuotaLimits, Settings
 from polar_mq.jobs.schemas import JobCreate
-from polar_mq.tenants.limits import QuotaLimits
 from polar_mq.tenants.quotas import tenant_quota, with_token_limit
 from polar_mq.tenants.scopes import ALL_SCOPES, check_tenant, parse_scopes
 

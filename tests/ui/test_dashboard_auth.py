@@ -9,7 +9,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 from ui_support import sign_in, submit
 
-from polar_mq.api import create_app
+from polar_mq.app import create_app
 from polar_mq.config import Settings
 from tests.api.api_support import RecordingPublisher
 

@@ -15,6 +15,7 @@ import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
 from polar_mq.config import Settings
+from polar_mq.lifecycle.transitions import RolloutRef
 from polar_mq.runtimes import Runtime
 from polar_mq.runtimes.options import runtime_from_spec
 from polar_mq.workers.janitor import NodeJanitor
@@ -26,7 +27,6 @@ from polar_mq.workers.stages.grading_runtime import (
     release_grading_runtime,
     start_prewarm,
 )
-from polar_mq.workers.transitions import RolloutRef
 from tests.runtimes.runtime_backends import KINDS, TEST_IMAGE, skip_reason
 
 HIDDEN = "#!/bin/sh\ngrep -q 42 answer.txt\n"

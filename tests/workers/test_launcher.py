@@ -13,9 +13,9 @@ from collections.abc import Iterator
 import pytest
 
 from polar_mq.config import Settings
+from polar_mq.lifecycle.stages import Stage
 from polar_mq.workers import launcher
 from polar_mq.workers.launcher import StageWorker, parse_concurrency, parse_stages, plan_workers
-from polar_mq.workers.routing import Stage
 
 
 def test_plan_routes_stages_to_pool_and_node_queues() -> None:

@@ -12,10 +12,10 @@ from sqlalchemy.orm import Session, sessionmaker
 from polar_mq.db import unit_of_work
 from polar_mq.jobs.schemas import JobCreate
 from polar_mq.jobs.service import create_job
+from polar_mq.lifecycle.stages import Stage
+from polar_mq.lifecycle.transitions import Claimed, claim, finish
 from polar_mq.models import Rollout, RolloutStatus
 from polar_mq.workers.leases import LeaseKeeper
-from polar_mq.workers.routing import Stage
-from polar_mq.workers.transitions import Claimed, claim, finish
 
 
 def _claimed(factory: sessionmaker[Session]) -> Claimed:

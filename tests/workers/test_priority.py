@@ -20,23 +20,19 @@ from polar_mq.config import Settings
 from polar_mq.db import unit_of_work
 from polar_mq.jobs.schemas import JobCreate
 from polar_mq.jobs.service import create_job
+from polar_mq.lifecycle.messages import StageMessage
+from polar_mq.lifecycle.outbox import attach_publisher
+from polar_mq.lifecycle.priority import job_priority
+from polar_mq.lifecycle.recovery import restart_claimed
+from polar_mq.lifecycle.stages import Stage
+from polar_mq.lifecycle.transitions import Claimed, claim
 from polar_mq.models.base import utcnow
 from polar_mq.workers.celery_app import create_celery
 from polar_mq.workers.context import WorkerContext
-from polar_mq.workers.outbox import attach_publisher
-from polar_mq.workers.priority import (
-    REDIS_PRIORITY_STEPS,
-    BrokerKind,
-    broker_kind,
-    broker_priority,
-    job_priority,
-)
-from polar_mq.workers.recovery import restart_claimed
-from polar_mq.workers.routing import Stage, StageMessage
+from polar_mq.workers.priority import REDIS_PRIORITY_STEPS, BrokerKind, broker_kind, broker_priority
 from polar_mq.workers.runner import _next_message, _unexpected
 from polar_mq.workers.stages.common import StageOutcome
 from polar_mq.workers.sweeper import Sweeper
-from polar_mq.workers.transitions import Claimed, claim
 
 
 @pytest.mark.parametrize(

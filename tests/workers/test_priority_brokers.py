@@ -15,8 +15,9 @@ import pytest
 import redis
 
 from polar_mq.config import Settings
+from polar_mq.lifecycle.messages import StageMessage, queue_name
+from polar_mq.lifecycle.stages import Stage
 from polar_mq.workers.celery_app import PolarCelery, create_celery, publish_messages
-from polar_mq.workers.routing import Stage, StageMessage, queue_name
 
 REDIS_URL = os.environ.get("POLAR_MQ_TEST_REDIS", "redis://127.0.0.1:6379")
 AMQP_URL = os.environ.get("POLAR_MQ_TEST_AMQP", "amqp://127.0.0.1:5672//")

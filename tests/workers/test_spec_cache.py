@@ -5,9 +5,9 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from polar_mq.lifecycle.transitions import RolloutRef
 from polar_mq.workers import spec_cache
 from polar_mq.workers.spec_cache import SpecCache
-from polar_mq.workers.transitions import RolloutRef
 
 
 def _ref(job: uuid.UUID, task: int) -> RolloutRef:

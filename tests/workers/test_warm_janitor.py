@@ -13,12 +13,12 @@ from sqlalchemy.orm import Session, sessionmaker
 from polar_mq.db import unit_of_work
 from polar_mq.jobs.schemas import JobCreate
 from polar_mq.jobs.service import create_job
+from polar_mq.lifecycle.stages import Stage
+from polar_mq.lifecycle.transitions import claim
 from polar_mq.models import Rollout, RolloutStatus
 from polar_mq.runtimes import LocalRuntime
 from polar_mq.runtimes.warm_pool import WarmPool, process_tag
 from polar_mq.workers.janitor import NodeJanitor
-from polar_mq.workers.routing import Stage
-from polar_mq.workers.transitions import claim
 
 SPEC = {"kind": "local", "warm": True, "prepare": {"commands": ["echo warm > w.txt"]}}
 

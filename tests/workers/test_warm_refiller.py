@@ -12,9 +12,9 @@ from polar_mq.config import Settings
 from polar_mq.db import unit_of_work
 from polar_mq.jobs.schemas import JobCreate
 from polar_mq.jobs.service import create_job
+from polar_mq.lifecycle.stages import Stage
+from polar_mq.lifecycle.transitions import claim, finish
 from polar_mq.runtimes.warm_pool import pool_key
-from polar_mq.workers.routing import Stage
-from polar_mq.workers.transitions import claim, finish
 from polar_mq.workers.warm_refiller import Refiller, share_out
 
 RUNTIME = {"kind": "local", "warm": True, "prepare": {"commands": ["echo w > w.txt"]}}

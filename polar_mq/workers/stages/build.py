@@ -11,6 +11,7 @@ from typing import cast
 from sqlalchemy import Table, select
 
 from polar_mq.db import unit_of_work
+from polar_mq.lifecycle.transitions import Claimed
 from polar_mq.models import LlmCall, TrajectorySample
 from polar_mq.models.base import utcnow
 from polar_mq.tokens import AGENT
@@ -18,7 +19,6 @@ from polar_mq.trajectories.base import CapturedCall
 from polar_mq.trajectories.registry import get_builder
 from polar_mq.workers.context import WorkerContext
 from polar_mq.workers.stages.common import StageOutcome
-from polar_mq.workers.transitions import Claimed
 
 SAMPLES = cast(Table, TrajectorySample.__table__)
 

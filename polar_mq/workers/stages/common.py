@@ -9,10 +9,10 @@ from typing import Any
 from sqlalchemy import Table
 
 from polar_mq.config import Settings
+from polar_mq.lifecycle.transitions import RolloutRef
 from polar_mq.runtimes import Runtime
 from polar_mq.runtimes.options import runtime_from_spec
 from polar_mq.runtimes.warm_pool import WarmPool, is_pooled
-from polar_mq.workers.transitions import RolloutRef
 
 
 @dataclass

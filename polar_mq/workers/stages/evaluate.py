@@ -26,6 +26,7 @@ from polar_mq.evaluators import (
     workspace_refused,
 )
 from polar_mq.harnesses import get_harness
+from polar_mq.lifecycle.transitions import Claimed
 from polar_mq.models import Evaluation, LlmCall
 from polar_mq.models.base import utcnow
 from polar_mq.runtimes import Runtime
@@ -34,7 +35,6 @@ from polar_mq.tokens import AGENT, JUDGE, issue_rollout_token
 from polar_mq.workers.context import WorkerContext
 from polar_mq.workers.stages.common import StageOutcome, open_runtime
 from polar_mq.workers.stages.grading_runtime import grading_runtime
-from polar_mq.workers.transitions import Claimed
 
 EVALUATIONS = cast(Table, Evaluation.__table__)
 

@@ -23,11 +23,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from polar_mq.config import Settings
+from polar_mq.lifecycle.transitions import RolloutRef
 from polar_mq.models import TerminationReason
 from polar_mq.runtimes import Runtime
 from polar_mq.runtimes.options import runtime_from_spec
 from polar_mq.workers.stages.common import StageFailure, runtime_id_for
-from polar_mq.workers.transitions import RolloutRef
 
 EVAL_SUFFIX = "-eval"
 

@@ -36,6 +36,7 @@ from polar_mq.harnesses.presets.setup import (
     ensure_installed,
     runtime_spec_for,
 )
+from polar_mq.lifecycle.transitions import Claimed
 from polar_mq.models import TerminationReason
 from polar_mq.runtimes import Runtime
 from polar_mq.runtimes.recipe import RecipeFailed, apply_recipe
@@ -50,7 +51,6 @@ from polar_mq.workers.stages.common import (
     pool_owner,
     release_runtime,
 )
-from polar_mq.workers.transitions import Claimed
 
 TASK_FILE = "task.json"
 

@@ -17,6 +17,7 @@ from tenacity import retry, stop_after_delay, wait_exponential
 
 from polar_mq.harnesses import AgentContext, get_harness
 from polar_mq.harnesses.presets.setup import harness_root_for
+from polar_mq.lifecycle.transitions import Claimed
 from polar_mq.models import LlmCall, Rollout, RolloutArtifact, TerminationReason
 from polar_mq.models.base import utcnow
 from polar_mq.rollouts.agent_outcome import classify, summarize_calls
@@ -34,7 +35,6 @@ from polar_mq.workers.stages.common import (
 )
 from polar_mq.workers.stages.grading_runtime import start_prewarm
 from polar_mq.workers.stages.prepare import TASK_FILE
-from polar_mq.workers.transitions import Claimed
 
 ARTIFACTS = cast(Table, RolloutArtifact.__table__)
 SAMPLING_ENV = {"temperature": "POLAR_AGENT_TEMPERATURE", "max_tokens": "POLAR_AGENT_MAX_TOKENS"}

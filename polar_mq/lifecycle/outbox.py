@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from sqlalchemy import event
 from sqlalchemy.orm import Session, sessionmaker
 
-from polar_mq.workers.routing import StageMessage
+from polar_mq.lifecycle.messages import StageMessage
 
 log = logging.getLogger(__name__)
 

@@ -36,7 +36,7 @@ from polar_mq.runtimes.warm_pool import STATES, WarmPool
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
 
-    from polar_mq.workers.celery_app import PolarCelery
+    from celery import Celery
 
 log = logging.getLogger(__name__)
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -49,9 +49,9 @@ class NodeCollector(Collector):
         self.settings = settings
         self.queues = sorted(set(queues))
         self.warm_pool = WarmPool(settings.runtime_root, settings.warm_pool_max_per_node)
-        self._celery: PolarCelery | None = None
+        self._celery: Celery | None = None
 
-    def _app(self) -> PolarCelery:
+    def _app(self) -> Celery:
         if self._celery is None:
             from polar_mq.workers.celery_app import create_celery
 

@@ -9,32 +9,9 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from enum import StrEnum
 
-from polar_mq.workers.priority import DEFAULT_PRIORITY
-
-
-class Stage(StrEnum):
-    PREPARE = "prepare"
-    RUN_AGENT = "run_agent"
-    BUILD = "build"
-    EVALUATE = "evaluate"
-
-    @property
-    def task_name(self) -> str:
-        return f"polar_mq.{self.value}"
-
-    @property
-    def node_local(self) -> bool:
-        return self in (Stage.RUN_AGENT, Stage.EVALUATE)
-
-
-NEXT_STAGE: dict[Stage, Stage | None] = {
-    Stage.PREPARE: Stage.RUN_AGENT,
-    Stage.RUN_AGENT: Stage.BUILD,
-    Stage.BUILD: Stage.EVALUATE,
-    Stage.EVALUATE: None,
-}
+from polar_mq.lifecycle.priority import DEFAULT_PRIORITY
+from polar_mq.lifecycle.stages import Stage
 
 
 @dataclass(frozen=True, slots=True)

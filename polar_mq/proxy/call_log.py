@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:  # at run time: polar_mq.proxy imports this module
+if TYPE_CHECKING:
     from polar_mq.proxy.sink import CallSink
 
 log = logging.getLogger("polar_mq.proxy.calls")

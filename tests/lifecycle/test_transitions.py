@@ -11,9 +11,10 @@ from sqlalchemy.orm import Session, sessionmaker
 from polar_mq.db import unit_of_work
 from polar_mq.jobs.schemas import JobCreate
 from polar_mq.jobs.service import create_job
+from polar_mq.lifecycle.messages import StageMessage
+from polar_mq.lifecycle.stages import Stage
+from polar_mq.lifecycle.transitions import Claimed, LeaseLost, claim, fail, finish
 from polar_mq.models import Event, Rollout, RolloutStatus
-from polar_mq.workers.routing import Stage, StageMessage
-from polar_mq.workers.transitions import Claimed, LeaseLost, claim, fail, finish
 
 
 def _one_rollout(factory: sessionmaker[Session]) -> uuid.UUID:

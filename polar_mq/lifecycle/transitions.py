@@ -14,7 +14,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, cast
 
 from sqlalchemy import (
@@ -30,24 +30,11 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Session
 
+from polar_mq.lifecycle.messages import StageMessage
+from polar_mq.lifecycle.outbox import defer_publish
+from polar_mq.lifecycle.stages import STAGE_STATES, Stage
 from polar_mq.models import Event, EventKind, Job, JobTask, Rollout, RolloutStatus
 from polar_mq.models.base import utcnow
-from polar_mq.workers.outbox import defer_publish
-from polar_mq.workers.routing import Stage, StageMessage
-
-S = RolloutStatus
-STAGE_STATES: dict[Stage, tuple[str, str, str]] = {
-    Stage.PREPARE: (S.QUEUED, S.PREPARING, S.PREPARED),
-    Stage.RUN_AGENT: (S.PREPARED, S.RUNNING, S.RAN),
-    Stage.BUILD: (S.RAN, S.BUILDING, S.BUILT),
-    Stage.EVALUATE: (S.BUILT, S.EVALUATING, S.COMPLETED),
-}
-
-STAGE_OF_STATUS: dict[str, tuple[str, str]] = {}
-"""Non-terminal rollout status → (stage, "queued" | "running")."""
-for _stage, (_ready, _busy, _) in STAGE_STATES.items():
-    STAGE_OF_STATUS[_ready] = (_stage.value, "queued")
-    STAGE_OF_STATUS[_busy] = (_stage.value, "running")
 
 EVENTS = cast(Table, Event.__table__)
 ROLLOUTS = cast(Table, Rollout.__table__)
@@ -137,6 +124,15 @@ _FENCED = update(ROLLOUTS).where(
     R.lease_owner == bindparam("b_owner"),
 )
 """SET columns come from the parameters of each call (update() without values())."""
+_RENEW = (
+    update(ROLLOUTS)
+    .where(
+        R.id == bindparam("b_id"),
+        R.status == bindparam("b_busy"),
+        R.lease_owner == bindparam("b_owner"),
+    )
+    .values(lease_expires_at=bindparam("b_expires"))
+)
 
 
 def _rowcount(result: object) -> int:
@@ -269,3 +265,12 @@ def runtime_released(session: Session, claimed: Claimed, detail: dict[str, Any])
         session, claimed.rollout, claimed.stage, EventKind.RUNTIME_RELEASED, claimed.owner,
         **detail,
     )  # fmt: skip
+
+
+def renew_lease(
+    session: Session, rollout_id: uuid.UUID, busy: str, owner: str, expires: datetime
+) -> bool:
+    """Extend a stage's lease to `expires`; False when the rollout is no longer held by `owner`
+    in `busy` (cancelled, restarted by the sweeper, or its own result just committed)."""
+    params = {"b_id": rollout_id, "b_busy": busy, "b_owner": owner, "b_expires": expires}
+    return _rowcount(session.connection().execute(_RENEW, params)) == 1

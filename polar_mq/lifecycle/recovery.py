@@ -10,31 +10,27 @@ racing a late result (or another sweeper) takes effect at most once:
   the job's `retries.max_attempts` are used up. LLM calls, samples and evaluations are all per
   attempt, so nothing of the lost attempt leaks into the new one.
 - `resume`: a DB-only stage (build) whose worker died is simply handed back to its queue.
+
+And one way forward for a rollout whose message was lost (`republish`): the same message again.
 """
 
 from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import bindparam, update
 from sqlalchemy.orm import Session
 
+from polar_mq.lifecycle.messages import StageMessage
+from polar_mq.lifecycle.outbox import defer_publish
+from polar_mq.lifecycle.priority import DEFAULT_PRIORITY, job_priority
+from polar_mq.lifecycle.stages import STAGE_STATES, Stage
+from polar_mq.lifecycle.transitions import EVENTS, ROLLOUTS, Claimed, R, _fenced_update, _rowcount
 from polar_mq.models import EventKind, RolloutStatus, TerminationReason
 from polar_mq.models.base import utcnow
-from polar_mq.workers.outbox import defer_publish
-from polar_mq.workers.priority import DEFAULT_PRIORITY, job_priority
-from polar_mq.workers.routing import Stage, StageMessage
-from polar_mq.workers.transitions import (
-    EVENTS,
-    ROLLOUTS,
-    STAGE_STATES,
-    Claimed,
-    R,
-    _fenced_update,
-    _rowcount,
-)
 
 DEFAULT_MAX_ATTEMPTS = 3
 DEFAULT_STAGE_RETRIES = 3
@@ -223,3 +219,32 @@ def restart_claimed(session: Session, claimed: Claimed, pool: str, reason: str, 
         job_priority(claimed.spec),
     )
     return restart(session, lost, reason, error, claimed.owner, claimed.stage.value)
+
+
+def republish(
+    session: Session,
+    message: StageMessage,
+    job_id: uuid.UUID,
+    worker: str,
+    now: datetime,
+    queue: str,
+) -> None:
+    """Send a waiting rollout's stage message again (the first one was lost).
+
+    A duplicate is harmless (claims are compare-and-set); the `republished` event it writes also
+    rate-limits the next attempt.
+    """
+    session.execute(
+        EVENTS.insert(),
+        {
+            "job_id": job_id,
+            "rollout_id": message.rollout_id,
+            "stage": message.stage.value,
+            "kind": EventKind.REPUBLISHED,
+            "attempt": message.attempt,
+            "worker": worker,
+            "at": now,
+            "detail": {"queue": queue},
+        },
+    )
+    defer_publish(session, message)

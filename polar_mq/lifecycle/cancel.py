@@ -1,0 +1,75 @@
+"""Cancelling rollouts: one compare-and-set UPDATE, the workers notice by themselves.
+
+Cancelling only writes the database: every non-terminal rollout becomes `cancelled` (an
+infrastructure outcome: no reward, excluded from group statistics). Queued messages then find a
+terminal rollout and are no-ops; a running stage loses its lease at its next heartbeat and the
+lease keeper kills the agent's process tree and releases the runtime; runtimes left on a node by a
+rollout cancelled between stages are removed by that node's janitor.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any, cast
+
+from sqlalchemy import Table, insert, update
+from sqlalchemy.orm import Session
+
+from polar_mq.models import Event, EventKind, Rollout, RolloutStatus, TerminationReason
+from polar_mq.models.base import utcnow
+
+ROLLOUTS = cast(Table, Rollout.__table__)
+R = ROLLOUTS.c
+
+
+@dataclass(frozen=True, slots=True)
+class Cancelled:
+    id: uuid.UUID
+    task_index: int
+
+
+def cancel_where(
+    session: Session,
+    scope: Any,
+    worker: str,
+    detail: dict[str, Any] | None = None,
+    reason: str = TerminationReason.CANCELLED,
+) -> list[Cancelled]:
+    """Cancel the non-terminal rollouts matching `scope` (a SQL condition); the ones it took.
+
+    One conditional UPDATE: a rollout that ended meanwhile (or that a concurrent cancel took) is
+    left alone, so concurrent callers never cancel a rollout twice nor write two events for it.
+    `detail` goes into each `cancelled` event (e.g. why an early stop cancelled it); `reason` is
+    the termination reason (`stale` when the trainer's policy moved past the rollout).
+    """
+    now = utcnow()
+    rows = session.execute(
+        update(ROLLOUTS)
+        .where(scope, R.status.not_in(list(RolloutStatus.TERMINAL)))
+        .values(
+            status=RolloutStatus.CANCELLED,
+            termination_reason=reason,
+            reward=None,
+            finished_at=now,
+            lease_owner=None,
+            lease_expires_at=None,
+        )
+        .returning(R.id, R.job_id, R.attempt, R.task_index)
+    ).all()
+    if rows:
+        events: list[dict[str, Any]] = [
+            {
+                "job_id": row.job_id,
+                "rollout_id": row.id,
+                "stage": "cancel",
+                "kind": EventKind.CANCELLED,
+                "attempt": row.attempt,
+                "worker": worker,
+                "at": now,
+                "detail": detail or {},
+            }
+            for row in rows
+        ]
+        session.execute(insert(Event), events)
+    return [Cancelled(row.id, row.task_index) for row in rows]

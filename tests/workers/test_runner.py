@@ -1,0 +1,128 @@
+"""The stage runner around a stage function: claim, run, record, hand over, and what it does
+when the stage raises or fails. The build stage is replaced by a scripted one (no runtime)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+
+import pytest
+from sqlalchemy import update
+from sqlalchemy.orm import Session, sessionmaker
+
+from polar_mq.config import Settings
+from polar_mq.db import unit_of_work
+from polar_mq.jobs.schemas import JobCreate
+from polar_mq.jobs.service import create_job
+from polar_mq.lifecycle.messages import StageMessage
+from polar_mq.lifecycle.outbox import attach_publisher
+from polar_mq.lifecycle.stages import Stage
+from polar_mq.lifecycle.transitions import Claimed
+from polar_mq.models import Rollout, RolloutStatus
+from polar_mq.workers import runner
+from polar_mq.workers.context import WorkerContext
+from polar_mq.workers.stages.common import StageFailure, StageOutcome
+
+BuildStage = Callable[[WorkerContext, Claimed], StageOutcome]
+
+
+@pytest.fixture()
+def sent() -> list[StageMessage]:
+    return []
+
+
+@pytest.fixture()
+def ctx(pg_url: str, sent: list[StageMessage]) -> Iterator[WorkerContext]:
+    def publish(messages: Sequence[StageMessage]) -> None:
+        sent.extend(messages)
+
+    context = WorkerContext(Settings(database_url=pg_url, retry_backoff_s=1.0), publish)
+    yield context
+    context.session_factory.kw["bind"].dispose()
+
+
+def _ran_rollout(factory: sessionmaker[Session]) -> uuid.UUID:
+    """A rollout waiting for build (its agent ran), in a job with one in-place retry."""
+    spec = JobCreate.model_validate(
+        {"tasks": [{"instruction": "x"}], "priority": 4, "retries": {"stage_retries": 1}}
+    )
+    attach_publisher(factory, lambda _: None)
+    with unit_of_work(factory) as session:
+        rid = create_job(session, spec, "p").rollout_ids[0]
+        session.execute(
+            update(Rollout).where(Rollout.id == rid).values(status=RolloutStatus.RAN, node="n1")
+        )
+    return rid
+
+
+def _status(factory: sessionmaker[Session], rid: uuid.UUID) -> str:
+    with factory() as session:
+        return str(session.get_one(Rollout, rid).status)
+
+
+def _build_with(monkeypatch: pytest.MonkeyPatch, stage: BuildStage) -> None:
+    monkeypatch.setitem(runner.STAGE_FUNCTIONS, Stage.BUILD, stage)
+
+
+def test_a_stage_that_succeeds_records_and_hands_over(
+    ctx: WorkerContext,
+    sent: list[StageMessage],
+    db_session_factory: sessionmaker[Session],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    rid = _ran_rollout(db_session_factory)
+    _build_with(monkeypatch, lambda _ctx, _claimed: StageOutcome(detail={"samples": 1}))
+    assert runner.run_stage(ctx, Stage.BUILD, str(rid), "t1", attempt=1) == "done"
+    assert _status(db_session_factory, rid) == RolloutStatus.BUILT
+    assert sent == [StageMessage(Stage.EVALUATE, rid, "p", "n1", attempt=1, priority=4)]
+    # the same message delivered twice: the claim fails, nothing runs, nothing is sent
+    assert runner.run_stage(ctx, Stage.BUILD, str(rid), "t2", attempt=1) == "skipped:built"
+    assert len(sent) == 1
+
+
+def test_a_raising_stage_is_retried_in_place_then_failed(
+    ctx: WorkerContext,
+    sent: list[StageMessage],
+    db_session_factory: sessionmaker[Session],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    rid = _ran_rollout(db_session_factory)
+
+    def broken(_ctx: WorkerContext, _claimed: Claimed) -> StageOutcome:
+        raise RuntimeError("database hiccup")
+
+    _build_with(monkeypatch, broken)
+    assert runner.run_stage(ctx, Stage.BUILD, str(rid), "t1", attempt=1) == "retry:1"
+    assert _status(db_session_factory, rid) == RolloutStatus.RAN
+    (again,) = sent
+    assert (again.stage, again.retries, again.countdown, again.priority) == (
+        Stage.BUILD, 1, 1.0, 4,
+    )  # fmt: skip
+    outcome = runner.run_stage(ctx, Stage.BUILD, str(rid), "t2", attempt=1, retries=1)
+    assert outcome == "failed:runtime_error"
+    assert _status(db_session_factory, rid) == RolloutStatus.FAILED
+
+
+def test_a_stage_failure_ends_the_rollout_with_its_reason(
+    ctx: WorkerContext, db_session_factory: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rid = _ran_rollout(db_session_factory)
+
+    def refused(_ctx: WorkerContext, _claimed: Claimed) -> StageOutcome:
+        raise StageFailure("builder_error", "no calls to build from")
+
+    _build_with(monkeypatch, refused)
+    assert runner.run_stage(ctx, Stage.BUILD, str(rid), "t1") == "failed:builder_error"
+    with db_session_factory() as session:
+        row = session.get_one(Rollout, rid)
+        assert (row.status, row.termination_reason) == (RolloutStatus.FAILED, "builder_error")
+        assert row.reward is None and row.lease_owner is None
+
+
+def test_a_message_of_an_earlier_attempt_is_a_no_op(
+    ctx: WorkerContext, db_session_factory: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rid = _ran_rollout(db_session_factory)
+    _build_with(monkeypatch, lambda _ctx, _claimed: pytest.fail("must not run"))
+    assert runner.run_stage(ctx, Stage.BUILD, str(rid), "t1", attempt=7) == "skipped:stale_attempt"
+    assert _status(db_session_factory, rid) == RolloutStatus.RAN
