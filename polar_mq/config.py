@@ -145,6 +145,23 @@ class Settings(BaseSettings):
     proxy_spill_max_bytes: int = Field(
         1 << 30, ge=0, description="spill bound; a batch that does not fit is dropped; 0: off"
     )
+    proxy_workers: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="proxy processes serving proxy_port (each with its own call writer and "
+        "spill subdirectory worker-<i>); admin calls reach all of them",
+    )
+    proxy_redis_url: str | None = Field(
+        None,
+        description="Redis holding the shared per-rollout call counter (default: broker_url "
+        "when it is redis://)",
+    )
+    proxy_shared_seq: bool | None = Field(
+        None,
+        description="number each rollout's calls with a counter in Redis, exact across proxy "
+        "processes and instances (default: on with proxy_workers > 1)",
+    )
     proxy_flush_timeout_s: float = Field(
         20.0,
         gt=0,

@@ -51,11 +51,19 @@ def api(
     )  # fmt: skip
 
 
-def proxy() -> None:
+def proxy(
+    workers: Annotated[
+        int | None,
+        typer.Option(min=1, max=64, help="processes serving the port (POLAR_MQ_PROXY_WORKERS)"),
+    ] = None,
+) -> None:
     """Serve the token-capturing LLM proxy in front of POLAR_MQ_UPSTREAM_URL."""
     from polar_mq.proxy.server import run_proxy
 
-    run_proxy(load_settings())
+    settings = load_settings()
+    if workers is not None:
+        settings = settings.model_copy(update={"proxy_workers": workers})
+    run_proxy(settings)
 
 
 def worker(

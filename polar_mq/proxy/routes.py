@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
@@ -87,7 +89,10 @@ async def root(request: Request) -> Response:
 
 async def healthz(request: Request) -> Response:
     state: ProxyState = request.app.state.proxy
-    return _json({"status": "ok", "started_at": state.started_at})
+    worker = state.siblings.slot.index if state.siblings is not None else 0
+    return _json(
+        {"status": "ok", "started_at": state.started_at, "worker": worker, "pid": os.getpid()}
+    )
 
 
 async def admin_flush(request: Request) -> Response:

@@ -10,6 +10,7 @@ from polar_mq.proxy.auth import RolloutAuth
 from polar_mq.proxy.backends import BackendPool
 from polar_mq.proxy.engines import vllm
 from polar_mq.proxy.engines.base import Engine
+from polar_mq.proxy.fanout import Siblings
 from polar_mq.proxy.metrics import ProxyMetrics
 from polar_mq.proxy.record import SeqCounter
 from polar_mq.proxy.rollout_states import RolloutStates
@@ -39,3 +40,5 @@ class ProxyState:
     """Which rollouts may still call (None: not checked, the proxy has no database)."""
     budgets: TokenBudgets | None = None
     """Each rollout attempt's completion-token budget (None: not enforced, no database)."""
+    siblings: Siblings | None = None
+    """The other processes of a `--workers N` proxy, which admin calls reach too (`fanout`)."""
