@@ -107,6 +107,12 @@ class Settings(BaseSettings):
     upstream_max_attempts: int = Field(
         3, ge=1, description="backends a call may be tried on before its first byte"
     )
+    upstream_max_in_flight: int = Field(
+        0,
+        ge=0,
+        description="per backend and proxy process: at this many calls in flight a backend takes "
+        "no new rollouts (they go to the next backend in rendezvous order); 0: no limit",
+    )
     breaker_failures: int = Field(5, ge=1, description="consecutive failures that open a breaker")
     breaker_cooldown_s: float = Field(10.0, ge=0, description="open breaker: wait before a probe")
     health_interval_s: float = Field(5.0, gt=0, description="backend health-check period")

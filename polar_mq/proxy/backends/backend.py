@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 
 from polar_mq.proxy.backends.breaker import CircuitBreaker
+from polar_mq.proxy.backends.rendezvous import hash_key
 
 UPSTREAM_LIMITS = httpx.Limits(max_connections=4096, max_keepalive_connections=1024)
 """Per backend: room for well over 1,000 concurrent streams (one connection each)."""
@@ -48,6 +49,7 @@ class Backend:
         weight: float = 1.0,
         policy_version: int = 0,
         breaker: BreakerPolicy | None = None,
+        max_in_flight: int = 0,
     ) -> None:
         if not name or len(name) > NAME_MAX:
             raise ValueError(f"a backend name must have 1..{NAME_MAX} characters")
@@ -59,6 +61,10 @@ class Backend:
         if base.scheme not in ("http", "https") or not base.host:
             raise ValueError(f"backend URL {url!r} is not an http(s) URL")
         self.weight = weight
+        self.hash_key = hash_key(name)
+        """Keys the rendezvous hash: the same name ranks the same in every proxy process."""
+        self.max_in_flight = max_in_flight
+        """At this many calls in flight (in this process) it takes no new rollouts; 0: no limit."""
         self.policy_version = policy_version
         policy = breaker or BreakerPolicy()
         self.breaker = CircuitBreaker(policy.failure_threshold, policy.cooldown_s)
@@ -92,9 +98,8 @@ class Backend:
         """May serve a call now (its sticky rollouts included)."""
         return not self.removed and self.breaker.available()
 
-    def load(self) -> tuple[float, float]:
-        """Sort key for new rollouts: calls in flight, then rollouts bound here, per unit weight."""
-        return (self.in_flight / self.weight, self.sticky_rollouts / self.weight)
+    def at_capacity(self) -> bool:
+        return 0 < self.max_in_flight <= self.in_flight
 
     def acquire(self) -> None:
         self.in_flight += 1
@@ -131,6 +136,7 @@ class Backend:
             "paused": self.paused,
             "draining": self.draining,
             "in_flight": self.in_flight,
+            "max_in_flight": self.max_in_flight,
             "waiting": self.waiting,
             "served": self.served,
             "failures": self.failures,
