@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+JSON = "application/json"
 Handler = Callable[[Request], Awaitable[Response]]
 Merge = Callable[[list[Any]], Any]
 
@@ -110,11 +111,11 @@ def fanned_out(handler: Handler, merge: Merge, *, journal: bool) -> Handler:
                     "worker_unreachable",
                 )
             if answer.status_code >= 300:
-                return Response(answer.content, answer.status_code, media_type="application/json")
+                return Response(answer.content, answer.status_code, media_type=JSON)
             answers.append(answer.json())
         if journal and request.method == "POST":
             siblings.record(request, body)
-        return Response(orjson.dumps(merge(answers)), own.status_code, headers=own.headers)
+        return Response(orjson.dumps(merge(answers)), own.status_code, media_type=JSON)
 
     return endpoint
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from backends_support import wait_until
@@ -72,4 +73,68 @@ def test_each_rollout_sticks_to_one_backend_whichever_worker_serves_it(
         weights = dict.fromkeys((f.url for f in fakes), 1.0)
         assert all(used == {order_of(r, weights)[0]} for r, used in backends.items())
         assert {b for used in backends.values() for b in used} == set(weights)  # all 3 used
+        assert proxy.stop() == 0
+
+
+def test_admin_calls_reach_every_worker_and_a_restarted_one_replays_them(
+    pg_url: str, pg_engine: Engine, tmp_path: Path
+) -> None:
+    with (
+        fake_engines(3) as (a, b, c),
+        worker_proxy(pg_url, tmp_path, [a.url, b.url], pause_max_wait_s=2.0) as proxy,
+    ):
+        first, second = proxy.pinned(0), proxy.pinned(1)
+        rollouts = iter(live_rollouts(pg_engine, 20))
+
+        # Paused through worker 0: calls on worker 1 wait too, and go ahead on the resume (also
+        # through worker 0: `second`'s one connection is busy with the held call).
+        paused = first.admin("/admin/pause")
+        assert paused.status_code == 200, paused.text
+        assert paused.json() == {"paused": [a.url, b.url], "in_flight": 0, "drained": True}
+        with ThreadPoolExecutor(1) as pool:
+            held = pool.submit(second.chat, next(rollouts))
+            wait_until(lambda: sum(x["waiting"] for x in proxy.backends().values()) == 1)
+            assert first.admin("/admin/resume").status_code == 200  # worker 0 resumes 1 too
+            assert held.result().status_code == 200
+        assert first.admin("/admin/pause").status_code == 200
+        for client in (first, second):  # held, then refused, as by a paused single proxy
+            refused = client.chat(next(rollouts))
+            assert refused.status_code == 503, refused.text
+            assert refused.json()["error"]["code"] == "backend_paused"
+        assert second.admin("/admin/resume").status_code == 200
+
+        # A policy version and a new backend set through one worker serve on both.
+        assert second.admin("/admin/policy_version", {"version": 7}).json() == {
+            a.url: 7,
+            b.url: 7,
+        }
+        added = first.admin("/admin/backends", {"action": "add", "url": c.url, "name": "c"})
+        assert added.status_code == 200, added.text
+        for name in (a.url, b.url):
+            assert second.admin("/admin/backends", {"action": "drain", "name": name}).is_success
+        view = proxy.backends()
+        assert {n: (x["draining"], x["policy_version"]) for n, x in view.items()} == {
+            a.url: (True, 7),
+            b.url: (True, 7),
+            "c": (False, 7),  # joined at the version the others serve
+        }
+        newcomers = [next(rollouts) for _ in range(4)]
+        for i, rollout in enumerate(newcomers):
+            assert (first, second)[i % 2].chat(rollout).status_code == 200
+
+        # Worker 1 dies (its rows stored first: a SIGKILL loses the writer's queue); its
+        # successor replays the journal before it serves.
+        proxy.flush()
+        os.kill(second.pid, signal.SIGKILL)
+        wait_until(lambda: second.pid not in proxy.pids() and len(proxy.pids()) == 2, 60)
+        successor = proxy.pinned(1)
+        late = next(rollouts)
+        assert successor.chat(late).status_code == 200
+        proxy.flush()
+        served = [
+            (call.backend, call.policy_version)
+            for rollout in [*newcomers, late]
+            for call in stored_calls(pg_engine, rollout)
+        ]
+        assert served == [("c", 7)] * 5
         assert proxy.stop() == 0

@@ -118,6 +118,14 @@ class WorkerProxy:
                 break
         return seen
 
+    def backends(self) -> dict[str, dict[str, Any]]:
+        """`GET /admin/backends`: each backend as the whole proxy sees it (every worker asked)."""
+        answer = httpx.get(f"{self.url}/admin/backends", headers=ADMIN)
+        assert answer.status_code == 200, answer.text
+        body = answer.json()
+        assert body["processes"] == self.workers
+        return {b["name"]: b for b in body["backends"]}
+
     def flush(self) -> dict[str, Any]:
         answer = httpx.post(f"{self.url}/admin/flush", headers=ADMIN, timeout=30)
         assert answer.status_code == 200, answer.text
