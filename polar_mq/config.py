@@ -234,6 +234,20 @@ class Settings(BaseSettings):
         return [f"http://{self.proxy_host}:{self.proxy_port}"]
 
     @property
+    def proxy_seq_redis_url(self) -> str | None:
+        """The Redis of the shared per-rollout call counter, None when the proxy counts alone."""
+        shared = self.proxy_shared_seq
+        if shared is None:
+            shared = self.proxy_workers > 1
+        if not shared:
+            return None
+        if self.proxy_redis_url:
+            return self.proxy_redis_url
+        if self.broker_url.startswith(("redis://", "rediss://")):
+            return self.broker_url
+        return None
+
+    @property
     def proxy_spill_path(self) -> Path | None:
         """The proxy's spill directory, or None when spilling is off (max bytes 0)."""
         if self.proxy_spill_max_bytes == 0:
@@ -283,6 +297,15 @@ class Settings(BaseSettings):
         problems = security_problems(self)
         if self.is_production and self.database_url.startswith("sqlite"):
             problems.append("production needs PostgreSQL (POLAR_MQ_DATABASE_URL)")
+        wants_shared = self.proxy_shared_seq or (
+            self.proxy_shared_seq is None and self.proxy_workers > 1
+        )
+        if wants_shared and self.proxy_seq_redis_url is None:
+            problems.append(
+                "the proxy's call order across processes (POLAR_MQ_PROXY_WORKERS > 1 or "
+                "POLAR_MQ_PROXY_SHARED_SEQ) needs Redis: set POLAR_MQ_PROXY_REDIS_URL (or a "
+                "redis:// POLAR_MQ_BROKER_URL)"
+            )
         if self.visibility_timeout_s <= self.max_agent_timeout_s:
             problems.append(
                 "POLAR_MQ_VISIBILITY_TIMEOUT_S must exceed POLAR_MQ_MAX_AGENT_TIMEOUT_S, otherwise "

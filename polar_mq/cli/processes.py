@@ -60,10 +60,9 @@ def proxy(
     """Serve the token-capturing LLM proxy in front of POLAR_MQ_UPSTREAM_URL."""
     from polar_mq.proxy.server import run_proxy
 
-    settings = load_settings()
-    if workers is not None:
-        settings = settings.model_copy(update={"proxy_workers": workers})
-    run_proxy(settings)
+    if workers is not None:  # validated with the rest (it needs a shared call counter)
+        os.environ["POLAR_MQ_PROXY_WORKERS"] = str(workers)
+    run_proxy(load_settings())
 
 
 def worker(

@@ -29,8 +29,8 @@ from polar_mq.proxy.errors import request_timeout
 from polar_mq.proxy.fanout import Siblings, fanned_out, flushed, replay
 from polar_mq.proxy.metrics import ProxyMetrics, metrics_endpoint
 from polar_mq.proxy.policy_sync import PolicySync, db_reader
-from polar_mq.proxy.record import SeqCounter
 from polar_mq.proxy.rollout_states import RolloutStates, StateReader, db_state_reader
+from polar_mq.proxy.seq import sequencer
 from polar_mq.proxy.state import ProxyState
 from polar_mq.proxy.token_budget import (
     BudgetedSink,
@@ -103,7 +103,7 @@ def create_proxy_app(
             backends=pool,
             sink=call_sink,
             auth=RolloutAuth(settings.secret_key),
-            seqs=SeqCounter(),
+            seqs=sequencer(settings),
             served_model=settings.served_model,
             max_body_bytes=settings.max_body_bytes,
             admin_token=settings.proxy_admin_token,
@@ -120,6 +120,7 @@ def create_proxy_app(
         finally:
             if app.state.proxy.siblings is not None:
                 await app.state.proxy.siblings.aclose()
+            await app.state.proxy.seqs.aclose()
             if rollouts is not None:
                 await rollouts.stop()
             if policy is not None:

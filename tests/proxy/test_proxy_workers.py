@@ -138,3 +138,20 @@ def test_admin_calls_reach_every_worker_and_a_restarted_one_replays_them(
         ]
         assert served == [("c", 7)] * 5
         assert proxy.stop() == 0
+
+
+def test_one_rollouts_calls_keep_their_order_across_workers(
+    pg_url: str, pg_engine: Engine, tmp_path: Path
+) -> None:
+    with fake_engines(1) as fakes, worker_proxy(pg_url, tmp_path, [f.url for f in fakes]) as proxy:
+        clients = [proxy.pinned(0), proxy.pinned(1)]
+        (rollout,) = live_rollouts(pg_engine, 1)
+        plan = [0, 1, 0, 1, 1, 0, 0, 1, 0, 1]  # which worker serves each call, in turn
+        for turn, worker in enumerate(plan):
+            assert clients[worker].chat(rollout, f"call {turn}").status_code == 200
+        proxy.flush()
+        calls = stored_calls(pg_engine, rollout)
+        assert [c.seq for c in calls] == list(range(len(plan)))  # distinct, gap-free
+        texts = [c.request["messages"][0]["content"] for c in calls]
+        assert texts == [f"call {turn}" for turn in range(len(plan))]  # in the order made
+        assert proxy.stop() == 0

@@ -29,6 +29,7 @@ from polar_mq.devstack import settings_env
 from polar_mq.models import Job, JobTask, LlmCall, Rollout, RolloutStatus
 from polar_mq.processes import free_port
 from polar_mq.tokens import issue_rollout_token
+from tests.conftest import REDIS_URL
 
 
 def live_rollouts(engine: Engine, n: int) -> list[uuid.UUID]:
@@ -157,6 +158,8 @@ def worker_proxy(
         "served_model": "fake-model",
         "upstream_urls": upstreams,
         "proxy_admin_token": ADMIN_TOKEN,
+        "proxy_redis_url": REDIS_URL,  # the shared per-rollout call counter
+        "proxy_workers": workers,
         "proxy_port": free_port(),
         "proxy_spill_dir": tmp_path / "spill",
         "health_interval_s": 0.2,
