@@ -16,10 +16,12 @@ import contextlib
 import json
 import statistics
 import tempfile
+import time
 import uuid
 from pathlib import Path
 from typing import Any
 
+import httpx
 from sqlalchemy.orm import Session
 
 from bench.pipeline.cpu import tree_cpu
@@ -58,6 +60,18 @@ def live_rollout(database_url: str) -> uuid.UUID:
             return rollout.id
     finally:
         engine.dispose()
+
+
+def wait_for_workers(base_url: str, workers: int, timeout_s: float = 60.0) -> None:
+    """Until every worker has answered `/healthz` (the first one answers before the others)."""
+    seen: set[int] = set()
+    deadline = time.monotonic() + timeout_s
+    while len(seen) < workers:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"only {len(seen)} of {workers} proxy workers answered")
+        with contextlib.suppress(httpx.HTTPError):
+            seen.add(httpx.get(f"{base_url}/healthz", timeout=5).json()["pid"])
+        time.sleep(0.05)
 
 
 def body(stream: bool, served: bool) -> dict[str, Any]:
@@ -102,6 +116,7 @@ def measure(args: argparse.Namespace, tmp: Path, database_url: str) -> dict[str,
                 )
                 with LocalStack(settings, tmp / "logs") as stack:
                     proxy = stack.proxy()
+                    wait_for_workers(settings.proxy_base_url, workers)
                     url = f"{settings.proxy_base_url}/v1/chat/completions"
                     run_wrk(url, body(args.stream, False), auth, args.clients, 2)  # warm-up
                     before = sum(tree_cpu(proxy.pid).values())
