@@ -22,6 +22,7 @@ import os
 import shutil
 import signal
 import socket
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -88,8 +89,8 @@ class Supervisor:
     def __init__(self, settings: Settings, count: int) -> None:
         self.settings = settings
         self.count = count
-        self.run_dir = Path(tempfile.mkdtemp(prefix="polar-mq-proxy-"))
         self.sock = bind_socket(settings.proxy_host, settings.proxy_port)
+        self.run_dir = Path(tempfile.mkdtemp(prefix="polar-mq-proxy-"))
         self.children: dict[int, BaseProcess] = {}
         self.started: dict[int, float] = {}
         self.failures: dict[int, int] = {}
@@ -159,4 +160,10 @@ class Supervisor:
 def run_workers(settings: Settings, count: int) -> None:
     """Serve the proxy from `count` processes on `settings.proxy_host:proxy_port`."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    raise SystemExit(Supervisor(settings, count).run())
+    try:
+        supervisor = Supervisor(settings, count)
+    except OSError as exc:  # the port is taken, the address is not this machine's
+        address = f"{settings.proxy_host}:{settings.proxy_port}"
+        sys.stderr.write(f"error: cannot listen on {address}: {exc.strerror or exc}\n")
+        raise SystemExit(1) from None
+    raise SystemExit(supervisor.run())
