@@ -124,6 +124,12 @@ class Settings(BaseSettings):
     upstream_max_attempts: int = Field(
         3, ge=1, description="backends a call may be tried on before its first byte"
     )
+    upstream_max_in_flight: int = Field(
+        0,
+        ge=0,
+        description="per backend and proxy process: at this many calls in flight a backend takes "
+        "no new rollouts (they go to the next backend in rendezvous order); 0: no limit",
+    )
     breaker_failures: int = Field(5, ge=1, description="consecutive failures that open a breaker")
     breaker_cooldown_s: float = Field(10.0, ge=0, description="open breaker: wait before a probe")
     health_interval_s: float = Field(5.0, gt=0, description="backend health-check period")
@@ -161,6 +167,23 @@ class Settings(BaseSettings):
     )
     proxy_spill_max_bytes: int = Field(
         1 << 30, ge=0, description="spill bound; a batch that does not fit is dropped; 0: off"
+    )
+    proxy_workers: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="proxy processes serving proxy_port (each with its own call writer and "
+        "spill subdirectory worker-<i>); admin calls reach all of them",
+    )
+    proxy_redis_url: str | None = Field(
+        None,
+        description="Redis holding the shared per-rollout call counter (default: broker_url "
+        "when it is redis://)",
+    )
+    proxy_shared_seq: bool | None = Field(
+        None,
+        description="number each rollout's calls with a counter in Redis, exact across proxy "
+        "processes and instances (default: on with proxy_workers > 1)",
     )
     proxy_flush_timeout_s: float = Field(
         20.0,
@@ -258,6 +281,20 @@ class Settings(BaseSettings):
         return [f"http://{self.proxy_host}:{self.proxy_port}"]
 
     @property
+    def proxy_seq_redis_url(self) -> str | None:
+        """The Redis of the shared per-rollout call counter, None when the proxy counts alone."""
+        shared = self.proxy_shared_seq
+        if shared is None:
+            shared = self.proxy_workers > 1
+        if not shared:
+            return None
+        if self.proxy_redis_url:
+            return self.proxy_redis_url
+        if self.broker_url.startswith(("redis://", "rediss://")):
+            return self.broker_url
+        return None
+
+    @property
     def proxy_spill_path(self) -> Path | None:
         """The proxy's spill directory, or None when spilling is off (max bytes 0)."""
         if self.proxy_spill_max_bytes == 0:
@@ -317,6 +354,15 @@ class Settings(BaseSettings):
             problems.append("production needs PostgreSQL (POLAR_MQ_DATABASE_URL)")
         if self.is_production and self.unsafe_root_agents:
             problems.append("POLAR_MQ_UNSAFE_ROOT_AGENTS is for development only")
+        wants_shared = self.proxy_shared_seq or (
+            self.proxy_shared_seq is None and self.proxy_workers > 1
+        )
+        if wants_shared and self.proxy_seq_redis_url is None:
+            problems.append(
+                "the proxy's call order across processes (POLAR_MQ_PROXY_WORKERS > 1 or "
+                "POLAR_MQ_PROXY_SHARED_SEQ) needs Redis: set POLAR_MQ_PROXY_REDIS_URL (or a "
+                "redis:// POLAR_MQ_BROKER_URL)"
+            )
         if self.visibility_timeout_s <= self.max_agent_timeout_s:
             problems.append(
                 "POLAR_MQ_VISIBILITY_TIMEOUT_S must exceed POLAR_MQ_MAX_AGENT_TIMEOUT_S, otherwise "

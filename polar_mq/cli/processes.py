@@ -53,10 +53,17 @@ def api(
     )  # fmt: skip
 
 
-def proxy() -> None:
+def proxy(
+    workers: Annotated[
+        int | None,
+        typer.Option(min=1, max=64, help="processes serving the port (POLAR_MQ_PROXY_WORKERS)"),
+    ] = None,
+) -> None:
     """Serve the token-capturing LLM proxy in front of POLAR_MQ_UPSTREAM_URL."""
     from polar_mq.proxy.server import run_proxy
 
+    if workers is not None:  # validated with the rest (it needs a shared call counter)
+        os.environ["POLAR_MQ_PROXY_WORKERS"] = str(workers)
     run_proxy(load_settings())
 
 

@@ -1,4 +1,5 @@
-"""`python -m polar_mq.proxy [--host H] [--port P] [--upstream-url URL]` (other settings: env)."""
+"""`python -m polar_mq.proxy [--host H] [--port P] [--upstream-url URL] [--workers N]` (other
+settings: env)."""
 
 from __future__ import annotations
 
@@ -18,12 +19,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--port", type=int, help="POLAR_MQ_PROXY_PORT")
     parser.add_argument("--upstream-url", help="POLAR_MQ_UPSTREAM_URL")
     parser.add_argument("--served-model", help="POLAR_MQ_SERVED_MODEL")
+    parser.add_argument("--workers", type=int, help="POLAR_MQ_PROXY_WORKERS")
     args = parser.parse_args(argv)
     overrides = {
         "proxy_host": args.host,
         "proxy_port": args.port,
         "upstream_url": args.upstream_url,
         "served_model": args.served_model,
+        "proxy_workers": args.workers,
     }
     try:
         settings = Settings(**{k: v for k, v in overrides.items() if v is not None})

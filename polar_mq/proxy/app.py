@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
 
 import httpx
 from sqlalchemy import Engine
@@ -20,16 +21,17 @@ from polar_mq.proxy import routes
 from polar_mq.proxy.apis.registry import family_routes
 from polar_mq.proxy.auth import RolloutAuth
 from polar_mq.proxy.backends import BackendPool, HealthChecker
-from polar_mq.proxy.backends.admin import admin_routes
+from polar_mq.proxy.backends.admin import CHANGES, admin_routes
 from polar_mq.proxy.call_log import CallLogSink
 from polar_mq.proxy.engines import get_engine
 from polar_mq.proxy.engines.base import RETOKENIZED
 from polar_mq.proxy.engines.retokenize import RetokenizingSink
 from polar_mq.proxy.errors import request_timeout
+from polar_mq.proxy.fanout import Siblings, fanned_out, flushed, replay
 from polar_mq.proxy.metrics import ProxyMetrics, metrics_endpoint
 from polar_mq.proxy.policy_sync import PolicySync, db_reader
-from polar_mq.proxy.record import SeqCounter
 from polar_mq.proxy.rollout_states import RolloutStates, StateReader, db_state_reader
+from polar_mq.proxy.seq import sequencer
 from polar_mq.proxy.state import ProxyState
 from polar_mq.proxy.token_budget import (
     BudgetedSink,
@@ -40,6 +42,9 @@ from polar_mq.proxy.token_budget import (
 from polar_mq.proxy.tokenize import tokenize_routes
 from polar_mq.proxy.writer import CallSink, DbCallWriter
 
+if TYPE_CHECKING:
+    from polar_mq.proxy.supervisor import WorkerSlot
+
 
 def create_proxy_app(
     settings: Settings,
@@ -47,6 +52,7 @@ def create_proxy_app(
     upstream_transport: httpx.AsyncBaseTransport | None = None,
     sink: CallSink | None = None,
     rollout_states: StateReader | None = None,
+    worker: WorkerSlot | None = None,
 ) -> Starlette:
     """The proxy as an ASGI app.
 
@@ -59,6 +65,9 @@ def create_proxy_app(
     Calls of rollouts that ended or do not exist are refused (`rollout_states`): the states are
     read from the database when the proxy writes there itself; `rollout_states` replaces that
     reader (tests); with an injected sink and no reader they are not checked.
+
+    `worker`: this is one process of a `--workers N` proxy; its admin calls reach its siblings,
+    and once started it replays the admin changes they journaled (it was restarted).
     """
     engine = get_engine(settings.upstream_engine)
 
@@ -96,7 +105,7 @@ def create_proxy_app(
             backends=pool,
             sink=call_sink,
             auth=RolloutAuth(settings.secret_key),
-            seqs=SeqCounter(),
+            seqs=sequencer(settings),
             served_model=settings.served_model,
             max_body_bytes=settings.max_body_bytes,
             admin_token=settings.proxy_admin_token,
@@ -104,10 +113,16 @@ def create_proxy_app(
             metrics=ProxyMetrics(call_sink.stats),
             rollouts=rollouts,
             budgets=budgets,
+            siblings=Siblings(worker) if worker is not None else None,
         )
+        if worker is not None:
+            await replay(app, worker, CHANGES)
         try:
             yield
         finally:
+            if app.state.proxy.siblings is not None:
+                await app.state.proxy.siblings.aclose()
+            await app.state.proxy.seqs.aclose()
             if rollouts is not None:
                 await rollouts.stop()
             if policy is not None:
@@ -133,7 +148,9 @@ def create_proxy_app(
     app_routes += [
         Route("/healthz", routes.healthz, methods=["GET"]),
         Route("/metrics", metrics_endpoint, methods=["GET"]),
-        Route("/admin/flush", routes.admin_flush, methods=["POST"]),
+        Route(
+            "/admin/flush", fanned_out(routes.admin_flush, flushed, journal=False), methods=["POST"]
+        ),
         *admin_routes(),
     ]
     timeout = Middleware(

@@ -58,6 +58,12 @@ class RolloutAuth:
         return reason
 
 
+LOCAL_KEY = "polar_mq.local"
+"""Set in the ASGI scope of calls that came over a `--workers` child's control socket: a sibling
+process fanning out an admin call (`fanout`); that socket sits in the supervisor's 0700 run
+directory."""
+
+
 def _candidates(request: Request) -> list[str]:
     found: list[str] = []
     path_token = request.path_params.get("token")
@@ -86,6 +92,8 @@ def admin_allowed(request: Request, admin_token: str | None) -> bool:
     this machine only, so a proxy whose settings were bypassed still never opens `/admin/*` to
     the network.
     """
+    if request.scope.get(LOCAL_KEY):  # a sibling process, over its private control socket
+        return True
     if not admin_token:
         client = request.client
         return client is not None and is_loopback(client.host)

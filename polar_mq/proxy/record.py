@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -16,28 +15,6 @@ from typing import Any
 from polar_mq.proxy.apis.base import TranslatedCall
 from polar_mq.proxy.engines.vllm import Capture, View
 from polar_mq.tokens import AGENT
-
-SEQ_ROLLOUTS_MAX = 100_000
-
-
-class SeqCounter:
-    """Per-rollout call sequence numbers, for the most recently active rollouts (LRU-bounded).
-
-    A rollout evicted after `max_rollouts` newer ones were seen restarts at 0; the builders order
-    calls by (seq, created_at), so that only matters for rollouts idle through that many others.
-    """
-
-    def __init__(self, max_rollouts: int = SEQ_ROLLOUTS_MAX) -> None:
-        self._next: OrderedDict[uuid.UUID, int] = OrderedDict()
-        self._max = max_rollouts
-
-    def next(self, rollout_id: uuid.UUID) -> int:
-        seq = self._next.get(rollout_id, 0)
-        self._next[rollout_id] = seq + 1
-        self._next.move_to_end(rollout_id)
-        if len(self._next) > self._max:
-            self._next.popitem(last=False)
-        return seq
 
 
 @dataclass(slots=True)

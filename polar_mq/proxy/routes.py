@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
+
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
 from polar_mq.proxy.abort import unless_client_leaves
 from polar_mq.proxy.auth import admin_allowed
+from polar_mq.proxy.backends import BackendUnavailable
 from polar_mq.proxy.body import read_json_object
 from polar_mq.proxy.capture import forward_json, forward_stream
 from polar_mq.proxy.engines.base import CHAT, COMPLETIONS
@@ -43,7 +46,10 @@ async def _generate(request: Request, api_type: str, path: str) -> Response:
     if isinstance(sent, Refusal):
         return state.metrics.refused(api_type, openai_refusal(sent))
     upstream_body, view = state.engine.rewrite_request(api_type, sent, state.served_model)
-    seq = state.seqs.next(claim.rollout_id)
+    try:
+        seq = await state.seqs.next(claim.rollout_id)
+    except BackendUnavailable as exc:  # the shared call counter is unreachable: retryable 503
+        return state.metrics.refused(api_type, exc.response())
     call = new_call(
         claim.rollout_id, seq, api_type, body, upstream_body, view, claim.purpose, claim.attempt
     )
@@ -87,7 +93,10 @@ async def root(request: Request) -> Response:
 
 async def healthz(request: Request) -> Response:
     state: ProxyState = request.app.state.proxy
-    return _json({"status": "ok", "started_at": state.started_at})
+    worker = state.siblings.slot.index if state.siblings is not None else 0
+    return _json(
+        {"status": "ok", "started_at": state.started_at, "worker": worker, "pid": os.getpid()}
+    )
 
 
 async def admin_flush(request: Request) -> Response:

@@ -1,12 +1,29 @@
-"""Serving the proxy: uvicorn with uvloop/httptools when installed and no access log (hot path)."""
+"""Serving the proxy: uvicorn with uvloop/httptools when installed and no access log (hot path).
+
+One process (`run_proxy`), or with `proxy_workers > 1` a supervisor and that many children
+(`supervisor`), each serving the shared socket and, for admin calls fanned out to it by a
+sibling, a private Unix socket (`serve_worker`).
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import importlib.util
+import os
+import socket
+from collections.abc import Iterator
+
+import uvicorn
 
 from polar_mq.config import Settings
 from polar_mq.observability.logs import configure_from_settings
 from polar_mq.proxy.app import create_proxy_app
+from polar_mq.proxy.fanout import local_only
+from polar_mq.proxy.supervisor import WorkerSlot, run_workers
+
+PARENT_CHECK_S = 1.0
+"""How often a child checks that its supervisor still lives (an orphan stops serving)."""
 
 
 def uvicorn_options() -> dict[str, str]:
@@ -20,9 +37,10 @@ def uvicorn_options() -> dict[str, str]:
 
 def run_proxy(settings: Settings) -> None:
     """Serve the proxy on `settings.proxy_host:proxy_port` until interrupted."""
-    import uvicorn
-
     configure_from_settings("proxy", settings)
+    if settings.proxy_workers > 1:
+        run_workers(settings, settings.proxy_workers)
+        return
     uvicorn.run(
         create_proxy_app(settings),
         host=settings.proxy_host,
@@ -33,3 +51,58 @@ def run_proxy(settings: Settings) -> None:
         lifespan="on",
         **uvicorn_options(),  # type: ignore[arg-type]
     )
+
+
+class _ControlServer(uvicorn.Server):
+    """The admin socket's server: stopped by the main server, never by a signal itself."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def serve_worker(settings: Settings, slot: WorkerSlot, sock: socket.socket) -> None:
+    """One child of `--workers N`: the app on the shared socket and on its control socket."""
+    settings = slot.settings_for(settings)
+    configure_from_settings(f"proxy-{slot.index}", settings)
+    app = create_proxy_app(settings, worker=slot)
+    options = uvicorn_options()
+    common = {
+        "access_log": False,
+        "log_level": "warning",
+        "log_config": None,
+        "http": options["http"],
+    }
+    main = uvicorn.Server(uvicorn.Config(app, lifespan="on", **common))  # type: ignore[arg-type]
+    control = _ControlServer(
+        uvicorn.Config(
+            local_only(app),
+            uds=str(slot.control_socket(slot.index)),
+            lifespan="off",
+            **common,  # type: ignore[arg-type]
+        )
+    )
+    parent = os.getppid()
+
+    async def serve() -> None:
+        serving = asyncio.ensure_future(main.serve(sockets=[sock]))
+        while not main.started and not serving.done():
+            await asyncio.sleep(0.01)
+        if serving.done():  # the app failed to start: uvicorn already said why
+            await serving
+            return
+        controlling = asyncio.ensure_future(control.serve())
+        while not serving.done():
+            await asyncio.wait({serving}, timeout=PARENT_CHECK_S)
+            if os.getppid() != parent:  # the supervisor is gone: stop like on SIGTERM
+                main.should_exit = True
+        control.should_exit = True
+        await controlling
+        await serving
+
+    if options["loop"] == "uvloop":
+        import uvloop
+
+        uvloop.run(serve())
+    else:
+        asyncio.run(serve())

@@ -10,9 +10,10 @@ from polar_mq.proxy.auth import RolloutAuth
 from polar_mq.proxy.backends import BackendPool
 from polar_mq.proxy.engines import vllm
 from polar_mq.proxy.engines.base import Engine
+from polar_mq.proxy.fanout import Siblings
 from polar_mq.proxy.metrics import ProxyMetrics
-from polar_mq.proxy.record import SeqCounter
 from polar_mq.proxy.rollout_states import RolloutStates
+from polar_mq.proxy.seq import Sequencer
 from polar_mq.proxy.token_budget import TokenBudgets
 from polar_mq.proxy.writer import CallSink
 
@@ -23,7 +24,8 @@ class ProxyState:
     """The upstreams, each with its pooled client; calls go through `backends.send_call`."""
     sink: CallSink
     auth: RolloutAuth
-    seqs: SeqCounter
+    seqs: Sequencer
+    """Each rollout's call numbers (`seq`): this process's own, or shared through Redis."""
     served_model: str | None
     max_body_bytes: int
     admin_token: str | None
@@ -39,3 +41,5 @@ class ProxyState:
     """Which rollouts may still call (None: not checked, the proxy has no database)."""
     budgets: TokenBudgets | None = None
     """Each rollout attempt's completion-token budget (None: not enforced, no database)."""
+    siblings: Siblings | None = None
+    """The other processes of a `--workers N` proxy, which admin calls reach too (`fanout`)."""

@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +17,7 @@ from proxy_support import SECRET, proxy_settings
 from starlette.applications import Starlette
 
 from polar_mq.proxy import CallSink, MemoryCallSink, create_proxy_app
+from polar_mq.proxy.backends.rendezvous import order_of
 from polar_mq.testing.fake_vllm import FakeStats, create_fake_vllm_app
 from polar_mq.testing.servers import free_port, serve_in_thread
 from polar_mq.tokens import issue_rollout_token
@@ -32,6 +33,15 @@ def wait_until(check: Callable[[], bool], timeout_s: float = 10.0) -> None:
     while not check():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.01)
+
+
+def rollout_preferring(order: Sequence[str], backends: Iterable[str]) -> uuid.UUID:
+    """A new rollout id whose rendezvous order over `backends` (weight 1) starts with `order`."""
+    weights = dict.fromkeys(backends, 1.0)
+    while True:
+        rollout = uuid.uuid4()
+        if order_of(rollout, weights)[: len(order)] == list(order):
+            return rollout
 
 
 def auth(rollout: uuid.UUID) -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""Several backends over real sockets: stickiness, least-loaded routing, run-time changes,
+"""Several backends over real sockets: stickiness, rendezvous routing, run-time changes,
 policy versions stamped on calls, and the admin endpoints' token and input checks."""
 
 from __future__ import annotations
@@ -7,7 +7,16 @@ import uuid
 
 import httpx
 import pytest
-from backends_support import ADMIN, CHAT, Stack, auth, chat_body, proxy_stack, wait_until
+from backends_support import (
+    ADMIN,
+    CHAT,
+    Stack,
+    auth,
+    chat_body,
+    proxy_stack,
+    rollout_preferring,
+    wait_until,
+)
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -19,11 +28,11 @@ def served_by(stack: Stack, rollout: uuid.UUID) -> set[str]:
     return {r["backend"] for r in stack.rows_of(rollout)}
 
 
-def test_rollouts_stick_and_new_ones_go_to_the_least_loaded_backend() -> None:
+def test_rollouts_stick_to_their_rendezvous_backend_whatever_the_load() -> None:
     with proxy_stack(n_fakes=2) as stack:
         a, b = stack.fakes
-        rollouts = [uuid.uuid4() for _ in range(4)]
-        for rollout in rollouts:  # idle backends: ties broken by the rollouts bound to each
+        rollouts = [rollout_preferring([x], stack.fakes) for x in (a, b, a, b)]
+        for rollout in rollouts:
             assert stack.chat(rollout).status_code == 200
         for _ in range(3):  # later calls stay where each rollout started
             for rollout in rollouts:
@@ -32,7 +41,8 @@ def test_rollouts_stick_and_new_ones_go_to_the_least_loaded_backend() -> None:
         assert [served_by(stack, r) for r in rollouts] == [{a}, {b}, {a}, {b}]
         assert stack.stats(a).requests == stack.stats(b).requests == 8
 
-        # Two slow streams in flight on `a`: new rollouts go to `b`, which has more rollouts.
+        # Two slow streams in flight on `a`: new rollouts still go to their own first choice
+        # (load is this process's alone; another proxy process would choose differently).
         stack.fakes[a].state.fake.token_delay_s = 0.3
         with (
             stack.client.stream(
@@ -45,23 +55,23 @@ def test_rollouts_stick_and_new_ones_go_to_the_least_loaded_backend() -> None:
             lines = [first.iter_lines(), second.iter_lines()]
             assert all(next(it).startswith("data: ") for it in lines)
             assert stack.backends()[a]["in_flight"] == 2
-            newcomers = [uuid.uuid4() for _ in range(3)]
+            newcomers = [rollout_preferring([x], stack.fakes) for x in (a, b, a)]
             for rollout in newcomers:
                 assert stack.chat(rollout).status_code == 200
-            assert all(served_by(stack, r) == {b} for r in newcomers)
+            assert [served_by(stack, r) for r in newcomers] == [{a}, {b}, {a}]
             stack.fakes[a].state.fake.token_delay_s = 0.0
             for it in lines:
                 assert list(it)[-2:] == ["data: [DONE]", ""]
         wait_until(lambda: stack.backends()[a]["in_flight"] == 0)
-        assert stack.backends()[a]["sticky_rollouts"] == 2
-        assert stack.backends()[b]["sticky_rollouts"] == 5
+        assert stack.backends()[a]["sticky_rollouts"] == 4
+        assert stack.backends()[b]["sticky_rollouts"] == 3
         assert served_by(stack, rollouts[0]) == served_by(stack, rollouts[2]) == {a}
 
 
 def test_policy_version_of_the_serving_backend_is_stamped_on_each_call() -> None:
     with proxy_stack(n_fakes=2) as stack:
         a, b = stack.fakes
-        on_a, on_b = uuid.uuid4(), uuid.uuid4()
+        on_a, on_b = (rollout_preferring([x], stack.fakes) for x in (a, b))
         assert stack.chat(on_a).status_code == stack.chat(on_b).status_code == 200
         everywhere = stack.admin("POST", "/admin/policy_version", {"version": 7})
         assert everywhere.json() == {a: 7, b: 7}
@@ -83,7 +93,7 @@ def test_backend_and_policy_version_land_in_postgres(
 ) -> None:
     with proxy_stack(n_fakes=2, sink=DbCallWriter(engine=pg_engine)) as stack:
         a, b = stack.fakes
-        rollouts = [uuid.uuid4(), uuid.uuid4()]
+        rollouts = [rollout_preferring([x], stack.fakes) for x in (a, b)]
         stack.admin("POST", "/admin/policy_version", {"version": 41})
         stack.admin("POST", "/admin/policy_version", {"backend": b, "version": 42})
         for stream in (False, True):

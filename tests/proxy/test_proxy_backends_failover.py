@@ -8,10 +8,16 @@ are routed to it again.
 
 from __future__ import annotations
 
-import uuid
-
 import orjson
-from backends_support import CHAT, FakeProcess, auth, chat_body, proxy_stack, wait_until
+from backends_support import (
+    CHAT,
+    FakeProcess,
+    auth,
+    chat_body,
+    proxy_stack,
+    rollout_preferring,
+    wait_until,
+)
 
 
 def test_failover_when_a_backend_dies_mid_run_and_recovery_when_it_returns() -> None:
@@ -20,8 +26,9 @@ def test_failover_when_a_backend_dies_mid_run_and_recovery_when_it_returns() -> 
         proxy_stack(n_fakes=1, extra_urls=(victim.url,)) as stack,
     ):
         (survivor,) = stack.fakes
-        doomed, other = uuid.uuid4(), uuid.uuid4()
-        assert stack.chat(doomed).status_code == 200  # first rollout: first backend (victim)
+        both = [victim.url, survivor]
+        doomed, other = (rollout_preferring([x], both) for x in both)
+        assert stack.chat(doomed).status_code == 200  # its first choice: the victim
         assert stack.chat(other).status_code == 200
         wait_until(lambda: len(stack.sink.rows) == 2)
         assert [r["backend"] for r in stack.sink.rows] == [victim.url, survivor]
@@ -57,7 +64,7 @@ def test_failover_when_a_backend_dies_mid_run_and_recovery_when_it_returns() -> 
 
         victim.start()  # same port: the health check closes the breaker
         wait_until(lambda: stack.backends()[victim.url]["breaker"] == "closed")
-        newcomer = uuid.uuid4()
+        newcomer = rollout_preferring([victim.url], both)
         assert stack.chat(newcomer).status_code == 200
         assert stack.chat(doomed).status_code == 200  # stays where it was rebound
         wait_until(lambda: len(stack.sink.rows) == 9)

@@ -11,6 +11,7 @@ from contextlib import asynccontextmanager
 
 import httpx
 import pytest
+from backends_support import rollout_preferring
 from proxy_support import SECRET, proxy_settings
 
 from polar_mq.config import Settings
@@ -86,31 +87,60 @@ async def pool() -> AsyncIterator[BackendPool]:
 
 
 @pytest.mark.anyio
-async def test_pool_routes_new_rollouts_by_load_and_keeps_bindings(pool: BackendPool) -> None:
+async def test_pool_routes_new_rollouts_by_rendezvous_and_keeps_bindings(pool: BackendPool) -> None:
     a, b, c = pool.backends.values()
-    a.acquire()
-    b.weight = 4.0
-    b.acquire()
-    b.acquire()  # 2 calls on weight 4: less loaded than 1 call on weight 1
-    first = uuid.uuid4()
+    first = rollout_preferring(["c", "b", "a"], "abc")
+    for _ in range(3):
+        c.acquire()  # load does not move a rollout off its first choice
     assert await pool.choose(first) is c
-    c.acquire()
-    c.acquire()
-    assert await pool.choose(uuid.uuid4()) is b  # 0.5 per unit weight against 1 and 2
-    assert await pool.choose(first) is c  # bound, although c is now the most loaded
-    assert await pool.choose(first, tried=(c,)) is b  # a retry goes elsewhere...
+    assert await pool.choose(first, tried=(c,)) is b  # a retry goes to the next in its order...
     assert await pool.choose(first) is c  # ...without moving the binding
     c.breaker.trip()
-    assert await pool.choose(first) is b  # an open breaker moves it
+    assert await pool.choose(first) is b  # an open breaker moves it, to the next in order
     b.draining = True
     assert await pool.choose(first) is b  # draining: keeps its rollouts
-    assert await pool.choose(uuid.uuid4()) is a  # but takes no new ones
+    assert await pool.choose(rollout_preferring(["b", "a"], "abc")) is a  # takes no new ones
     for x in (a, b):
         x.breaker.trip()
     with pytest.raises(BackendUnavailable) as caught:
         await pool.choose(uuid.uuid4())
     response = caught.value.response()
     assert response.status_code == 503 and response.headers["retry-after"] == "10"
+
+
+@pytest.mark.anyio
+async def test_every_pool_maps_a_rollout_to_the_same_backend(pool: BackendPool) -> None:
+    """Another process (another pool, backends added in another order) makes the same choices."""
+    other = BackendPool(PATHS)
+    for name in ("c", "a", "b"):
+        other.add(f"http://{name}.test", name)
+    rollouts = [uuid.UUID(int=i) for i in range(3000)]
+    mine = [(await pool.choose(r)).name for r in rollouts]
+    assert mine == [(await other.choose(r)).name for r in rollouts]
+    shares = {name: mine.count(name) / len(mine) for name in "abc"}
+    assert all(0.28 < share < 0.39 for share in shares.values()), shares  # about a third each
+    other.remove("a")  # only a's rollouts move, each to its own second choice
+    moved = [(await other.choose(r)).name for r in rollouts]
+    assert all(m == n for m, n in zip(mine, moved, strict=True) if m != "a")
+    assert "a" not in moved
+    await other.aclose()
+
+
+@pytest.mark.anyio
+async def test_weights_share_rollouts_and_a_full_backend_spills_to_the_next(
+    pool: BackendPool,
+) -> None:
+    a, b, c = pool.backends.values()
+    b.weight = 4.0
+    chosen = [(await pool.choose(uuid.UUID(int=i))).name for i in range(3000)]
+    assert 0.6 < chosen.count("b") / len(chosen) < 0.73  # 4 / 6 of them
+    b.weight = 1.0
+    a.max_in_flight = 1
+    a.acquire()
+    newcomer = rollout_preferring(["a", "c"], "abc")
+    assert await pool.choose(newcomer) is c  # a is at capacity: the next in its order
+    a.release()
+    assert await pool.choose(newcomer) is c  # and it stays there
 
 
 @pytest.mark.anyio
@@ -182,8 +212,9 @@ async def proxy_over(
         yield client, sink, app.state.proxy.backends
 
 
-def headers() -> dict[str, str]:
-    return {"authorization": f"Bearer {issue_rollout_token(SECRET, uuid.uuid4(), 60)}"}
+def headers(rollout: uuid.UUID | None = None) -> dict[str, str]:
+    token = issue_rollout_token(SECRET, rollout or uuid.uuid4(), 60)
+    return {"authorization": f"Bearer {token}"}
 
 
 @pytest.mark.anyio
@@ -194,9 +225,11 @@ async def test_failures_before_the_first_byte_are_retried_elsewhere(
 ) -> None:
     transport = ByHost(refuse)
     async with proxy_over(transport, ["http://bad.test", "http://good.test"]) as (c, sink, pool):
-        for _ in range(3):  # each new rollout starts on the idle `bad` backend, then moves
+        urls = ["http://bad.test", "http://good.test"]
+        for _ in range(3):  # each new rollout's first choice is `bad`: it is tried, then skipped
             body = {**BODY, "stream": stream}
-            response = await c.post("/v1/chat/completions", json=body, headers=headers())
+            rollout = rollout_preferring(urls, urls)
+            response = await c.post("/v1/chat/completions", json=body, headers=headers(rollout))
             assert response.status_code == 200
         await sink.flush()
         assert [r["backend"] for r in sink.rows] == ["http://good.test"] * 3

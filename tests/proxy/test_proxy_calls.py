@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 import uuid
 from typing import Any
@@ -252,4 +253,5 @@ async def test_healthz(harness: Harness) -> None:
     response = await harness.client.get("/healthz")
     body = response.json()
     assert response.status_code == 200 and body.pop("status") == "ok"
-    assert body.keys() == {"started_at"} and 0 < body["started_at"] <= time.time()
+    assert body.keys() == {"started_at", "worker", "pid"} and 0 < body["started_at"] <= time.time()
+    assert body["worker"] == 0 and body["pid"] == os.getpid()  # a single-process proxy

@@ -6,7 +6,7 @@ from __future__ import annotations
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
-from backends_support import CHAT, auth, chat_body, proxy_stack, wait_until
+from backends_support import CHAT, auth, chat_body, proxy_stack, rollout_preferring, wait_until
 
 
 def test_pause_holds_new_calls_drains_in_flight_and_resume_releases() -> None:
@@ -62,10 +62,10 @@ def test_a_call_held_past_the_bound_gets_a_retryable_503() -> None:
 def test_pausing_one_backend_sends_new_rollouts_to_the_others() -> None:
     with proxy_stack(n_fakes=2, pause_max_wait_s=0.3) as stack:
         a, b = stack.fakes
-        on_a = uuid.uuid4()
+        on_a = rollout_preferring([a], stack.fakes)
         assert stack.chat(on_a).status_code == 200
         assert stack.admin("POST", "/admin/pause", {"backend": a}).json()["paused"] == [a]
-        newcomers = [uuid.uuid4() for _ in range(3)]
+        newcomers = [rollout_preferring([a], stack.fakes) for _ in range(3)]  # a: paused
         assert all(stack.chat(r).status_code == 200 for r in newcomers)
         assert stack.stats(b).requests == 3
         # A rollout bound to the paused backend waits for it (here: past the bound).

@@ -10,7 +10,7 @@ import pytest
 
 from polar_mq.proxy.engines import check_engine
 from polar_mq.proxy.engines.vllm import CHAT, COMPLETIONS, extract_response, rewrite_request
-from polar_mq.proxy.record import SeqCounter
+from polar_mq.proxy.seq import LocalSeq
 from polar_mq.proxy.sse import SseRelay
 
 
@@ -89,11 +89,11 @@ def test_response_without_token_ids() -> None:
 
 
 def test_seq_counter_is_bounded() -> None:
-    seqs = SeqCounter(max_rollouts=2)
+    seqs = LocalSeq(max_rollouts=2)
     a, b, c = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
-    assert [seqs.next(a), seqs.next(a), seqs.next(b), seqs.next(a)] == [0, 1, 0, 2]
-    seqs.next(c)  # evicts b, the least recently used
-    assert seqs.next(a) == 3 and seqs.next(b) == 0
+    assert [seqs.take(a), seqs.take(a), seqs.take(b), seqs.take(a)] == [0, 1, 0, 2]
+    seqs.take(c)  # evicts b, the least recently used
+    assert seqs.take(a) == 3 and seqs.take(b) == 0
 
 
 def test_unknown_engine_is_refused_at_boot() -> None:

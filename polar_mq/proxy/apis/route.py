@@ -27,6 +27,7 @@ from polar_mq.proxy.apis.base import (
     TranslatedCall,
     kind_of_status,
 )
+from polar_mq.proxy.backends import BackendUnavailable
 from polar_mq.proxy.body import read_json_object
 from polar_mq.proxy.capture import forward_json, forward_stream
 from polar_mq.proxy.engines.base import CHAT
@@ -107,7 +108,10 @@ async def forward_family(request: Request, family: ApiFamily) -> Response:
         refusal = family.error_response(chat.status, kind_of_status(chat.status), chat.message)
         return state.metrics.refused(family.NAME, refusal)
     upstream_body, view = state.engine.rewrite_request(CHAT, chat, state.served_model)
-    seq = state.seqs.next(claim.rollout_id)
+    try:
+        seq = await state.seqs.next(claim.rollout_id)
+    except BackendUnavailable as exc:  # the shared call counter is unreachable: retryable 503
+        return state.metrics.refused(family.NAME, reshape_error(exc.response(), family))
     call = new_call(
         claim.rollout_id, seq, family.NAME, body, upstream_body, view, claim.purpose, claim.attempt
     )

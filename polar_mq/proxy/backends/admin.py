@@ -7,8 +7,9 @@
   finish. The answer says whether they have (`drained`); `?wait_drained=true[&timeout_s=N]` waits.
 - `POST /admin/resume` `{"backend"?}`: waiting calls go ahead.
 - `POST /admin/policy_version` `{"backend"?, "version"}`: stamped on every call served from now on.
-Without `backend` these act on every backend. An added backend starts unpaused, at the highest
-policy version in the pool unless given one; a removed one finishes its in-flight calls first.
+Without `backend` these act on every backend; with `--workers N`, on every process (`fanout`).
+An added backend starts unpaused, at the highest policy version in the pool unless given one; a
+removed one finishes its in-flight calls first.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from polar_mq.proxy.auth import admin_allowed
 from polar_mq.proxy.backends.backend import NAME_MAX, Backend
 from polar_mq.proxy.backends.pool import BackendPool
 from polar_mq.proxy.errors import bad_request, openai_error, unauthorized
+from polar_mq.proxy.fanout import fanned_out, first, paused, pool_snapshots
 
 ADMIN_BODY_MAX = 64 * 1024
 DRAIN_TIMEOUT_S = 600.0
@@ -197,10 +199,28 @@ async def policy_version(request: Request) -> Response:
     return _json({b.name: b.policy_version for b in selected})
 
 
+CHANGES = {
+    "/admin/backends": backends,
+    "/admin/pause": pause,
+    "/admin/resume": resume,
+    "/admin/policy_version": policy_version,
+}
+"""The admin calls that change state (replayed, in order, by a restarted `--workers` child)."""
+
+
 def admin_routes() -> list[Route]:
+    """The routes; with `--workers N` each applies to all N processes (`fanout`)."""
     return [
-        Route("/admin/backends", backends, methods=["GET", "POST"]),
-        Route("/admin/pause", pause, methods=["POST"]),
-        Route("/admin/resume", resume, methods=["POST"]),
-        Route("/admin/policy_version", policy_version, methods=["POST"]),
+        Route(
+            "/admin/backends",
+            fanned_out(backends, pool_snapshots, journal=True),
+            methods=["GET", "POST"],
+        ),
+        Route("/admin/pause", fanned_out(pause, paused, journal=True), methods=["POST"]),
+        Route("/admin/resume", fanned_out(resume, first, journal=True), methods=["POST"]),
+        Route(
+            "/admin/policy_version",
+            fanned_out(policy_version, first, journal=True),
+            methods=["POST"],
+        ),
     ]

@@ -1,11 +1,13 @@
 """The set of backends behind the proxy and the routing decision for each call.
 
 A rollout sticks to the backend it first used (its KV prefix cache is there); it is routed again
-only when that backend is out (breaker open, removed) or its binding expired. New rollouts go to
-the least-loaded usable backend (calls in flight per unit weight, then rollouts bound), preferring
-backends that are not paused. A call bound for a paused backend waits for the resume, at most
-`pause_max_wait_s`, then gets a retryable 503. Backends can be added, drained (no new rollouts),
-removed, paused and resumed, and given a policy version, while the proxy runs.
+only when that backend is out (breaker open, removed) or its binding expired. A new rollout goes
+to its first backend in rendezvous-hash order (`rendezvous`), the same one in every proxy
+process and instance; only when that one is draining, out, paused or at its in-flight limit does
+it spill over to the next in that order (so the spill-over is deterministic too). A call bound
+for a paused backend waits for the resume, at most `pause_max_wait_s`, then gets a retryable 503.
+Backends can be added, drained (no new rollouts), removed, paused and resumed, and given a policy
+version, while the proxy runs.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from polar_mq.proxy.backends.backend import (
     BreakerPolicy,
     upstream_base_url,
 )
+from polar_mq.proxy.backends.rendezvous import ranked
 from polar_mq.proxy.backends.sticky import StickyMap
 from polar_mq.proxy.errors import openai_error
 
@@ -55,12 +58,14 @@ class BackendPool:
         sticky: StickyMap | None = None,
         pause_max_wait_s: float = 30.0,
         max_attempts: int = 3,
+        max_in_flight: int = 0,
     ) -> None:
         self.paths = paths
         self.backends: dict[str, Backend] = {}
         self.sticky = sticky or StickyMap(100_000, 3600.0)
         self.pause_max_wait_s = pause_max_wait_s
         self.max_attempts = max_attempts
+        self.max_in_flight = max_in_flight
         self.timeouts: dict[str, Any] = {"timeout": UPSTREAM_TIMEOUT.as_dict()}
         """Request extensions carrying the upstream timeouts (the hot path bypasses the client)."""
         self._transport = transport
@@ -83,6 +88,7 @@ class BackendPool:
             sticky=StickyMap(settings.sticky_rollouts_max, settings.sticky_ttl_s),
             pause_max_wait_s=settings.pause_max_wait_s,
             max_attempts=settings.upstream_max_attempts,
+            max_in_flight=settings.upstream_max_in_flight,
         )
         for url in settings.upstream_urls or [settings.upstream_url]:
             pool.add(url)
@@ -114,6 +120,7 @@ class BackendPool:
             weight=weight,
             policy_version=policy_version,
             breaker=self._breaker,
+            max_in_flight=self.max_in_flight,
         )
         self.backends[name] = backend
         return backend
@@ -192,23 +199,38 @@ class BackendPool:
         bound = self.sticky.get(rollout_id)
         if bound is not None and bound not in tried and bound.usable():
             return bound
-        best: Backend | None = None
-        best_key: tuple[bool, tuple[float, float]] | None = None
-        for backend in self.backends.values():
-            if backend.draining or backend in tried or not backend.usable():
-                continue
-            key = (backend.paused, backend.load())
-            if best_key is None or key < best_key:
-                best, best_key = backend, key
+        best = self._first_choice(rollout_id, tried)
         if best is not None and not tried:
             self.sticky.bind(rollout_id, best)
         return best
+
+    def _first_choice(self, rollout_id: uuid.UUID, tried: tuple[Backend, ...]) -> Backend | None:
+        """The rollout's first backend in rendezvous order that can take it now.
+
+        Passed over, in order: draining, failed for this call, breaker open, then paused or at
+        capacity (taken only when every usable one is); the same answer in every process that
+        sees the same backends.
+        """
+        candidates = [
+            b for b in self.backends.values() if not b.draining and b not in tried and b.usable()
+        ]
+        if len(candidates) <= 1:
+            return candidates[0] if candidates else None
+        order = ranked(rollout_id, candidates)
+        for backend in order:
+            if not backend.paused and not backend.at_capacity():
+                return backend
+        for backend in order:  # all paused or full: a full one (queues) before a paused one
+            if not backend.paused:
+                return backend
+        return order[0]
 
     def snapshot(self) -> dict[str, Any]:
         return {
             "backends": [b.snapshot() for b in self.backends.values()],
             "sticky_rollouts": len(self.sticky),
             "pause_max_wait_s": self.pause_max_wait_s,
+            "routing": "rendezvous",
         }
 
     async def aclose(self) -> None:

@@ -70,7 +70,7 @@ async def _attempt(
     )
     backend.acquire()
     try:
-        response = await backend.transport.handle_async_request(request)
+        response = await backend.next_transport().handle_async_request(request)
     except BaseException:
         backend.release()
         raise
