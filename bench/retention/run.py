@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.retention [--calls 10000000] [--days 60] [--keep-days 30]
         [--export DIR] [--skip-write-path]
 
-1. Write path (A/B, interleaved, median of 3): rows/s of the proxy's batch INSERT into a plain
+1. Write path (A/B, interleaved, median of 5): rows/s of the proxy's batch INSERT into a plain
    `llm_calls` (a database at migration 0008) and into the partitioned one (head).
 2. A fresh database (head) gets `--calls` synthetic calls over `--days` days
    (`bench/retention/synthetic.py`); then the read queries (`measure.py`) are timed, the calls
@@ -52,7 +52,7 @@ def database(revision: str = "head") -> Iterator[str]:
         admin.dispose()
 
 
-def write_path(repeats: int = 3) -> dict[str, Any]:
+def write_path(repeats: int = 5) -> dict[str, Any]:
     rates: dict[str, list[float]] = {"plain": [], "partitioned": []}
     with database("0008_tenants") as plain_url, database() as part_url:
         engines = {"plain": create_db_engine(plain_url), "partitioned": create_db_engine(part_url)}
@@ -104,7 +104,7 @@ def scale(args: argparse.Namespace) -> dict[str, Any]:
 def report(figures: dict[str, Any]) -> None:
     if "write_path" in figures:
         w = figures["write_path"]
-        print("\nproxy batch INSERT (256 rows/batch, median of 3)")
+        print("\nproxy batch INSERT (256 rows/batch, median of 5)")
         print(f"  plain table        {w['rows_per_s']['plain']:>10,.0f} rows/s")
         print(f"  partitioned        {w['rows_per_s']['partitioned']:>10,.0f} rows/s")
         print(f"  ratio              {w['ratio']:>10.2f}")
