@@ -18,7 +18,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import signal
 import statistics
+import sys
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -140,6 +142,9 @@ def main() -> None:
     parser.add_argument("--export", type=Path, default=None, help="export pruned calls here")
     parser.add_argument("--skip-write-path", action="store_true")
     args = parser.parse_args()
+    # A TERM (or an INT ignored by a background shell) must still drop the databases: exit
+    # through the `finally` blocks.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     figures: dict[str, Any] = {}
     if not args.skip_write_path:
         figures["write_path"] = write_path()

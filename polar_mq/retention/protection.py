@@ -12,8 +12,8 @@ A call older than the cutoff is deleted unless its rollout is *protected*:
    once finished: their groups were readable since completion.
 
 Deleting calls never touches training data: results and exports read `trajectory_samples`.
-The protected ids go to a temporary table so each prune statement joins against it (an array
-of a million ids would be compared row by row).
+The protected ids go to a temporary table, filled once per prune run, so each prune statement
+joins against it (an array of a million ids would be compared row by row).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from sqlalchemy import Connection, column, table, text
 from polar_mq.models import RolloutStatus
 
 PROTECTED = table("retention_protected", column("id"))
-"""The temporary table of protected rollout ids (one per transaction that prunes)."""
+"""The temporary table of protected rollout ids (one per prune run, on its connection)."""
 
 _TERMINAL = ", ".join(f"'{s}'" for s in sorted(RolloutStatus.TERMINAL))
 _RULE = f"""

@@ -97,14 +97,18 @@ def prune(
     with engine.connect() as conn:
         report.bytes_before = table_bytes(conn)
         targets = _targets(conn, cutoff)
-    for target in targets:
-        with engine.begin() as conn:
-            if conn.dialect.name == "postgresql":
-                conn.execute(text(f"SET LOCAL lock_timeout = '{partitions.LOCK_TIMEOUT}'"))
-            report.protected_rollouts = load_protected(conn)
-            _prune_one(conn, target, report, export_dir)
-            drop_protected(conn)
-    with engine.connect() as conn:
+        # Once per run, on this connection: a protected rollout may end meanwhile (and is kept
+        # one more run), but an ended one never runs again, and any call older than the cutoff
+        # belongs to a rollout that existed before this snapshot.
+        report.protected_rollouts = load_protected(conn)
+        conn.commit()
+        for target in targets:
+            with conn.begin():
+                if conn.dialect.name == "postgresql":
+                    conn.execute(text(f"SET LOCAL lock_timeout = '{partitions.LOCK_TIMEOUT}'"))
+                _prune_one(conn, target, report, export_dir)
+        drop_protected(conn)
+        conn.commit()
         report.bytes_after = table_bytes(conn)
     report.seconds = time.perf_counter() - started
     return report
