@@ -59,3 +59,17 @@ def test_rollout_calls_span_day_partitions(engine: Engine) -> None:
     with make_session_factory(engine)() as session:
         calls = rollout_calls(session, rollout).calls
     assert [c.seq for c in calls] == [0, 1, 2]
+
+
+def test_one_maintenance_round_at_a_time(engine: Engine) -> None:
+    from polar_mq.retention.maintenance import LOCK_KEY
+
+    (done,) = make_job(engine, ["completed"])
+    insert_calls(engine, [call_row(done, 0, days_ago(20))])
+    settings = Settings(call_retention_days=10)
+    with engine.connect() as other:  # another sweeper's round in progress
+        assert other.scalar(text("SELECT pg_try_advisory_lock(:k)"), {"k": LOCK_KEY})
+        assert maintain(engine, settings, now=NOW) is None
+        other.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": LOCK_KEY})
+    report = maintain(engine, settings, now=NOW)
+    assert report is not None and report.rows_deleted == 1
