@@ -237,6 +237,21 @@ class Settings(BaseSettings):
     republish_after_s: float = Field(
         300.0, gt=0, description="re-send a ready rollout's message after this long untouched"
     )
+    call_retention_days: float | None = Field(
+        None,
+        gt=0,
+        description="automatic prune: LLM calls older than this many days are exported (if "
+        "call_export_dir) and deleted by the sweeper's maintenance; unset: keep every call",
+    )
+    call_export_dir: Path | None = Field(
+        None, description="where the automatic prune writes the calls it deletes (JSONL.gz)"
+    )
+    call_partitions_ahead_days: int = Field(
+        7, ge=1, le=366, description="daily llm_calls partitions kept created ahead of today"
+    )
+    call_maintenance_interval_s: float = Field(
+        3600.0, gt=0, description="how often partitions are created ahead and the prune runs"
+    )
     default_agent_timeout_s: float = Field(600.0, gt=0)
     max_agent_timeout_s: float = Field(3600.0, gt=0)
     default_inactivity_timeout_s: float | None = Field(None, gt=0)

@@ -221,6 +221,9 @@ def sweeper(
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     console.print(f"sweeper: every {settings.sweep_interval_s:g} s")
+    from polar_mq.retention.maintenance import start_call_maintenance
+
+    start_call_maintenance(settings, stop)  # call partitions ahead + automatic prune
     swept.run_forever(stop)
 
 

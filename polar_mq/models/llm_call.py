@@ -2,7 +2,10 @@
 
 This is the fastest-growing table (one row per proxied request), so it is insert-only: no foreign
 key to check per row, no UPDATE ever, keyed by a call id the proxy generates so a replayed batch is
-idempotent. Retention or partitioning by `created_at` can be added without touching readers.
+idempotent. On PostgreSQL the table is range-partitioned by day on `created_at` (migration 0009,
+`polar_mq.retention`): retention drops whole days, and the database's key is (id, created_at)
+because a partitioned table's key must hold the partition key. The mapping keeps `id` alone as
+the identity (ids are unique on their own; SQLite's table is not partitioned).
 
 `purpose` says who made the call: the agent (its calls become training samples) or a judge scoring
 the rollout (`llm_judge`; stored for audit, never trained on). It comes from the signed token.

@@ -5,7 +5,9 @@ text never changes (psycopg parses and caches it once, where a VALUES list of 25
 would be re-parsed on every batch) and psycopg adapts the column arrays in C. Token lists are packed
 here, exactly as the model's `PackedInt32`/`PackedFloat32` columns pack them. Other databases (the
 embedded SQLite default) use SQLAlchemy's executemany ("insertmanyvalues") on the model table.
-`ON CONFLICT (id) DO NOTHING` makes a batch replayed after an ambiguous failure harmless.
+`ON CONFLICT DO NOTHING` makes a batch replayed after an ambiguous failure harmless. It names no
+key: on PostgreSQL the key is (id, created_at) since `llm_calls` is partitioned by `created_at`
+(migration 0009) and (id) before it, and a replayed row carries the `created_at` it was built with.
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ def _pg_sql() -> str:
     arrays = ", ".join(f"%({n})b::{t}[]" for n, t in PG_ARRAY_TYPES.items())
     return (
         f"INSERT INTO llm_calls ({', '.join(names)}) SELECT {select} "
-        f"FROM unnest({arrays}) AS t({', '.join(names)}) ON CONFLICT (id) DO NOTHING"
+        f"FROM unnest({arrays}) AS t({', '.join(names)}) ON CONFLICT DO NOTHING"
     )
 
 
@@ -111,7 +113,7 @@ class CallInserter:
         if self.dialect == "sqlite":
             self._core: Any = sqlite_insert(table).on_conflict_do_nothing(index_elements=["id"])
         elif self.dialect == "postgresql":
-            self._core = pg_insert(table).on_conflict_do_nothing(index_elements=["id"])
+            self._core = pg_insert(table).on_conflict_do_nothing()
         else:
             self._core = table.insert()
 

@@ -31,6 +31,7 @@ from polar_mq.models import (
     Rollout,
     TrajectorySample,
 )
+from polar_mq.retention.window import calls_window
 
 
 def _get_rollout(session: Session, rollout_id: uuid.UUID) -> Rollout:
@@ -117,10 +118,10 @@ def rollout_trajectory(session: Session, rollout_id: uuid.UUID) -> RolloutTrajec
 
 def rollout_calls(session: Session, rollout_id: uuid.UUID) -> RolloutCalls:
     """Every LLM call the proxy captured for the rollout, in call order, token ids included."""
-    _get_rollout(session, rollout_id)
+    r = _get_rollout(session, rollout_id)
     calls = session.scalars(
         select(LlmCall)
-        .where(LlmCall.rollout_id == rollout_id)
+        .where(LlmCall.rollout_id == rollout_id, *calls_window(r.created_at, r.finished_at))
         .order_by(LlmCall.seq, LlmCall.created_at)
     )
     return RolloutCalls(

@@ -30,6 +30,7 @@ from polar_mq.models import (
     StaleGroup,
     TerminationReason,
 )
+from polar_mq.retention.window import calls_window
 
 STAGES = job_queries.STAGES
 LISTED_ROLLOUTS = 20
@@ -257,11 +258,15 @@ def job_fingerprint(session: Session, job_id: uuid.UUID) -> tuple[object, ...]:
 
 def rollout_fingerprint(session: Session, rollout_id: uuid.UUID) -> tuple[object, ...]:
     """Changes whenever the rollout moves, logs an event, or the proxy stores one of its calls."""
-    status = session.execute(
-        select(Rollout.status, Rollout.attempt, Rollout.reward).where(Rollout.id == rollout_id)
-    ).one_or_none()
+    row = session.execute(
+        select(
+            Rollout.status, Rollout.attempt, Rollout.reward, Rollout.created_at,
+            Rollout.finished_at,
+        ).where(Rollout.id == rollout_id)
+    ).one_or_none()  # fmt: skip
     last_event = session.scalar(select(func.max(Event.id)).where(Event.rollout_id == rollout_id))
+    window = calls_window(row.created_at, row.finished_at) if row else []
     calls = session.scalar(
-        select(func.count()).select_from(LlmCall).where(LlmCall.rollout_id == rollout_id)
+        select(func.count()).select_from(LlmCall).where(LlmCall.rollout_id == rollout_id, *window)
     )
-    return (tuple(status) if status else None, last_event, calls)
+    return (tuple(row[:3]) if row else None, last_event, calls)

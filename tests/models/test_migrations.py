@@ -162,3 +162,54 @@ def test_group_deliveries_migration_and_claims(fresh_url: str) -> None:
         assert "group_deliveries" not in inspect(engine).get_table_names()
     finally:
         engine.dispose()
+
+
+def test_partitioned_calls_upgrade_in_place_and_downgrade(fresh_url: str) -> None:
+    """0009 partitions `llm_calls` by day on PostgreSQL keeping the rows already there (the old
+    table becomes the legacy partition); new calls, of any date, go in through the proxy's
+    inserter, a replay stays idempotent, and the downgrade copies every row back."""
+    from datetime import timedelta
+
+    from polar_mq.retention import partitions
+
+    upgrade(fresh_url, "0008_tenants")
+    engine = create_db_engine(fresh_url)
+    try:
+        rollout = uuid.uuid4()
+        old = [call(rollout, i, created_at=datetime.now(UTC) - timedelta(days=i)) for i in (3, 1)]
+        with engine.begin() as conn:
+            CallInserter(engine).insert(conn, old)
+        upgrade(fresh_url)
+        engine.dispose()
+        new = [
+            call(rollout, 5, created_at=datetime.now(UTC)),
+            call(rollout, 6, created_at=datetime.now(UTC) + timedelta(days=60)),
+        ]
+        with engine.begin() as conn:
+            CallInserter(engine).insert(conn, new + old)  # the old rows: a replay, no error
+        with engine.connect() as conn:
+            seqs = conn.scalars(text("SELECT seq FROM llm_calls ORDER BY seq")).all()
+            assert seqs == [1, 3, 5, 6]
+            if engine.dialect.name == "postgresql":
+                names = [p.name for p in partitions.list_partitions(conn)]
+                assert names[0] == "llm_calls_legacy" and names[-1] == partitions.DEFAULT
+                where = conn.scalars(
+                    text("SELECT tableoid::regclass::text FROM llm_calls ORDER BY seq")
+                ).all()
+                assert where[:2] == ["llm_calls_legacy"] * 2
+                assert where[3] == partitions.DEFAULT
+
+        command.downgrade(alembic_config(fresh_url), "0008_tenants")
+        engine.dispose()
+        with engine.connect() as conn:
+            if engine.dialect.name == "postgresql":
+                assert not partitions.is_partitioned(conn)
+            assert conn.scalar(text("SELECT count(*) FROM llm_calls")) == 4
+        with engine.begin() as conn:  # the plain table's key is the call id again
+            CallInserter(engine).insert(conn, [call(rollout, 7)])
+        upgrade(fresh_url)
+        engine.dispose()
+        with engine.connect() as conn:
+            assert conn.scalar(text("SELECT count(*) FROM llm_calls")) == 5
+    finally:
+        engine.dispose()

@@ -1,0 +1,5 @@
+"""`.venv/bin/python -m bench.retention [--calls 10000000] ...` (see bench/retention/run.py)."""
+
+from bench.retention.run import main
+
+main()
