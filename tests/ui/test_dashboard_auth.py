@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import uuid
 
-from conftest import Keys
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 from ui_support import sign_in, submit
@@ -12,6 +11,7 @@ from ui_support import sign_in, submit
 from polar_mq.app import create_app
 from polar_mq.config import Settings
 from tests.api.api_support import RecordingPublisher
+from tests.ui.conftest import Keys
 
 
 def test_without_a_cookie_every_page_redirects_to_the_login_form(client: TestClient) -> None:

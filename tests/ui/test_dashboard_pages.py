@@ -8,7 +8,6 @@ import uuid
 from datetime import timedelta
 
 import orjson
-from conftest import Keys
 from fastapi.testclient import TestClient
 from markupsafe import escape
 from sqlalchemy.orm import Session, sessionmaker
@@ -19,6 +18,7 @@ from polar_mq.models import LlmCall, Rollout, RolloutArtifact
 from polar_mq.models.base import utcnow
 from polar_mq.ui.live import digest
 from tests.api.api_support import complete_rollout, fail_rollout
+from tests.ui.conftest import Keys
 
 XSS = '<script>alert("xss")</script>'
 XSS_IMG = "<img src=x onerror=alert(1)>"

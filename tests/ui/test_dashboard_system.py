@@ -3,13 +3,13 @@ read (no worker, no proxy here) reported instead of failing the page."""
 
 from __future__ import annotations
 
-from conftest import Keys
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 from ui_support import sign_in, submit
 
 from polar_mq.db import unit_of_work
 from polar_mq.policy.state import write_policy
+from tests.ui.conftest import Keys
 
 
 def test_system_page_shows_policy_and_in_flight_and_says_what_is_unreachable(
