@@ -164,9 +164,12 @@ def warm_pool(
     import signal
     import threading
 
+    from polar_mq.observability.logs import configure_from_settings
     from polar_mq.workers.warm_refiller import start_refiller
 
-    refiller = start_refiller(load_settings(), agent_slots)
+    settings = load_settings()
+    configure_from_settings("warm-pool", settings)
+    refiller = start_refiller(settings, agent_slots)
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     signal.signal(signal.SIGINT, lambda *_: stopping.set())
@@ -181,9 +184,12 @@ def janitor(
     """Remove this node's orphan runtimes (`polar-mq worker` already runs one)."""
     import signal
 
+    from polar_mq.observability.logs import configure_from_settings
     from polar_mq.workers.janitor import start_node_janitor
 
-    stop = start_node_janitor(load_settings(), interval)
+    settings = load_settings()
+    configure_from_settings("janitor", settings)
+    stop = start_node_janitor(settings, interval)
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     while not stop.wait(1.0):

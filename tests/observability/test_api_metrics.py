@@ -81,3 +81,13 @@ def test_rollouts_and_jobs_by_state_follow_the_database(
 
 def test_metrics_is_not_in_the_openapi_schema(client: TestClient) -> None:
     assert "/metrics" not in client.get("/openapi.json").json()["paths"]
+
+
+def test_the_submitted_line_names_its_job(
+    client: TestClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level("INFO", logger="polar_mq"):
+        response = client.post("/v1/jobs", json={"tasks": [{"instruction": "hi"}]})
+    assert response.status_code == 201, response.text
+    lines = [r for r in caplog.records if "submitted by" in r.getMessage()]
+    assert [getattr(r, "job_id", None) for r in lines] == [response.json()["job_id"]]

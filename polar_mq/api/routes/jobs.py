@@ -56,7 +56,11 @@ def submit(
     job = submit_job(session, spec, settings.pool, owner)
     if job.created:
         log.info(
-            "job %s submitted by %s: %d rollouts", job.job_id, principal.name, len(job.rollout_ids)
+            "job %s submitted by %s: %d rollouts",
+            job.job_id,
+            principal.name,
+            len(job.rollout_ids),
+            extra={"job_id": str(job.job_id)},  # a JSON line's field, like the stages' lines
         )
     body = {"job_id": job.job_id, "rollout_ids": job.rollout_ids, "created": job.created}
     return OrjsonResponse(body, status_code=201 if job.created else 200)
