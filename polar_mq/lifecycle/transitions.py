@@ -59,6 +59,8 @@ class RolloutRef:
     runtime_id: str | None
     agent_exit_code: int | None
     termination_reason: str | None
+    created_at: datetime | None = None
+    """Bounds the days its calls are read from (`polar_mq.calls`)."""
 
 
 @dataclass(frozen=True, slots=True)

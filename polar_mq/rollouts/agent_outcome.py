@@ -24,25 +24,14 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from polar_mq.models import LlmCall, TerminationReason
+from polar_mq.calls import AttemptCalls, CallSummary, summarize
+from polar_mq.models import TerminationReason
 from polar_mq.runtimes import ExecResult
-from polar_mq.tokens import AGENT
 
 PLATFORM_STATUSES = frozenset({404, 500, 502, 503, 504})
 """Failed-call statuses that are the platform's: the engine or the proxy could not serve."""
-
-
-@dataclass(frozen=True, slots=True)
-class CallSummary:
-    """The attempt's agent calls as the proxy logged them."""
-
-    calls: int
-    last_status: int | None
-    completion_tokens: int = 0
-    """Completion tokens of those calls (what `max_tokens_per_rollout` bounds)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,19 +46,14 @@ class AgentOutcome:
 
 
 def summarize_calls(
-    session_factory: sessionmaker[Session], rollout_id: uuid.UUID, attempt: int
+    session_factory: sessionmaker[Session],
+    rollout_id: uuid.UUID,
+    attempt: int,
+    created_at: datetime | None = None,
 ) -> CallSummary:
     """How many agent calls the attempt made and the status of its last one (one query)."""
-    mine = (LlmCall.rollout_id == rollout_id, LlmCall.attempt == attempt, LlmCall.purpose == AGENT)
-    last = (
-        select(LlmCall.status_code).where(*mine).order_by(LlmCall.seq.desc()).limit(1)
-    ).scalar_subquery()
-    tokens = func.coalesce(func.sum(func.length(LlmCall.completion_ids)), 0)  # 4 bytes each
     with session_factory() as session:
-        row = session.execute(
-            select(func.count(), last, tokens).select_from(LlmCall).where(*mine)
-        ).one()
-    return CallSummary(int(row[0]), row[1], int(row[2] or 0) // 4)
+        return summarize(session, AttemptCalls(rollout_id, attempt, created_at))
 
 
 def classify(

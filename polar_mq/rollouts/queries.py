@@ -10,6 +10,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from polar_mq.calls.window import calls_window
 from polar_mq.errors import NotFound
 from polar_mq.jobs.read_models import (
     EvaluationRecord,
@@ -31,7 +32,6 @@ from polar_mq.models import (
     Rollout,
     TrajectorySample,
 )
-from polar_mq.retention.window import calls_window
 
 
 def _get_rollout(session: Session, rollout_id: uuid.UUID) -> Rollout:

@@ -17,6 +17,7 @@ from datetime import datetime
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from polar_mq.calls.window import calls_window
 from polar_mq.jobs import queries as job_queries
 from polar_mq.jobs.read_models import JobSummary
 from polar_mq.lifecycle.stages import STAGE_OF_STATUS
@@ -30,7 +31,6 @@ from polar_mq.models import (
     StaleGroup,
     TerminationReason,
 )
-from polar_mq.retention.window import calls_window
 
 STAGES = job_queries.STAGES
 LISTED_ROLLOUTS = 20

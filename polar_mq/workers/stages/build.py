@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from typing import cast
 
-from sqlalchemy import Table, select
+from sqlalchemy import Table
 
+from polar_mq.calls import AttemptCalls, agent_calls
 from polar_mq.db import unit_of_work
 from polar_mq.lifecycle.transitions import Claimed
-from polar_mq.models import LlmCall, TrajectorySample
+from polar_mq.models import TrajectorySample
 from polar_mq.models.base import utcnow
-from polar_mq.tokens import AGENT
 from polar_mq.trajectories.base import CapturedCall
 from polar_mq.trajectories.registry import get_builder
 from polar_mq.workers.context import WorkerContext
@@ -27,15 +27,7 @@ def load_calls(ctx: WorkerContext, claimed: Claimed) -> list[CapturedCall]:
     """The agent's calls in call order; judge calls (`llm_judge`, e.g. of an earlier attempt) are
     stored with the rollout but are never training data."""
     with unit_of_work(ctx.session_factory) as session:
-        rows = session.scalars(
-            select(LlmCall)
-            .where(
-                LlmCall.rollout_id == claimed.rollout.id,
-                LlmCall.purpose == AGENT,
-                LlmCall.attempt == claimed.rollout.attempt,  # never a lost attempt's calls
-            )
-            .order_by(LlmCall.seq, LlmCall.created_at)
-        ).all()
+        rows = agent_calls(session, AttemptCalls.of(claimed.rollout))
         return [
             CapturedCall(
                 seq=row.seq,

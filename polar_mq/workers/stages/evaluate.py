@@ -15,8 +15,9 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from sqlalchemy import Table, select
+from sqlalchemy import Table
 
+from polar_mq.calls import AttemptCalls, last_agent_response
 from polar_mq.db import unit_of_work
 from polar_mq.evaluators import (
     EvalContext,
@@ -27,11 +28,11 @@ from polar_mq.evaluators import (
 )
 from polar_mq.harnesses import get_harness
 from polar_mq.lifecycle.transitions import Claimed
-from polar_mq.models import Evaluation, LlmCall
+from polar_mq.models import Evaluation
 from polar_mq.models.base import utcnow
 from polar_mq.runtimes import Runtime
 from polar_mq.runtimes.safe_files import UnsafePath
-from polar_mq.tokens import AGENT, JUDGE, issue_rollout_token
+from polar_mq.tokens import JUDGE, issue_rollout_token
 from polar_mq.workers.context import WorkerContext
 from polar_mq.workers.stages.common import StageOutcome, open_runtime
 from polar_mq.workers.stages.grading_runtime import grading_runtime
@@ -41,17 +42,7 @@ EVALUATIONS = cast(Table, Evaluation.__table__)
 
 def _last_assistant_text(ctx: WorkerContext, claimed: Claimed) -> str | None:
     with unit_of_work(ctx.session_factory) as session:
-        response: dict[str, Any] | None = session.scalar(
-            select(LlmCall.response)
-            .where(
-                LlmCall.rollout_id == claimed.rollout.id,
-                LlmCall.status_code == 200,
-                LlmCall.purpose == AGENT,  # not a judge's reply
-                LlmCall.attempt == claimed.rollout.attempt,
-            )
-            .order_by(LlmCall.seq.desc())
-            .limit(1)
-        )
+        response = last_agent_response(session, AttemptCalls.of(claimed.rollout))
     if not response:
         return None
     choices = response.get("choices") or []

@@ -12,13 +12,14 @@ from __future__ import annotations
 import time
 from typing import Any, cast
 
-from sqlalchemy import Table, func, select
+from sqlalchemy import Table, select
 from tenacity import retry, stop_after_delay, wait_exponential
 
+from polar_mq.calls import AttemptCalls, last_call_at
 from polar_mq.harnesses import AgentContext, get_harness
 from polar_mq.harnesses.presets.setup import harness_root_for
 from polar_mq.lifecycle.transitions import Claimed
-from polar_mq.models import LlmCall, Rollout, RolloutArtifact, TerminationReason
+from polar_mq.models import Rollout, RolloutArtifact, TerminationReason
 from polar_mq.models.base import utcnow
 from polar_mq.rollouts.agent_outcome import classify, summarize_calls
 from polar_mq.rollouts.artifacts import collect_artifacts
@@ -73,12 +74,7 @@ def _last_llm_call(ctx: WorkerContext, claimed: Claimed) -> float:
     whole inactivity window; a call is visible once the proxy has logged it (after it completed).
     """
     with ctx.session_factory() as session:
-        last = session.scalar(
-            select(func.max(LlmCall.created_at)).where(
-                LlmCall.rollout_id == claimed.rollout.id,
-                LlmCall.attempt == claimed.rollout.attempt,
-            )
-        )
+        last = last_call_at(session, AttemptCalls.of(claimed.rollout))
     if last is None:
         return 0.0
     return time.monotonic() - max(0.0, (utcnow() - last).total_seconds())
@@ -158,7 +154,7 @@ def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
             TerminationReason.BACKEND_ERROR, f"proxy log flush failed: {exc!r}"
         ) from exc
     rollout = claimed.rollout
-    calls = summarize_calls(ctx.session_factory, rollout.id, rollout.attempt)
+    calls = summarize_calls(ctx.session_factory, rollout.id, rollout.attempt, rollout.created_at)
     budget = spec.get("max_tokens_per_rollout")
     outcome = classify(result, calls, agent_started, flushed.get("started_at"), budget)
     if outcome.infrastructure:  # never scored: the platform failed, not the policy

@@ -1,0 +1,85 @@
+"""One attempt's agent calls: the conditions, and the four reads the stages make of them."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import ColumnElement, func, select
+from sqlalchemy.orm import Session
+
+from polar_mq.calls.window import calls_window
+from polar_mq.models import LlmCall
+from polar_mq.tokens import AGENT
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptCalls:
+    """Which calls: the rollout, its attempt, and when it was created (bounds the days read)."""
+
+    rollout_id: uuid.UUID
+    attempt: int
+    created_at: datetime | None = None
+
+    @classmethod
+    def of(cls, rollout: Any) -> AttemptCalls:
+        """The current attempt of a `Rollout` row (or anything with id, attempt, created_at)."""
+        return cls(rollout.id, rollout.attempt, getattr(rollout, "created_at", None))
+
+    def conditions(self) -> list[ColumnElement[bool]]:
+        return [
+            LlmCall.rollout_id == self.rollout_id,
+            LlmCall.attempt == self.attempt,  # never a lost attempt's calls
+            LlmCall.purpose == AGENT,  # never a judge's calls
+            *calls_window(self.created_at, None),
+        ]
+
+
+@dataclass(frozen=True, slots=True)
+class CallSummary:
+    """The attempt's agent calls as the proxy logged them."""
+
+    calls: int
+    last_status: int | None
+    completion_tokens: int = 0
+    """Completion tokens of those calls (what `max_tokens_per_rollout` bounds)."""
+
+
+def agent_calls(session: Session, which: AttemptCalls) -> list[LlmCall]:
+    """Every agent call of the attempt, in call order (what a trajectory is built from)."""
+    query = select(LlmCall).where(*which.conditions()).order_by(LlmCall.seq, LlmCall.created_at)
+    return list(session.scalars(query).all())
+
+
+def last_agent_response(session: Session, which: AttemptCalls) -> dict[str, Any] | None:
+    """The engine's answer to the attempt's last successful agent call (what the agent saw last)."""
+    query = (
+        select(LlmCall.response)
+        .where(*which.conditions(), LlmCall.status_code == 200)
+        .order_by(LlmCall.seq.desc())
+        .limit(1)
+    )
+    response: dict[str, Any] | None = session.scalar(query)
+    return response
+
+
+def summarize(session: Session, which: AttemptCalls) -> CallSummary:
+    """Count, last status and completion tokens of the attempt's agent calls, in one query."""
+    mine = which.conditions()
+    last = (
+        select(LlmCall.status_code).where(*mine).order_by(LlmCall.seq.desc()).limit(1)
+    ).scalar_subquery()
+    tokens = func.coalesce(func.sum(func.length(LlmCall.completion_ids)), 0)  # 4 bytes each
+    query = select(func.count(), last, tokens).select_from(LlmCall).where(*mine)
+    row = session.execute(query).one()
+    return CallSummary(int(row[0]), row[1], int(row[2] or 0) // 4)
+
+
+def last_call_at(session: Session, which: AttemptCalls) -> datetime | None:
+    """When the attempt's latest agent call was logged (the agent's last sign of life)."""
+    latest: datetime | None = session.scalar(
+        select(func.max(LlmCall.created_at)).where(*which.conditions())
+    )
+    return latest
