@@ -10,10 +10,10 @@ from __future__ import annotations
 import re
 import sys
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
+from types import MappingProxyType, TracebackType
 from typing import ClassVar, Self
 
 _RUNTIME_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -64,6 +64,37 @@ def check_exec_timeouts(timeout: float | None, inactivity_timeout: float | None)
     for name, value in (("timeout", timeout), ("inactivity_timeout", inactivity_timeout)):
         if value is not None and value <= 0:
             raise ValueError(f"{name} must be positive, got {value}")
+
+
+@dataclass(frozen=True, slots=True)
+class ExecRequest:
+    """One command for a runtime, checked once when built: what `Runtime.exec` was asked.
+
+    Every runtime implements one hook, `Runtime._run(request)`, so the arguments of a command and
+    their checks are written here only. `command` as a str runs via `/bin/sh -c` (`argv`); a list
+    is kept as a tuple and `env` as a read-only copy, so the request cannot change under a runtime.
+    """
+
+    command: str | tuple[str, ...]
+    env: Mapping[str, str] = field(default_factory=dict)
+    cwd: str | None = None
+    timeout: float | None = None
+    inactivity_timeout: float | None = None
+    activity: Callable[[], float] | None = None
+    stdout_path: Path | None = None
+
+    def __post_init__(self) -> None:
+        check_exec_timeouts(self.timeout, self.inactivity_timeout)
+        if not isinstance(self.command, str):
+            object.__setattr__(self, "command", tuple(self.command))
+        object.__setattr__(self, "env", MappingProxyType(dict(self.env or {})))
+
+    @property
+    def argv(self) -> list[str]:
+        """The program and its arguments (a str command through the shell)."""
+        if isinstance(self.command, str):
+            return ["/bin/sh", "-c", self.command]
+        return list(self.command)
 
 
 def validate_runtime_id(runtime_id: str) -> str:
@@ -121,10 +152,9 @@ class Runtime(ABC):
         (`network: proxy_only`), which this call also sets up for the commands that follow."""
         return url
 
-    @abstractmethod
     def exec(
         self,
-        command: str | list[str],
+        command: str | Sequence[str],
         *,
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
@@ -139,7 +169,22 @@ class Runtime(ABC):
         `inactivity_timeout`, the command is killed once neither its output nor `activity()`
         (a `time.monotonic()` stamp of the last external sign of life, e.g. the last LLM call)
         has moved for that many seconds. `stdout_path` receives stdout and stderr interleaved.
+        Non-positive timeouts are refused (ValueError) before anything runs.
         """
+        request = ExecRequest(
+            command if isinstance(command, str) else tuple(command),
+            env=env or {},
+            cwd=cwd,
+            timeout=timeout,
+            inactivity_timeout=inactivity_timeout,
+            activity=activity,
+            stdout_path=stdout_path,
+        )
+        return self._run(request)
+
+    @abstractmethod
+    def _run(self, request: ExecRequest) -> ExecResult:
+        """Carry out one checked request (the single hook each runtime kind implements)."""
 
     @abstractmethod
     def upload(self, data: bytes, dest: str) -> None:

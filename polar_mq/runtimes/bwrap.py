@@ -20,10 +20,11 @@ then shows the sandbox's own processes only, and the agent owns nothing but its 
 Lifetime: each exec is one pid namespace whose init is bwrap's own. When the command exits, or
 when that init is killed, the kernel kills every process left in the namespace, daemons included;
 so unlike `local`, background processes end with the command that started them. Re-attach works
-as for `local` (this class reuses it): both bwrap processes of an exec carry the runtime's tag in
-their environment, and bwrap itself cannot scrub it, so `stop()` from any process finds and kills
-them, and with them everything in the sandbox. With `pids_limit`, execs also run in a pids cgroup
-(`cgroups.py`), which caps the process count and lists every member for the kill.
+as for `local` (the same `RuntimeDir` and tag scan, composed, not inherited): both bwrap
+processes of an exec carry the runtime's tag in their environment, and bwrap itself cannot scrub
+it, so `stop()` from any process finds and kills them, and with them everything in the sandbox.
+With `pids_limit`, execs also run in a pids cgroup (`cgroups.py`), which caps the process count
+and lists every member for the kill.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Literal
@@ -43,9 +44,15 @@ import psutil
 
 import polar_mq
 from polar_mq.runtimes import cgroups, forwarder
-from polar_mq.runtimes.base import ExecResult, ResourceLimits
+from polar_mq.runtimes.base import ExecRequest, ExecResult, ResourceLimits, Runtime
+from polar_mq.runtimes.host_exec import (
+    HostLaunch,
+    kill_tagged,
+    raise_on_survivors,
+    run_on_host,
+    tagged_pids,
+)
 from polar_mq.runtimes.identity import AgentIdentity
-from polar_mq.runtimes.local import LocalRuntime
 from polar_mq.runtimes.process_kit import atomic_write, signal_all, wait_gone
 from polar_mq.runtimes.proxy_relay import (
     PROXY_PORT_INSIDE,
@@ -53,6 +60,7 @@ from polar_mq.runtimes.proxy_relay import (
     record_route,
     recorded_route,
 )
+from polar_mq.runtimes.workspace_dir import RuntimeDir
 
 Network = Literal["host", "none", "proxy_only"]
 NETWORKS: tuple[Network, ...] = ("host", "none", "proxy_only")
@@ -79,8 +87,8 @@ def bwrap_available() -> str | None:
     return None
 
 
-class BwrapRuntime(LocalRuntime):
-    """A local runtime whose commands run inside bubblewrap namespaces.
+class BwrapRuntime(Runtime):
+    """A runtime whose commands run inside bubblewrap namespaces over its `RuntimeDir`.
 
     `network`, `pids_limit` and `ro_binds` take effect at `start()` and are recorded next to the
     sandbox, so handles built later (in other stages) run commands the same way.
@@ -88,6 +96,8 @@ class BwrapRuntime(LocalRuntime):
 
     kind = "bwrap"
     owner_only_dirs = False
+    """bwrap builds its sandbox as a capability-less root that must still enter the agent
+    directories; its mounts, not the directory modes, separate rollouts."""
 
     def __init__(
         self,
@@ -102,11 +112,21 @@ class BwrapRuntime(LocalRuntime):
         drain_s: float = 0.5,
         agent: AgentIdentity | None = None,
     ) -> None:
+        super().__init__(runtime_id)
         # absolute: the directories are bound at the same paths inside the sandbox
-        root = Path(root).resolve()
-        super().__init__(
-            runtime_id, root, limits, kill_grace_s=kill_grace_s, drain_s=drain_s, agent=agent
+        self.space = RuntimeDir(
+            self.runtime_id,
+            Path(root).resolve(),
+            self.kind,
+            limits,
+            agent,
+            owner_only_dirs=self.owner_only_dirs,
+            pooled=False,  # no reachability check: the sandbox mounts the directories itself
         )
+        self.root = self.space.root
+        self.path = self.space.path
+        self.kill_grace_s = kill_grace_s
+        self.drain_s = drain_s
         if network not in NETWORKS:
             raise ValueError(f"bwrap network must be one of {', '.join(NETWORKS)}, not {network!r}")
         if pids_limit is not None and (not isinstance(pids_limit, int) or pids_limit < 1):
@@ -116,29 +136,55 @@ class BwrapRuntime(LocalRuntime):
         self.ro_binds = [str(Path(p)) for p in ro_binds]
         self.cgroup = cgroups.group_path(cgroups.group_name(self.runtime_id, self.root))
 
+    @property
+    def workdir(self) -> Path:
+        return self.space.workdir
+
+    @property
+    def limits(self) -> ResourceLimits | None:
+        return self.space.limits
+
+    @property
+    def agent(self) -> AgentIdentity:
+        return self.space.agent
+
     # -- lifecycle -----------------------------------------------------------------------------
 
     def start(self) -> None:
         if shutil.which("bwrap") is None:
             raise RuntimeError("bwrap runtime: bubblewrap is not installed on this node")
-        super().start()
+        self.space.create()
         if self.pids_limit is not None:
             cgroups.create(self.cgroup.name, self.pids_limit)
         settings = {"network": self.network, "pids_limit": self.pids_limit, "ro": self.ro_binds}
         atomic_write(self.path / _SETTINGS_FILE, json.dumps(settings).encode())
 
+    def hand_over(self) -> None:
+        self.space.hand_over()
+
+    def reset(self) -> None:
+        survivors = self._kill_all()
+        self.space.recreate_dirs()
+        raise_on_survivors(self.runtime_id, survivors)
+
     def stop(self) -> None:
         try:
-            super().stop()
+            agent = self.agent
+            survivors = self._kill_all()
+            if not survivors:
+                self.space.release_agent(agent)
+            self.space.remove_quietly()
+            raise_on_survivors(self.runtime_id, survivors)
+            self.space.check_removed()
         finally:
             cgroups.remove(self.cgroup)
 
     def alive_processes(self) -> list[int]:
-        return sorted(set(super().alive_processes()) | set(cgroups.members(self.cgroup)))
+        return sorted(set(tagged_pids(self.runtime_id)) | set(cgroups.members(self.cgroup)))
 
     def _kill_all(self, deadline_s: float = 10.0) -> list[int]:
         """The tag scan of `local`, then whatever the cgroup still lists (scrubbed processes)."""
-        survivors = super()._kill_all(deadline_s)
+        survivors = kill_tagged(self.runtime_id, deadline_s)
         members = []
         for pid in cgroups.members(self.cgroup):
             try:
@@ -149,11 +195,16 @@ class BwrapRuntime(LocalRuntime):
         left = wait_gone(members, 5.0)
         return sorted(set(survivors) | {p.pid for p in left})
 
-    def _choose_agent(self) -> AgentIdentity:
-        """No reachability check: the sandbox mounts the directories at their paths itself."""
-        from polar_mq.runtimes import identity
+    # -- files ---------------------------------------------------------------------------------
 
-        return self._agent or identity.node_identity()
+    def upload(self, data: bytes, dest: str) -> None:
+        self.space.upload(data, dest)
+
+    def download(self, path: str) -> bytes:
+        return self.space.download(path)
+
+    def refuse_links(self, path: str) -> None:
+        self.space.refuse_links(path)
 
     # -- proxy route (network: proxy_only) ------------------------------------------------------
 
@@ -162,42 +213,29 @@ class BwrapRuntime(LocalRuntime):
             return url
         return record_route(self.path, url)
 
-    def _proxy_route(self) -> tuple[str, int] | None:
-        return recorded_route(self.path)
-
     # -- processes -----------------------------------------------------------------------------
 
-    def _launch_as(self) -> AgentIdentity | None:
-        return None  # bwrap needs the worker's privileges; the command switches inside
-
-    def exec(
-        self,
-        command: str | list[str],
-        *,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-        timeout: float | None = None,
-        inactivity_timeout: float | None = None,
-        activity: Callable[[], float] | None = None,
-        stdout_path: Path | None = None,
-    ) -> ExecResult:
-        if not self.workdir.is_dir():
-            raise RuntimeError(f"runtime {self.runtime_id} is not started (no {self.workdir})")
-        inner = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
-        inner_cwd = self._resolve(cwd) if cwd else self.workdir
-        route = self._proxy_route() if self._recorded().get("network") == "proxy_only" else None
+    def _run(self, request: ExecRequest) -> ExecResult:
+        """bwrap starts with the worker's privileges (it builds the namespaces); the command
+        switches to the agent user inside (`setpriv`)."""
+        self.space.require_started()
+        inner_cwd = self.space.resolve(request.cwd)
+        route = (
+            recorded_route(self.path) if self._recorded().get("network") == "proxy_only" else None
+        )
+        launch = HostLaunch(
+            runtime_id=self.runtime_id,
+            base_env=self.space.host_env(),
+            cwd=inner_cwd,
+            limits=self.limits,
+            user=None,
+            kill_grace_s=self.kill_grace_s,
+            drain_s=self.drain_s,
+        )
         with ProxyRelay(route, self.agent) if route else nullcontext() as relay:
             socket_path = relay.socket_path if relay is not None else None
-            argv = self._sandbox_argv(inner, inner_cwd, socket_path)
-            return super().exec(
-                argv,
-                env=env,
-                cwd=cwd,
-                timeout=timeout,
-                inactivity_timeout=inactivity_timeout,
-                activity=activity,
-                stdout_path=stdout_path,
-            )
+            argv = self._sandbox_argv(request.argv, inner_cwd, socket_path)
+            return run_on_host(argv, request, launch)
 
     def _recorded(self) -> dict[str, object]:
         try:

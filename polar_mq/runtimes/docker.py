@@ -21,10 +21,8 @@ container (`LABEL_NETWORK`), so every handle relays the way the container was ma
 from __future__ import annotations
 
 import hashlib
-import shutil
 import time
 import uuid
-from collections.abc import Callable, Mapping
 from contextlib import nullcontext
 from functools import lru_cache
 from pathlib import Path
@@ -36,12 +34,12 @@ from docker.types import Ulimit
 
 import docker
 from polar_mq.runtimes import docker_relay
-from polar_mq.runtimes.base import ExecResult, ResourceLimits, check_exec_timeouts
+from polar_mq.runtimes.base import ExecRequest, ExecResult, ResourceLimits, Runtime
 from polar_mq.runtimes.docker_exec import container_pids, run_exec
 from polar_mq.runtimes.identity import AgentIdentity
-from polar_mq.runtimes.local import LocalRuntime
 from polar_mq.runtimes.process_kit import EXEC_TAG, RUNTIME_TAG
 from polar_mq.runtimes.proxy_relay import ProxyRelay, record_route, recorded_route
+from polar_mq.runtimes.workspace_dir import RuntimeDir
 
 Network = Literal["host", "none", "proxy_only"]
 NETWORKS: tuple[Network, ...] = ("host", "none", "proxy_only")
@@ -76,7 +74,7 @@ def container_name(runtime_id: str, root: Path) -> str:
     return f"polar-mq-{runtime_id}-{digest}"
 
 
-class DockerRuntime(LocalRuntime):
+class DockerRuntime(Runtime):
     """A runtime made of a container and the node-side directories bind mounted into it.
 
     `python` names the image's interpreter for the reference agent (`python3` on the image's PATH).
@@ -86,6 +84,7 @@ class DockerRuntime(LocalRuntime):
     """
 
     kind = "docker"
+    owner_only_dirs = True
 
     def __init__(
         self,
@@ -103,11 +102,21 @@ class DockerRuntime(LocalRuntime):
         drain_s: float = 0.5,
         agent: AgentIdentity | None = None,
     ) -> None:
+        super().__init__(runtime_id)
         # absolute: the directories are bind mounted at the same paths inside the container
-        root = Path(root).resolve()
-        super().__init__(
-            runtime_id, root, limits, kill_grace_s=kill_grace_s, drain_s=drain_s, agent=agent
+        self.space = RuntimeDir(
+            self.runtime_id,
+            Path(root).resolve(),
+            self.kind,
+            limits,
+            agent,
+            owner_only_dirs=self.owner_only_dirs,
+            pooled=False,  # no reachability check: the container mounts the directories itself
         )
+        self.root = self.space.root
+        self.path = self.space.path
+        self.kill_grace_s = kill_grace_s
+        self.drain_s = drain_s
         if network not in NETWORKS:
             raise ValueError(
                 f"docker network must be one of {', '.join(NETWORKS)}, not {network!r}"
@@ -123,6 +132,18 @@ class DockerRuntime(LocalRuntime):
         self._python = python
         self._client = client
         self.name = container_name(self.runtime_id, self.root)
+
+    @property
+    def workdir(self) -> Path:
+        return self.space.workdir
+
+    @property
+    def limits(self) -> ResourceLimits | None:
+        return self.space.limits
+
+    @property
+    def agent(self) -> AgentIdentity:
+        return self.space.agent
 
     @property
     def python(self) -> str:
@@ -142,14 +163,8 @@ class DockerRuntime(LocalRuntime):
 
     # -- lifecycle -----------------------------------------------------------------------------
 
-    def _choose_agent(self) -> AgentIdentity:
-        """No reachability check: the container mounts the directories at their paths itself."""
-        from polar_mq.runtimes import identity
-
-        return self._agent or identity.node_identity()
-
     def start(self) -> None:
-        super().start()
+        self.space.create()
         if self.network == "proxy_only":
             docker_relay.prepare(self.path)
         found = self.container()
@@ -189,7 +204,7 @@ class DockerRuntime(LocalRuntime):
             raise
 
     def _create_args(self) -> dict[str, Any]:
-        binds = [self.workdir, self.path / "home", self.path / "tmp"]
+        binds = self.space.agent_dirs
         args: dict[str, Any] = {
             "image": self.image,
             "command": KEEPALIVE,
@@ -235,13 +250,7 @@ class DockerRuntime(LocalRuntime):
         found = self.container()
         if found is not None and found.status == "running":
             found.kill()
-        for directory in (self.workdir, self.path / "home", self.path / "tmp"):
-            directory.mkdir(parents=True, exist_ok=True)
-            for entry in directory.iterdir():
-                if entry.is_dir() and not entry.is_symlink():
-                    shutil.rmtree(entry)
-                else:
-                    entry.unlink()
+        self.space.empty_dirs()
         if found is not None:
             found.start()
 
@@ -252,9 +261,20 @@ class DockerRuntime(LocalRuntime):
         scan by runtime id could hit a same-named runtime of another root.
         """
         self.remove_container()
-        shutil.rmtree(self.path, ignore_errors=True)
-        if self.path.exists():
-            raise RuntimeError(f"runtime {self.runtime_id}: could not remove {self.path}")
+        self.space.remove_quietly()
+        self.space.check_removed()
+
+    def hand_over(self) -> None:
+        self.space.hand_over()
+
+    def upload(self, data: bytes, dest: str) -> None:
+        self.space.upload(data, dest)
+
+    def download(self, path: str) -> bytes:
+        return self.space.download(path)
+
+    def refuse_links(self, path: str) -> None:
+        self.space.refuse_links(path)
 
     def remove_container(self, timeout: float = 30.0) -> None:
         """Force-remove the container and wait until the engine no longer knows it."""
@@ -288,24 +308,14 @@ class DockerRuntime(LocalRuntime):
 
     # -- processes -----------------------------------------------------------------------------
 
-    def exec(
-        self,
-        command: str | list[str],
-        *,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-        timeout: float | None = None,
-        inactivity_timeout: float | None = None,
-        activity: Callable[[], float] | None = None,
-        stdout_path: Path | None = None,
-    ) -> ExecResult:
-        check_exec_timeouts(timeout, inactivity_timeout)
+    def _run(self, request: ExecRequest) -> ExecResult:
         found = self.container()
         if found is None or found.status != "running" or not self.workdir.is_dir():
             raise RuntimeError(f"runtime {self.runtime_id} is not started (no running container)")
-        argv = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
+        argv = request.argv
         exec_id = uuid.uuid4().hex
-        full_env = {**self._base_env(), **(env or {}), RUNTIME_TAG: self.runtime_id}
+        # HOME and TMPDIR only: PATH and locale come from the image, nothing from the worker
+        full_env = {**self.space.home_env(), **request.env, RUNTIME_TAG: self.runtime_id}
         full_env[EXEC_TAG] = exec_id
         route = recorded_route(self.path) if self._network(found) == "proxy_only" else None
         relay_dir = docker_relay.relay_dir(self.path)
@@ -316,18 +326,11 @@ class DockerRuntime(LocalRuntime):
                 self.client.api,
                 str(found.id),
                 argv,
+                request,
                 environment=full_env,
-                workdir=str(self._resolve(cwd) if cwd else self.workdir),
+                workdir=str(self.space.resolve(request.cwd)),
                 user=f"{self.agent.uid}:{self.agent.gid}",  # never the image's root
                 tag=f"{EXEC_TAG}={exec_id}",
-                timeout=timeout,
-                inactivity_timeout=inactivity_timeout,
-                activity=activity,
-                stdout_path=stdout_path,
                 drain_s=self.drain_s,
                 kill_grace_s=self.kill_grace_s,
             )
-
-    def _base_env(self) -> dict[str, str]:
-        """HOME and TMPDIR only: PATH and locale come from the image, nothing from the worker."""
-        return {"HOME": str(self.path / "home"), "TMPDIR": str(self.path / "tmp")}

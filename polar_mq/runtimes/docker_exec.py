@@ -1,4 +1,4 @@
-"""One `docker exec` with the semantics of `LocalRuntime.exec`: tails, log file, deadlines, kill.
+"""One `docker exec` with the semantics of `Runtime.exec`: tails, log file, deadlines, kill.
 
 The docker SDK's exec stream blocks, so a reader thread moves its demultiplexed chunks to a queue
 and the caller's thread keeps the clocks (wall-clock timeout, inactivity with an external activity
@@ -16,13 +16,12 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from pathlib import Path
 from typing import IO, Any
 
 import psutil
 from docker.errors import APIError, NotFound
 
-from polar_mq.runtimes.base import ExecResult
+from polar_mq.runtimes.base import ExecRequest, ExecResult
 from polar_mq.runtimes.process_kit import (
     Tail,
     environ_bytes,
@@ -146,26 +145,24 @@ def run_exec(
     api: Any,
     container_id: str,
     argv: list[str],
+    request: ExecRequest,
     *,
     environment: Mapping[str, str],
     workdir: str,
     user: str,
     tag: str,
-    timeout: float | None,
-    inactivity_timeout: float | None,
-    activity: Callable[[], float] | None,
-    stdout_path: Path | None,
     drain_s: float,
     kill_grace_s: float,
 ) -> ExecResult:
-    """Run `argv` in the container as `user` to completion, or kill it on expiry.
+    """Run `argv` (the request's, or a relay around it) in the container as `user` with the
+    request's clocks and log file, to completion, or kill it on expiry.
 
     `tag` (`NAME=value`) is in `environment` and marks the exec's processes for the kill."""
     started = time.monotonic()
     handle = api.exec_create(
         container_id, argv, environment=dict(environment), workdir=workdir, user=user
     )["Id"]
-    sink = open_sink(stdout_path)
+    sink = open_sink(request.stdout_path)
     reason: str | None = None
     try:
         pump = StreamPump(api.exec_start(handle, stream=True, demux=True), sink)
@@ -173,9 +170,9 @@ def run_exec(
             reason = supervise(
                 pump,
                 lambda: bool(api.exec_inspect(handle).get("Running")),
-                timeout,
-                inactivity_timeout,
-                activity,
+                request.timeout,
+                request.inactivity_timeout,
+                request.activity,
                 drain_s,
             )
         finally:

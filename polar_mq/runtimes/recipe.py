@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from polar_mq.runtimes.base import Runtime
-from polar_mq.runtimes.local import LocalRuntime
+from polar_mq.runtimes.workspace_dir import space_of
 
 BASELINE_DIR = "warm-baseline"
 _KEPT = ("workspace", "home")
@@ -43,22 +43,24 @@ def apply_recipe(runtime: Runtime, recipe: Mapping[str, Any], timeout_s: float) 
     return time.monotonic() - started
 
 
-def save_baseline(runtime: LocalRuntime) -> None:
+def save_baseline(runtime: Runtime) -> None:
     """Copy the prepared workspace and home aside (symlinks kept as links)."""
-    base = runtime.path / BASELINE_DIR
+    path = space_of(runtime).path
+    base = path / BASELINE_DIR
     shutil.rmtree(base, ignore_errors=True)
     for name in _KEPT:
-        shutil.copytree(runtime.path / name, base / name, symlinks=True)
+        shutil.copytree(path / name, base / name, symlinks=True)
 
 
-def restore_baseline(runtime: LocalRuntime) -> None:
+def restore_baseline(runtime: Runtime) -> None:
     """Refill the (just emptied) workspace and home from the baseline; no baseline: stay empty.
 
     Copied into the existing directories, never replacing them: a docker container's bind mounts
     hold on to the directories themselves.
     """
-    base = runtime.path / BASELINE_DIR
+    path = space_of(runtime).path
+    base = path / BASELINE_DIR
     for name in _KEPT:
         source = base / name
         if source.is_dir():
-            shutil.copytree(source, runtime.path / name, symlinks=True, dirs_exist_ok=True)
+            shutil.copytree(source, path / name, symlinks=True, dirs_exist_ok=True)

@@ -38,7 +38,7 @@ from typing import Any
 import orjson
 import psutil
 
-from polar_mq.runtimes.local import LocalRuntime
+from polar_mq.runtimes.base import Runtime
 from polar_mq.runtimes.options import runtime_from_spec
 from polar_mq.runtimes.recipe import apply_recipe, restore_baseline, save_baseline
 
@@ -105,7 +105,7 @@ class Marker:
 class Acquired:
     """A runtime for one rollout and how it was obtained (the prepare event's `runtime` detail)."""
 
-    runtime: LocalRuntime
+    runtime: Runtime
     detail: dict[str, Any] = field(default_factory=dict)
 
 
@@ -191,14 +191,10 @@ class WarmPool:
     def new_id(self, key: str) -> str:
         return f"warm-{key}-{uuid.uuid4().hex[:12]}"
 
-    def handle(self, runtime_spec: Mapping[str, Any], runtime_id: str) -> LocalRuntime:
-        runtime = runtime_from_spec(runtime_spec, runtime_id, self.root)
-        assert isinstance(runtime, LocalRuntime)  # every kind is a LocalRuntime underneath
-        return runtime
+    def handle(self, runtime_spec: Mapping[str, Any], runtime_id: str) -> Runtime:
+        return runtime_from_spec(runtime_spec, runtime_id, self.root)
 
-    def _build(
-        self, runtime: LocalRuntime, spec: Mapping[str, Any], timeout_s: float
-    ) -> dict[str, Any]:
+    def _build(self, runtime: Runtime, spec: Mapping[str, Any], timeout_s: float) -> dict[str, Any]:
         """Start the runtime and apply its recipe; the baseline is what a recycle restores."""
         t0 = time.monotonic()
         runtime.start()
@@ -265,7 +261,7 @@ class WarmPool:
                 log.exception("destroying dead warm runtime %s failed", runtime.runtime_id)
         return None
 
-    def alive(self, runtime: LocalRuntime) -> bool:
+    def alive(self, runtime: Runtime) -> bool:
         """Whether a pooled runtime can still run commands, from its state (no exec: fast).
 
         What can die differs by kind: `local` and `bwrap` start a fresh process (namespace) per
@@ -307,7 +303,7 @@ class WarmPool:
 
     # -- giving back -----------------------------------------------------------------------------
 
-    def release(self, runtime: LocalRuntime, owner: str, reuse: bool) -> dict[str, Any]:
+    def release(self, runtime: Runtime, owner: str, reuse: bool) -> dict[str, Any]:
         """Recycle (reset, restore the baseline, back to idle) or destroy a taken runtime.
 
         Recycled only when `reuse`, the node is within `max_runtimes` and the reset works; the
@@ -338,7 +334,7 @@ class WarmPool:
             "teardown_s": round(time.monotonic() - started, 4),
         }
 
-    def _destroy(self, runtime: LocalRuntime, marker: Path | None) -> None:
+    def _destroy(self, runtime: Runtime, marker: Path | None) -> None:
         """Stop the runtime, then drop its marker (never the other way round: see the module)."""
         doomed = self._move(marker, "doomed", process_tag()) if marker is not None else None
         try:

@@ -1,0 +1,133 @@
+"""Run one tagged command as a process of this node, and kill every process of a runtime.
+
+`local` runs a request's argv here directly, `bwrap` runs its bubblewrap wrapper around it here:
+both start a session whose processes carry the runtime's and the exec's tags (`process_kit`),
+supervise it (deadline, inactivity) and kill its whole tree on expiry. `docker` runs its commands
+through the engine instead (`docker_exec.py`).
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from polar_mq.runtimes.base import ExecRequest, ExecResult, ResourceLimits
+from polar_mq.runtimes.identity import AgentIdentity
+from polar_mq.runtimes.process_kit import (
+    EXEC_TAG,
+    RUNTIME_TAG,
+    Supervisor,
+    kill_tree,
+    open_sink,
+    rlimit_setter,
+    signal_all,
+    tagged_processes,
+    wait_gone,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class HostLaunch:
+    """How a runtime starts a request's process: `kill_grace_s` is how long an expired command
+    gets between SIGTERM and SIGKILL; `drain_s` how long output is still collected after the
+    command exited while a background child keeps its pipes open. `user` None: the worker's."""
+
+    runtime_id: str
+    base_env: Mapping[str, str]
+    cwd: Path
+    limits: ResourceLimits | None
+    user: AgentIdentity | None
+    kill_grace_s: float
+    drain_s: float
+
+
+def run_on_host(argv: list[str], request: ExecRequest, launch: HostLaunch) -> ExecResult:
+    """Run `argv` (the request's, or a sandbox around it) with the request's env, clocks, log."""
+    exec_id = uuid.uuid4().hex
+    full_env = {**launch.base_env, **request.env, RUNTIME_TAG: launch.runtime_id}
+    full_env[EXEC_TAG] = exec_id
+    user = launch.user
+    sink = open_sink(request.stdout_path)
+    started = time.monotonic()
+    try:
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=launch.cwd,
+            env=full_env,
+            start_new_session=True,
+            preexec_fn=rlimit_setter(launch.limits) if launch.limits else None,
+            user=user.uid if user else None,
+            group=user.gid if user else None,
+            extra_groups=[] if user else None,
+        )
+    except BaseException as exc:
+        if sink is not None:
+            sink.close()
+        if not isinstance(exc, OSError):
+            raise
+        # e.g. a list command whose program does not exist: report it like a shell would
+        return ExecResult(127, "", str(exc), False, False, time.monotonic() - started)
+
+    watch = Supervisor(proc, sink, launch.drain_s)
+    reason: str | None = None
+    try:
+        reason = watch.run(request.timeout, request.inactivity_timeout, request.activity)
+    finally:
+        if reason is not None or proc.poll() is None:
+            kill_tree(proc, exec_id, launch.kill_grace_s)
+        watch.close()
+        if sink is not None:
+            sink.close()
+    proc.wait()
+    return ExecResult(
+        exit_code=None if reason else proc.returncode,
+        stdout_tail=watch.stdout.text(),
+        stderr_tail=watch.stderr.text(),
+        timed_out=reason == "timeout",
+        inactive=reason == "inactive",
+        duration_s=time.monotonic() - started,
+    )
+
+
+def kill_tagged(runtime_id: str, deadline_s: float = 10.0) -> list[int]:
+    """SIGKILL every process tagged with `runtime_id` until none is left; return pids that would
+    not die.
+
+    Processes are frozen with SIGSTOP before the kill so that a forking process cannot
+    outrun the scan; children forked meanwhile inherit the tag and show up on the rescan.
+    """
+    end = time.monotonic() + deadline_s
+    frozen: dict[int, psutil.Process] = {}
+    while time.monotonic() < end:
+        found = {p.pid: p for p in tagged_processes(RUNTIME_TAG, runtime_id)}
+        new = {pid: p for pid, p in found.items() if pid not in frozen}
+        if not new:
+            if not frozen:
+                return []
+            signal_all(frozen.values(), signal.SIGKILL)
+            alive = wait_gone(frozen.values(), end - time.monotonic())
+            frozen = {p.pid: p for p in alive}
+            continue
+        signal_all(new.values(), signal.SIGSTOP)
+        frozen.update(new)
+    return sorted(frozen)
+
+
+def tagged_pids(runtime_id: str) -> list[int]:
+    """Pids of the live processes tagged with `runtime_id`."""
+    return sorted(p.pid for p in tagged_processes(RUNTIME_TAG, runtime_id))
+
+
+def raise_on_survivors(runtime_id: str, survivors: list[int]) -> None:
+    if survivors:
+        raise RuntimeError(f"runtime {runtime_id}: processes survived SIGKILL: {survivors}")
