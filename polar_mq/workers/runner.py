@@ -58,7 +58,7 @@ def _release_runtime(ctx: WorkerContext, claimed: Claimed, reusable: bool = Fals
     After the stage's result is committed, never before: a redelivered evaluate must still find
     the runtime, and a recycled one may already belong to another rollout.
     """
-    runtime_spec = claimed.spec.runtime.as_dict()
+    runtime_spec = claimed.spec.runtime
     try:
         detail = release_runtime(
             ctx.settings, ctx.warm_pool, runtime_spec, claimed.rollout, reusable=reusable

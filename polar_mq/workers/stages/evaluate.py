@@ -81,8 +81,7 @@ def judge_endpoint(ctx: WorkerContext, claimed: Claimed) -> LlmEndpoint:
 def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
     spec = claimed.spec
     rollout = claimed.rollout
-    runtime_spec = spec.runtime.as_dict()
-    agent_runtime = open_runtime(ctx.settings, runtime_spec, rollout)
+    agent_runtime = open_runtime(ctx.settings, spec.runtime.as_dict(), rollout)
     evaluator = get_evaluator(spec.evaluator)
     name = spec.evaluator_name
     prepare_s = spec.timeouts.prepare_s
@@ -91,7 +90,7 @@ def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
     try:
         answer = final_text(ctx, claimed, agent_runtime) if evaluator.needs_final_text else None
         runtime, grading = grading_runtime(
-            ctx.settings, runtime_spec, rollout, agent_runtime, prepare_s
+            ctx.settings, spec.runtime, rollout, agent_runtime, prepare_s
         )  # the agent's own runtime, or a fresh one holding a copy of its workspace
         context = EvalContext(
             rollout_id=str(rollout.id),

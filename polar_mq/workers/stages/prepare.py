@@ -78,7 +78,7 @@ def _cold(ctx: WorkerContext, claimed: Claimed, timeout: float) -> tuple[Runtime
     runtime.start()
     t1 = time.monotonic()
     task = _install_task(runtime, claimed.instance, timeout)
-    recipe_s = apply_recipe(runtime, runtime_spec.get("prepare", {}), timeout)
+    recipe_s = apply_recipe(runtime, spec.runtime.prepare.model_dump(), timeout)
     detail = {"source": "cold", "warm": False, "start_s": round(t1 - t0, 4)}
     return runtime, {**detail, "recipe_s": round(recipe_s, 4), **task}
 
@@ -92,7 +92,7 @@ def _warm(ctx: WorkerContext, claimed: Claimed, timeout: float) -> tuple[Runtime
     try:
         task = _install_task(got.runtime, claimed.instance, timeout)
     except BaseException:
-        release_runtime(ctx.settings, ctx.warm_pool, runtime_spec, claimed.rollout)
+        release_runtime(ctx.settings, ctx.warm_pool, claimed.spec.runtime, claimed.rollout)
         raise
     return got.runtime, {**got.detail, **task}
 

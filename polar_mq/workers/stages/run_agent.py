@@ -134,7 +134,7 @@ def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
             raise StageFailure(TerminationReason.TIMEOUT, "rollout timeout spent before the agent")
         timeout = min(timeout, rollout_left)
     # the evaluation runtime, when the job grades in its own, is prepared while the agent runs
-    prewarm = start_prewarm(settings, runtime_spec, claimed.rollout, timeouts.prepare_s)
+    prewarm = start_prewarm(settings, spec.runtime, claimed.rollout, timeouts.prepare_s)
     agent_started = utcnow()
     try:
         result = runtime.exec(
