@@ -156,7 +156,7 @@ def test_the_agent_stage_sees_the_default_when_the_job_omitted_it(
     ctx = SimpleNamespace(settings=settings, http=http, session_factory=None)
     row = JobCreate(tasks=TASKS).stored_spec("default")
     del row["timeouts"]  # a row that never said: the model's default fills it in
-    rollout = SimpleNamespace(id=uuid.uuid4(), attempt=1)
+    rollout = SimpleNamespace(id=uuid.uuid4(), attempt=1, created_at=None)
     claimed = SimpleNamespace(rollout=rollout, spec=load_spec(row), instance=TASKS[0])
     run_agent.run(ctx, claimed)  # type: ignore[arg-type]
     assert runtime.exec_kwargs["timeout"] == TimeoutSpec().agent_s
