@@ -10,7 +10,6 @@ from __future__ import annotations
 import ipaddress
 import math
 import socket
-from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any
@@ -18,6 +17,8 @@ from typing import Annotated, Any
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from polar_mq.spec import TimeoutSpec
 
 DEFAULT_SECRET = "polar-mq-dev-secret-change-me"
 MIN_SECRET_BYTES = 32
@@ -318,21 +319,16 @@ class Settings(BaseSettings):
             return self.proxy_spill_dir
         return Path.home() / ".cache" / "polar_mq" / "proxy-spill" / str(self.proxy_port)
 
-    def agent_token_ttl_s(self, timeouts: Mapping[str, Any]) -> int:
+    def agent_token_ttl_s(self, timeouts: TimeoutSpec) -> int:
         """Life of an agent's rollout token: the job's own time limits plus a short grace.
 
         The agent is killed after `agent_s` (capped by `max_agent_timeout_s`) and never runs past
         the whole-rollout budget `rollout_s`, so a token valid longer than that only serves a
         process that should be dead. `rollout_token_ttl_s` stays the upper bound.
         """
-        agent_s = timeouts.get("agent_s")
-        limit = min(
-            float(agent_s) if agent_s is not None else self.default_agent_timeout_s,
-            self.max_agent_timeout_s,
-        )
-        rollout_s = timeouts.get("rollout_s")
-        if rollout_s is not None:
-            limit = min(limit, float(rollout_s))
+        limit = min(timeouts.agent_s, self.max_agent_timeout_s)
+        if timeouts.rollout_s is not None:
+            limit = min(limit, timeouts.rollout_s)
         return min(self.rollout_token_ttl_s, math.ceil(limit) + TOKEN_GRACE_S)
 
     @field_validator("upstream_urls", "proxy_admin_urls", "import_allowlist", mode="before")

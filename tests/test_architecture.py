@@ -19,7 +19,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "polar_mq"
 MAX_LINES = 500
-LAYERS = ["models", "lifecycle", "policy", "jobs"]
+LAYERS = ["spec", "models", "lifecycle", "policy", "jobs"]
 """Each may import the ones before it and never one after it (nor api or workers, the top)."""
 TOP = ["api", "workers"]
 
@@ -113,7 +113,7 @@ def test_no_import_cycle_between_packages() -> None:
 
 @pytest.mark.parametrize("index", range(len(LAYERS)))
 def test_layers_import_only_downwards(index: int) -> None:
-    """models < lifecycle < policy < jobs < {api, workers}, transitively."""
+    """spec < models < lifecycle < policy < jobs < {api, workers}, transitively."""
     edges = package_edges()
     layer = LAYERS[index]
     above = set(LAYERS[index + 1 :]) | set(TOP)

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from polar_mq.proxy.auth import RolloutAuth
 from polar_mq.sampling import SamplingPolicy, SamplingRule
+from polar_mq.spec import TimeoutSpec
 from polar_mq.tokens import (
     AGENT,
     JUDGE,
@@ -191,9 +192,11 @@ def test_agent_tokens_live_as_long_as_the_rollouts_time_limits() -> None:
     from polar_mq.config import TOKEN_GRACE_S, Settings
 
     settings = Settings(max_agent_timeout_s=3600, default_agent_timeout_s=600)
-    assert settings.agent_token_ttl_s({"agent_s": 30}) == 30 + TOKEN_GRACE_S
-    assert settings.agent_token_ttl_s({}) == 600 + TOKEN_GRACE_S
-    assert settings.agent_token_ttl_s({"agent_s": 900, "rollout_s": 100.5}) == 101 + TOKEN_GRACE_S
-    assert settings.agent_token_ttl_s({"agent_s": 99999}) == 3600 + TOKEN_GRACE_S
+    assert settings.agent_token_ttl_s(TimeoutSpec(agent_s=30)) == 30 + TOKEN_GRACE_S
+    assert settings.agent_token_ttl_s(TimeoutSpec()) == 600 + TOKEN_GRACE_S
+    both = TimeoutSpec(agent_s=900, rollout_s=100.5)
+    assert settings.agent_token_ttl_s(both) == 101 + TOKEN_GRACE_S
+    assert settings.agent_token_ttl_s(TimeoutSpec(agent_s=99999)) == 3600 + TOKEN_GRACE_S
     capped = Settings(rollout_token_ttl_s=300)
-    assert capped.agent_token_ttl_s({"agent_s": 600}) == 300  # the setting stays the upper bound
+    # the setting stays the upper bound
+    assert capped.agent_token_ttl_s(TimeoutSpec(agent_s=600)) == 300

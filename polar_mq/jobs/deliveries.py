@@ -45,6 +45,7 @@ from polar_mq.models.base import utcnow
 from polar_mq.policy.admission import admit
 from polar_mq.policy.staleness import judge_staleness, oldest_allowed, too_old_calls
 from polar_mq.policy.state import current_version
+from polar_mq.spec import load_spec
 
 JUDGE_PER_LEASE = 256
 """Free complete groups whose staleness one lease call records (the next calls do the rest)."""
@@ -131,8 +132,8 @@ def _judge_staleness(session: Session, job: Any, consumer: str, now: datetime) -
     """For a job with `staleness`: record which of the next groups to hand out became stale
     (freeing capacity, so admit more) and return the oldest policy version a group may hold to
     be handed out (the candidates query enforces it, whatever was recorded)."""
-    staleness = job.spec.get("staleness")
-    if not staleness:
+    staleness = load_spec(job.spec).staleness
+    if staleness is None:
         return None
     version = current_version(session)
     waiting = [c.task_index for c in _candidates(session, job.id, now, JUDGE_PER_LEASE, None)]
@@ -255,7 +256,7 @@ def _lease_answer(
         .one()
     )
     stale = 0
-    if job.spec.get("staleness"):  # only such jobs ever have stale groups
+    if load_spec(job.spec).staleness is not None:  # only such jobs ever have stale groups
         stale = int(session.scalar(select(func.count()).where(StaleGroup.job_id == job.id)) or 0)
     return GroupLease(
         job_id=job.id,

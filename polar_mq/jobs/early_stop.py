@@ -9,13 +9,14 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from polar_mq.jobs.read_models import StopStatus
-from polar_mq.lifecycle.early_stop import STOPPED, StopRule
+from polar_mq.lifecycle.early_stop import STOPPED
 from polar_mq.models import Event, EventKind, Job
+from polar_mq.spec import load_spec
 
 
 def stop_status(session: Session, job: Job) -> StopStatus | None:
     """The job's stop rule and, once the job stopped, what the stop did (for the status API)."""
-    rule = StopRule.of(job.spec)
+    rule = load_spec(job.spec).stop
     if rule is None:
         return None
     at, detail = None, {}

@@ -29,11 +29,11 @@ from polar_mq.jobs.read_models import (
 from polar_mq.jobs.schemas import JobCreate
 from polar_mq.lifecycle.completeness import group_query, terminal_flag
 from polar_mq.lifecycle.early_stop import STOPPED
-from polar_mq.lifecycle.priority import job_priority
 from polar_mq.lifecycle.stages import STAGE_OF_STATUS, STAGE_STATES
 from polar_mq.models import Job, JobTask, Rollout, RolloutStatus, TerminationReason
 from polar_mq.policy.admission import admitted_groups, capacity_groups
 from polar_mq.policy.state import current_version
+from polar_mq.spec import load_spec
 
 MAX_PAGE = 1000
 
@@ -133,7 +133,7 @@ def job_status(session: Session, job_id: uuid.UUID) -> JobStatus:
         n_scored=n_scored,
         mean_reward=reward_sum / n_scored if n_scored else None,
         idempotency_key=job.idempotency_key,
-        priority=job_priority(job.spec),
+        priority=load_spec(job.spec).priority,
         spec=job.spec,
         metadata=job.meta,
         held=held,
@@ -143,16 +143,16 @@ def job_status(session: Session, job_id: uuid.UUID) -> JobStatus:
 
 
 def _staleness_status(session: Session, job: Job) -> StalenessStatus | None:
-    staleness = job.spec.get("staleness")
-    if not staleness:
+    staleness = load_spec(job.spec).staleness
+    if staleness is None:
         return None
     version = current_version(session)
     admitted, stale = admitted_groups(session, job.id)
     return StalenessStatus(
-        max_staleness=int(staleness["max_staleness"]),
-        batch_size=int(staleness["batch_size"]),
-        on_stale=str(staleness.get("on_stale", "withhold")),
-        base_version=int(staleness.get("base_version", 0)),
+        max_staleness=staleness.max_staleness,
+        batch_size=staleness.batch_size,
+        on_stale=staleness.on_stale,
+        base_version=staleness.base_version,
         current_version=version,
         capacity_groups=capacity_groups(staleness, version),
         admitted_groups=admitted,
@@ -206,15 +206,12 @@ def list_jobs(
 def same_submission(session: Session, job_id: uuid.UUID, spec: JobCreate, pool: str) -> bool:
     """Whether `spec` asks for exactly the job already stored (an idempotent resubmission)."""
     job = get_job(session, job_id)
-    stored_spec = dict(job.spec)
-    if isinstance(stored_spec.get("staleness"), dict):  # base_version was added at submit
-        stored_spec["staleness"] = {
-            k: v for k, v in stored_spec["staleness"].items() if k != "base_version"
-        }
+    stored_spec = load_spec(job.spec)  # old rows too: upgraded, their defaults filled in
+    base_version = stored_spec.staleness.base_version if stored_spec.staleness else 0
     if (
         job.samples_per_task != spec.samples_per_task
         or job.n_tasks != len(spec.tasks)
-        or stored_spec != {**spec.stored_spec(), "pool": pool}
+        or stored_spec != spec.job_spec(pool, base_version)
         or job.meta != spec.metadata
     ):
         return False

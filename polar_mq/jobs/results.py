@@ -47,6 +47,7 @@ from polar_mq.lifecycle.completeness import group_query, is_straggler
 from polar_mq.models import Job, JobTask, Rollout, TrajectorySample
 from polar_mq.models.base import utcnow
 from polar_mq.policy.staleness import stale_groups
+from polar_mq.spec import load_spec
 
 RESULTS_SETTLE_S = 1.0
 
@@ -200,9 +201,8 @@ def _group_versions(samples: list[SampleResult]) -> PolicyVersions | None:
 def _usable_needed(session: Session, job_id: uuid.UUID) -> int | None:
     """`stop.usable_samples_per_group` of the job (already in the session's identity map)."""
     job = session.get(Job, job_id)
-    stop = job.spec.get("stop") if job is not None else None
-    needed = stop.get("usable_samples_per_group") if isinstance(stop, dict) else None
-    return int(needed) if needed else None
+    stop = load_spec(job.spec).stop if job is not None else None
+    return stop.usable_samples_per_group if stop is not None else None
 
 
 def _rollouts(session: Session, job_id: uuid.UUID, indexes: list[int]) -> dict[int, list[Any]]:

@@ -63,10 +63,8 @@ def create_job(
     check_quota(session, owner, spec)
     pool = spec.pool or default_pool
     now = utcnow()
-    stored = {**spec.stored_spec(), "pool": pool}
     version = current_version(session) if spec.staleness is not None else 0
-    if spec.staleness is not None:
-        stored["staleness"] = {**stored["staleness"], "base_version": version}
+    stored = spec.stored_spec(pool, base_version=version)
     first_status = RolloutStatus.QUEUED if spec.staleness is None else RolloutStatus.HELD
     job = Job(
         id=uuid.uuid4(),

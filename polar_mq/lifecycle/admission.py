@@ -14,10 +14,10 @@ from sqlalchemy.orm import Session
 
 from polar_mq.lifecycle.messages import StageMessage
 from polar_mq.lifecycle.outbox import defer_publish
-from polar_mq.lifecycle.priority import job_priority
 from polar_mq.lifecycle.stages import Stage
 from polar_mq.models import Event, EventKind, Job, Rollout, RolloutStatus
 from polar_mq.models.base import utcnow
+from polar_mq.spec import load_spec
 
 
 def release_groups(
@@ -35,7 +35,8 @@ def release_groups(
         .returning(Rollout.id, Rollout.attempt)
     ).all()
     now = utcnow()
-    pool = str(job.spec.get("pool", "default"))
+    spec = load_spec(job.spec)
+    pool = spec.pool
     session.execute(
         insert(Event),
         [
@@ -47,7 +48,7 @@ def release_groups(
             for row in rows
         ],
     )  # fmt: skip
-    priority = job_priority(job.spec)
+    priority = spec.priority
     for row in rows:
         message = StageMessage(Stage.PREPARE, row.id, pool, attempt=row.attempt, priority=priority)
         defer_publish(session, message)

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
 
 from sqlalchemy import and_, func, insert, select, update
 from sqlalchemy.orm import Session
@@ -34,31 +33,10 @@ from polar_mq.lifecycle.cancel import R, cancel_where
 from polar_mq.lifecycle.completeness import group_query
 from polar_mq.models import Event, EventKind, Job
 from polar_mq.models.base import utcnow
+from polar_mq.spec import JobSpec
 
 ACTIVE = "active"
 STOPPED = "stopped"
-
-
-@dataclass(frozen=True, slots=True)
-class StopRule:
-    """A job's validated `stop` spec, as stored."""
-
-    usable_samples_per_group: int | None
-    groups: int | None
-    stragglers: str
-
-    @classmethod
-    def of(cls, spec: dict[str, Any]) -> StopRule | None:
-        stop = spec.get("stop")
-        if not isinstance(stop, dict):
-            return None
-        usable = stop.get("usable_samples_per_group")
-        groups = stop.get("groups")
-        return cls(
-            usable_samples_per_group=int(usable) if usable is not None else None,
-            groups=int(groups) if groups is not None else None,
-            stragglers=str(stop.get("stragglers", "cancel")),
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,10 +49,10 @@ class StopApplied:
 
 
 def after_rollout_ended(
-    session: Session, job_id: uuid.UUID, task_index: int, spec: dict[str, Any], worker: str
+    session: Session, job_id: uuid.UUID, task_index: int, spec: JobSpec, worker: str
 ) -> StopApplied:
     """Apply the job's stop rule after a rollout of group `task_index` ended (and committed)."""
-    rule = StopRule.of(spec)
+    rule = spec.stop
     if rule is None:
         return StopApplied()
     group = session.execute(group_query(job_id, True, task_index=task_index)).one_or_none()

@@ -8,17 +8,7 @@ workers' business (`polar_mq.workers.priority`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from polar_mq.spec.model import DEFAULT_PRIORITY, MAX_PRIORITY, MIN_PRIORITY
 
-MIN_PRIORITY = 0
-MAX_PRIORITY = 9
-DEFAULT_PRIORITY = 0
-
-
-def job_priority(spec: Mapping[str, Any]) -> int:
-    """The priority of a stored job spec; jobs stored before priorities existed get the default."""
-    value = spec.get("priority", DEFAULT_PRIORITY)
-    if not isinstance(value, int) or isinstance(value, bool):
-        return DEFAULT_PRIORITY
-    return min(MAX_PRIORITY, max(MIN_PRIORITY, value))
+__all__ = ["DEFAULT_PRIORITY", "MAX_PRIORITY", "MIN_PRIORITY"]
+"""The scale is defined with the job spec (`polar_mq.spec`); a job's is `JobSpec.priority`."""

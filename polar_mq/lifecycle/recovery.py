@@ -26,14 +26,12 @@ from sqlalchemy.orm import Session
 
 from polar_mq.lifecycle.messages import StageMessage
 from polar_mq.lifecycle.outbox import defer_publish
-from polar_mq.lifecycle.priority import DEFAULT_PRIORITY, job_priority
+from polar_mq.lifecycle.priority import DEFAULT_PRIORITY
 from polar_mq.lifecycle.stages import STAGE_STATES, Stage
 from polar_mq.lifecycle.transitions import EVENTS, ROLLOUTS, Claimed, R, _fenced_update, _rowcount
 from polar_mq.models import EventKind, RolloutStatus, TerminationReason
 from polar_mq.models.base import utcnow
 
-DEFAULT_MAX_ATTEMPTS = 3
-DEFAULT_STAGE_RETRIES = 3
 MAX_BACKOFF_S = 60.0
 
 
@@ -50,15 +48,6 @@ class LostAttempt:
     max_attempts: int
     priority: int = DEFAULT_PRIORITY
     """The job's priority, carried by the message that sends the rollout on again."""
-
-
-def retry_policy(spec: dict[str, Any]) -> tuple[int, int]:
-    """(max_attempts, stage_retries) of a job spec; defaults for jobs stored before they existed."""
-    retries = spec.get("retries") or {}
-    return (
-        int(retries.get("max_attempts", DEFAULT_MAX_ATTEMPTS)),
-        int(retries.get("stage_retries", DEFAULT_STAGE_RETRIES)),
-    )
 
 
 def backoff_s(retries: int, base_s: float) -> float:
@@ -206,7 +195,6 @@ def resume(session: Session, lost: LostAttempt, stage: Stage, worker: str) -> st
 
 def restart_claimed(session: Session, claimed: Claimed, pool: str, reason: str, error: str) -> str:
     """`restart` for a stage that still holds its claim (the agent stage broke unexpectedly)."""
-    max_attempts, _ = retry_policy(claimed.spec)
     _, busy, _ = STAGE_STATES[claimed.stage]
     lost = LostAttempt(
         claimed.rollout.id,
@@ -215,8 +203,8 @@ def restart_claimed(session: Session, claimed: Claimed, pool: str, reason: str, 
         claimed.rollout.attempt,
         claimed.owner,
         pool,
-        max_attempts,
-        job_priority(claimed.spec),
+        claimed.spec.retries.max_attempts,
+        claimed.spec.priority,
     )
     return restart(session, lost, reason, error, claimed.owner, claimed.stage.value)
 

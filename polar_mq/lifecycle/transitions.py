@@ -35,6 +35,7 @@ from polar_mq.lifecycle.outbox import defer_publish
 from polar_mq.lifecycle.stages import STAGE_STATES, Stage
 from polar_mq.models import Event, EventKind, Job, JobTask, Rollout, RolloutStatus
 from polar_mq.models.base import utcnow
+from polar_mq.spec import JobSpec, load_spec
 
 EVENTS = cast(Table, Event.__table__)
 ROLLOUTS = cast(Table, Rollout.__table__)
@@ -68,20 +69,18 @@ class Claimed:
     """A rollout won by one stage execution, with the job spec and task instance it needs."""
 
     rollout: RolloutRef
-    spec: dict[str, Any]
+    spec: JobSpec
     instance: dict[str, Any]
     owner: str
     stage: Stage
 
 
-SpecLoader = Callable[[Session, RolloutRef], tuple[dict[str, Any], dict[str, Any]]]
+SpecLoader = Callable[[Session, RolloutRef], tuple[JobSpec, dict[str, Any]]]
 _RETURNED = [R[f.name] for f in fields(RolloutRef)]
 
 
-def load_spec_and_task(
-    session: Session, rollout: RolloutRef
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The job spec and the task instance of a rollout (both immutable once submitted)."""
+def load_spec_and_task(session: Session, rollout: RolloutRef) -> tuple[JobSpec, dict[str, Any]]:
+    """The typed job spec and the task instance of a rollout (both immutable once submitted)."""
     row = (
         session.connection()
         .execute(
@@ -91,7 +90,7 @@ def load_spec_and_task(
         )
         .one()
     )
-    return row.spec, row.instance
+    return load_spec(row.spec), row.instance
 
 
 _INSERT_EVENT = insert(EVENTS)

@@ -19,19 +19,19 @@ same free capacity and overfill it.
 from __future__ import annotations
 
 import uuid
-from typing import Any
 
 from sqlalchemy import distinct, func, select
 from sqlalchemy.orm import Session
 
 from polar_mq.lifecycle.admission import release_groups
 from polar_mq.models import Job, Rollout, RolloutStatus, StaleGroup
+from polar_mq.spec import StoredStaleness, load_spec
 
 
-def capacity_groups(staleness: dict[str, Any], current_version: int) -> int:
+def capacity_groups(staleness: StoredStaleness, current_version: int) -> int:
     """Groups the job may have admitted (minus stale ones) at `current_version`."""
-    ahead = max(0, current_version - int(staleness.get("base_version", 0)))
-    return (int(staleness["max_staleness"]) + ahead + 1) * int(staleness["batch_size"])
+    ahead = max(0, current_version - staleness.base_version)
+    return (staleness.max_staleness + ahead + 1) * staleness.batch_size
 
 
 def admitted_groups(session: Session, job_id: uuid.UUID) -> tuple[int, int]:
@@ -52,8 +52,8 @@ def admit(session: Session, job_id: uuid.UUID, current_version: int, worker: str
     (`lifecycle.admission`).
     """
     job = session.scalars(select(Job).where(Job.id == job_id).with_for_update()).one_or_none()
-    staleness = job.spec.get("staleness") if job is not None else None
-    if job is None or not staleness or job.cancelled_at is not None:
+    staleness = load_spec(job.spec).staleness if job is not None else None
+    if job is None or staleness is None or job.cancelled_at is not None:
         return 0
     admitted, stale = admitted_groups(session, job_id)
     room = capacity_groups(staleness, current_version) - (admitted - stale)

@@ -27,6 +27,7 @@ from polar_mq.policy.admission import admit_all
 from polar_mq.policy.proxies import ProxyControl, ProxyReport
 from polar_mq.policy.staleness import judge_staleness
 from polar_mq.policy.state import PolicyView, current_policy, write_policy
+from polar_mq.spec import load_spec
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +98,7 @@ class PolicyService:
             stale = sum(
                 judge_staleness(session, job, version, worker="policy")
                 for job in jobs
-                if job.spec.get("staleness")
+                if load_spec(job.spec).staleness is not None
             )
         with unit_of_work(self.factory) as session:
             admitted = admit_all(session, version, worker="policy")

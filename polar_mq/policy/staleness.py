@@ -39,11 +39,12 @@ from polar_mq.models import (
     TerminationReason,
 )
 from polar_mq.models.base import utcnow
+from polar_mq.spec import StalenessSpec, load_spec
 
 
-def oldest_allowed(staleness: dict[str, Any], current_version: int) -> int:
+def oldest_allowed(staleness: StalenessSpec, current_version: int) -> int:
     """The lowest policy version a group may hold and still be streamed at `current_version`."""
-    return current_version - int(staleness["max_staleness"])
+    return current_version - staleness.max_staleness
 
 
 def too_old_calls(job_id: uuid.UUID, oldest: int, task_index: Any) -> Any:
@@ -120,10 +121,10 @@ def judge_staleness(
     its cost follows the groups waiting for a trainer, not the size of the job)."""
     if only is not None and not only:
         return 0
-    staleness = job.spec.get("staleness")
-    if not staleness:
+    staleness = load_spec(job.spec).staleness
+    if staleness is None:
         return 0
-    drop = staleness.get("on_stale", "withhold") == "drop"
+    drop = staleness.on_stale == "drop"
     oldest = oldest_allowed(staleness, current_version)
     now = utcnow()
     found = _stale_candidates(session, job.id, oldest, not drop, now, only)
@@ -158,7 +159,7 @@ def judge_staleness(
                 "detail": {
                     "task_index": row.task_index, "action": action,
                     "min_version": row.min_version, "current_version": current_version,
-                    "max_staleness": int(staleness["max_staleness"]),
+                    "max_staleness": staleness.max_staleness,
                 },
             }
             for row in recorded

@@ -23,8 +23,7 @@ from polar_mq.db import unit_of_work
 from polar_mq.imports import allowing
 from polar_mq.lifecycle.early_stop import after_rollout_ended
 from polar_mq.lifecycle.messages import StageMessage
-from polar_mq.lifecycle.priority import job_priority
-from polar_mq.lifecycle.recovery import backoff_s, restart_claimed, retry_in_place, retry_policy
+from polar_mq.lifecycle.recovery import backoff_s, restart_claimed, retry_in_place
 from polar_mq.lifecycle.stages import NEXT_STAGE, STAGE_STATES, Stage
 from polar_mq.lifecycle.transitions import Claimed, LeaseLost, claim, fail, finish, runtime_released
 from polar_mq.models import RolloutStatus, TerminationReason
@@ -59,7 +58,7 @@ def _release_runtime(ctx: WorkerContext, claimed: Claimed, reusable: bool = Fals
     After the stage's result is committed, never before: a redelivered evaluate must still find
     the runtime, and a recycled one may already belong to another rollout.
     """
-    runtime_spec = claimed.spec.get("runtime", {})
+    runtime_spec = claimed.spec.runtime
     try:
         detail = release_runtime(
             ctx.settings, ctx.warm_pool, runtime_spec, claimed.rollout, reusable=reusable
@@ -80,10 +79,10 @@ def _next_message(
     if nxt is None:
         return None
     node = outcome.values.get("node") or claimed.rollout.node
-    pool = str(claimed.spec.get("pool", ctx.settings.pool))
+    pool = claimed.spec.pool
     return StageMessage(
         nxt, claimed.rollout.id, pool, node,
-        attempt=claimed.rollout.attempt, priority=job_priority(claimed.spec),
+        attempt=claimed.rollout.attempt, priority=claimed.spec.priority,
     )  # fmt: skip
 
 
@@ -174,7 +173,7 @@ def _rollout_ended(ctx: WorkerContext, claimed: Claimed) -> None:
     of a group ending at once from both missing the stop (see `lifecycle.early_stop`). A failure
     here is only logged: the next rollout of the job to end repeats the check.
     """
-    if not claimed.spec.get("stop"):
+    if claimed.spec.stop is None:
         return
     rollout = claimed.rollout
     try:
@@ -222,8 +221,8 @@ def _unexpected(
     The agent stage is never retried in place (its calls and files would mix two runs): a new
     attempt starts from prepare. Other stages are idempotent and retried where they are.
     """
-    _, stage_retries = retry_policy(claimed.spec)
-    pool = str(claimed.spec.get("pool", ctx.settings.pool))
+    stage_retries = claimed.spec.retries.stage_retries
+    pool = claimed.spec.pool
     log.warning("%s of %s raised: %s", claimed.stage, claimed.rollout.id, error[-500:])
     try:
         if claimed.stage is Stage.RUN_AGENT:
@@ -240,7 +239,7 @@ def _unexpected(
         message = StageMessage(
             claimed.stage, claimed.rollout.id, pool, claimed.rollout.node,
             attempt=claimed.rollout.attempt, retries=retries + 1, countdown=delay,
-            priority=job_priority(claimed.spec),
+            priority=claimed.spec.priority,
         )  # fmt: skip
         _commit(ctx, lambda session: retry_in_place(session, claimed, message, error, delay))
         return f"retry:{retries + 1}"

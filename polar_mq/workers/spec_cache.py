@@ -12,6 +12,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from polar_mq.lifecycle.transitions import RolloutRef, load_spec_and_task
+from polar_mq.spec import JobSpec
 
 
 class SpecCache:
@@ -20,12 +21,11 @@ class SpecCache:
     def __init__(self, max_jobs: int = 1024, max_tasks: int = 65_536) -> None:
         self.max_jobs = max_jobs
         self.max_tasks = max_tasks
-        self.jobs: dict[uuid.UUID, dict[str, Any]] = {}
+        self.jobs: dict[uuid.UUID, JobSpec] = {}
         self.tasks: dict[int, dict[str, Any]] = {}
 
-    def __call__(
-        self, session: Session, rollout: RolloutRef
-    ) -> tuple[dict[str, Any], dict[str, Any]]:
+    def __call__(self, session: Session, rollout: RolloutRef) -> tuple[JobSpec, dict[str, Any]]:
+        """The typed spec (parsed and upgraded once per job and process) and the task."""
         spec = self.jobs.get(rollout.job_id)
         instance = self.tasks.get(rollout.task_id)
         if spec is None or instance is None:

@@ -34,8 +34,7 @@ from polar_mq.config import Settings
 from polar_mq.db import unit_of_work
 from polar_mq.lifecycle.early_stop import after_rollout_ended
 from polar_mq.lifecycle.messages import StageMessage, queue_name
-from polar_mq.lifecycle.priority import job_priority
-from polar_mq.lifecycle.recovery import LostAttempt, republish, restart, resume, retry_policy
+from polar_mq.lifecycle.recovery import LostAttempt, republish, restart, resume
 from polar_mq.lifecycle.stages import BUSY, READY, Stage
 from polar_mq.lifecycle.transitions import R
 from polar_mq.models import Event, Job, TerminationReason
@@ -43,6 +42,7 @@ from polar_mq.models.base import utcnow
 from polar_mq.observability.sweeper_metrics import observe_sweep
 from polar_mq.policy.admission import admit_all
 from polar_mq.policy.state import current_version
+from polar_mq.spec import load_spec
 
 log = logging.getLogger(__name__)
 
@@ -96,9 +96,6 @@ class Sweeper:
         observe_sweep(report)
         return report
 
-    def _pool(self, spec: dict[str, Any]) -> str:
-        return str(spec.get("pool", self.settings.pool))
-
     def _expired_leases(self, session: Session, now: datetime, report: SweepReport) -> list[Any]:
         """Restart or resume what lost its worker; the rows of the rollouts it gave up (failed)."""
         ended = []
@@ -109,10 +106,10 @@ class Sweeper:
             .limit(self.batch)
         ).all()
         for row in rows:
-            max_attempts, _ = retry_policy(row.spec)
+            spec = load_spec(row.spec)
             lost = LostAttempt(
                 row.id, row.job_id, row.status, row.attempt, row.lease_owner,
-                self._pool(row.spec), max_attempts, job_priority(row.spec),
+                spec.pool, spec.retries.max_attempts, spec.priority,
             )  # fmt: skip
             stage = BUSY[row.status]
             if stage is Stage.BUILD:
@@ -130,11 +127,12 @@ class Sweeper:
     def _early_stops(self, ended: list[Any]) -> None:
         """The early-stop check of each rollout given up on, after that was committed."""
         for row in ended:
-            if not row.spec.get("stop"):
+            spec = load_spec(row.spec)
+            if spec.stop is None:
                 continue
             try:
                 with unit_of_work(self.factory) as session:
-                    after_rollout_ended(session, row.job_id, row.task_index, row.spec, self.name)
+                    after_rollout_ended(session, row.job_id, row.task_index, spec, self.name)
             except Exception:
                 log.exception("early-stop check after rollout %s failed", row.id)
 
@@ -149,11 +147,10 @@ class Sweeper:
         ).all()
         depths: dict[str, int | None] = {}
         for row in rows:
-            stage = READY[row.status]
+            stage, spec = READY[row.status], load_spec(row.spec)
             message = StageMessage(
-                stage, row.id, self._pool(row.spec), row.node, row.attempt,
-                priority=job_priority(row.spec),
-            )  # fmt: skip
+                stage, row.id, spec.pool, row.node, row.attempt, priority=spec.priority
+            )
             try:
                 queue = queue_name(self.settings.queue_prefix, stage, message.pool, row.node)
             except ValueError:  # a node-local stage without a node: only a restart can help

@@ -31,7 +31,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from polar_mq.config import Settings
 from polar_mq.models import Job, Rollout, RolloutStatus
-from polar_mq.runtimes.warm_pool import WarmPool, pool_key, wants_warm
+from polar_mq.runtimes.warm_pool import WarmPool, pool_key
+from polar_mq.spec import JobSpec, load_spec
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +75,7 @@ class Refiller:
         self.factory = factory
         self.agent_slots = agent_slots
         self.pool = pool or WarmPool(settings.runtime_root, settings.warm_pool_max_per_node)
-        self._specs: dict[uuid.UUID, dict[str, Any] | None] = {}
+        self._specs: dict[uuid.UUID, JobSpec | None] = {}
         self._executor = ThreadPoolExecutor(
             settings.warm_pool_build_concurrency, thread_name_prefix="warm-build"
         )
@@ -97,23 +98,23 @@ class Refiller:
             missing = [job_id for job_id, _ in queued if job_id not in self._specs]
             if missing:
                 for row in session.execute(select(Job.id, Job.spec).where(Job.id.in_(missing))):
-                    self._specs[row.id] = row.spec if self._ours(row.spec) else None
+                    loaded = load_spec(row.spec)
+                    self._specs[row.id] = loaded if self._ours(loaded) else None
         self._specs = {job_id: self._specs.get(job_id) for job_id, _ in queued}
         demand = Demand(free_slots=max(0, self.agent_slots - int(here or 0)))
         for job_id, count in queued:
             spec = self._specs.get(job_id)
             if spec is None:
                 continue
-            key = pool_key(spec["runtime"])
+            runtime = spec.runtime.as_dict()
+            key = pool_key(runtime)
             demand.pending[key] += int(count)
-            demand.specs.setdefault(key, spec["runtime"])
-            prepare_s = (spec.get("timeouts") or {}).get("prepare_s", 300.0)
-            demand.timeouts.setdefault(key, float(prepare_s))
+            demand.specs.setdefault(key, runtime)
+            demand.timeouts.setdefault(key, spec.timeouts.prepare_s)
         return demand
 
-    def _ours(self, spec: dict[str, Any]) -> bool:
-        runtime = spec.get("runtime") or {}
-        return wants_warm(runtime) and spec.get("pool", self.settings.pool) == self.settings.pool
+    def _ours(self, spec: JobSpec) -> bool:
+        return spec.runtime.warm and spec.pool == self.settings.pool
 
     def step(self) -> list[str]:
         """One round: reap, then start the builds the pool lacks; returns the keys started."""

@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from polar_mq.db import unit_of_work
 from polar_mq.lifecycle.early_stop import after_rollout_ended
 from polar_mq.models import Job
+from polar_mq.spec import load_spec
 
 TASKS = [{"instruction": "a"}, {"instruction": "b"}, {"instruction": "c"}]
 
@@ -55,7 +56,7 @@ def test_a_stopped_job_reports_how_many_groups_were_stopped_early(
     complete_rollout(db_session_factory, a)
     complete_rollout(db_session_factory, b)
     with unit_of_work(db_session_factory) as session:
-        spec = session.get_one(Job, uuid.UUID(job_id)).spec
+        spec = load_spec(session.get_one(Job, uuid.UUID(job_id)).spec)
         after_rollout_ended(session, uuid.UUID(job_id), 0, spec, "test")
 
     status = client.get(f"/v1/jobs/{job_id}").json()

@@ -25,6 +25,7 @@ from polar_mq.lifecycle.stages import Stage
 from polar_mq.lifecycle.transitions import Claimed, RolloutRef
 from polar_mq.models import LlmCall, Rollout, RolloutStatus
 from polar_mq.proxy import create_proxy_app
+from polar_mq.spec import load_spec
 from polar_mq.testing.fake_vllm import create_fake_vllm_app
 from polar_mq.testing.servers import serve_in_thread
 from polar_mq.tokens import issue_rollout_token
@@ -68,7 +69,7 @@ def claimed_for(rollout_id: uuid.UUID, stage: Stage, spec: dict[str, Any]) -> Cl
         id=rollout_id, job_id=uuid.uuid4(), task_id=1, task_index=0, sample_index=0, attempt=1,
         node="n", runtime_id=None, agent_exit_code=0, termination_reason="completed",
     )  # fmt: skip
-    return Claimed(ref, spec, TASK, "test-owner", stage)
+    return Claimed(ref, load_spec(spec), TASK, "test-owner", stage)
 
 
 def evaluating_rollout(factory: sessionmaker[Session]) -> uuid.UUID:

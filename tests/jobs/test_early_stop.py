@@ -26,6 +26,7 @@ from polar_mq.lifecycle.messages import StageMessage
 from polar_mq.lifecycle.outbox import attach_publisher
 from polar_mq.models import Event, EventKind, Job, Rollout, RolloutStatus
 from polar_mq.models.base import utcnow
+from polar_mq.spec import load_spec
 
 
 @pytest.fixture()
@@ -86,7 +87,7 @@ def _check(
 ) -> StopApplied:
     """The workers' hook: its own transaction, after the rollout's end was committed."""
     with unit_of_work(factory) as session:
-        spec = session.get_one(Job, job_id).spec
+        spec = load_spec(session.get_one(Job, job_id).spec)
         return after_rollout_ended(session, job_id, task_index, spec, worker)
 
 
@@ -397,7 +398,7 @@ def test_a_check_waits_for_a_concurrent_stop_and_does_not_repeat_it(
     _end(factory, b)
     first = factory()
     try:
-        spec = first.get_one(Job, job_id).spec
+        spec = load_spec(first.get_one(Job, job_id).spec)
         applied = after_rollout_ended(first, job_id, 0, spec, "first")
         assert applied.job_stopped and applied.rollouts_cancelled == [c]
         done: list[StopApplied] = []

@@ -24,7 +24,6 @@ from polar_mq.lifecycle.recovery import (
     restart_claimed,
     resume,
     retry_in_place,
-    retry_policy,
 )
 from polar_mq.lifecycle.stages import Stage
 from polar_mq.lifecycle.transitions import Claimed, claim
@@ -77,9 +76,7 @@ def _kinds(factory: sessionmaker[Session], rid: uuid.UUID) -> list[str]:
         )
 
 
-def test_retry_policy_and_backoff() -> None:
-    assert retry_policy({}) == (3, 3)  # jobs stored before retries existed
-    assert retry_policy({"retries": {"max_attempts": 5, "stage_retries": 0}}) == (5, 0)
+def test_backoff() -> None:
     assert [backoff_s(n, 1.0) for n in range(3)] == [1.0, 2.0, 4.0]
     assert backoff_s(20, 1.0) == MAX_BACKOFF_S
 

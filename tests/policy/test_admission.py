@@ -18,6 +18,7 @@ from polar_mq.lifecycle.outbox import attach_publisher
 from polar_mq.lifecycle.stages import Stage
 from polar_mq.models import Event, EventKind, Job, Rollout, RolloutStatus
 from polar_mq.policy.admission import admit, admit_all, admitted_groups, capacity_groups
+from polar_mq.spec import StoredStaleness
 
 
 @pytest.fixture()
@@ -55,11 +56,11 @@ def _queued_groups(factory: sessionmaker[Session], job_id: uuid.UUID) -> list[in
 
 
 def test_capacity_formula() -> None:
-    spec = {"max_staleness": 1, "batch_size": 4, "base_version": 2}
+    spec = StoredStaleness(max_staleness=1, batch_size=4, base_version=2)
     assert capacity_groups(spec, 2) == 8
     assert capacity_groups(spec, 5) == 20
     assert capacity_groups(spec, 0) == 8  # a version before the job's base never shrinks it
-    assert capacity_groups({**spec, "max_staleness": 0}, 2) == 4
+    assert capacity_groups(spec.model_copy(update={"max_staleness": 0}), 2) == 4
 
 
 def test_submit_admits_the_first_batch_in_task_order(

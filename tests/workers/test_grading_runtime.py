@@ -18,6 +18,7 @@ from polar_mq.config import Settings
 from polar_mq.lifecycle.transitions import RolloutRef
 from polar_mq.runtimes import Runtime
 from polar_mq.runtimes.options import runtime_from_spec
+from polar_mq.spec import PrepareRecipe, RuntimeSpec
 from polar_mq.workers.janitor import NodeJanitor
 from polar_mq.workers.stages.common import StageFailure, runtime_id_for
 from polar_mq.workers.stages.grading_runtime import (
@@ -48,24 +49,29 @@ def _agent_runtime(settings: Settings, rollout: RolloutRef, kind: str = "local")
     return runtime
 
 
+def _spec(data: dict[str, Any]) -> RuntimeSpec:
+    """The typed runtime spec the stages hand over (as loaded from the stored job)."""
+    return RuntimeSpec.model_validate(data)
+
+
 def _sandbox(kind: str) -> dict[str, Any]:
     return {"kind": kind, "image": TEST_IMAGE} if kind == "docker" else {"kind": kind}
 
 
 def test_recipe_present_only_when_asked() -> None:
-    assert grading_recipe({"kind": "local"}) is None
-    assert grading_recipe({"evaluation": None}) is None
-    assert grading_recipe({"evaluation": {}}) == {}  # separate runtime, no recipe
-    assert grading_recipe({"evaluation": {"prepare": GRADER}}) == GRADER
+    assert grading_recipe(RuntimeSpec()) is None
+    assert grading_recipe(_spec({"evaluation": None})) is None
+    assert grading_recipe(_spec({"evaluation": {}})) == PrepareRecipe()  # separate, no recipe
+    assert grading_recipe(_spec({"evaluation": {"prepare": GRADER}})) == PrepareRecipe(**GRADER)
 
 
 def test_without_evaluation_runtime_the_agents_own_is_used(settings: Settings) -> None:
     rollout = _rollout()
     agent = _agent_runtime(settings, rollout)
     try:
-        runtime, detail = grading_runtime(settings, {"kind": "local"}, rollout, agent, 10)
+        runtime, detail = grading_runtime(settings, RuntimeSpec(), rollout, agent, 10)
         assert runtime is agent and detail == {}
-        assert start_prewarm(settings, {"kind": "local"}, rollout, 10) is None
+        assert start_prewarm(settings, RuntimeSpec(), rollout, 10) is None
     finally:
         agent.stop()
 
@@ -77,7 +83,7 @@ def test_prewarmed_grader_gets_the_workspace_but_not_the_agents_processes(
     if (reason := skip_reason(kind)) is not None:
         pytest.skip(reason)
     rollout = _rollout()
-    spec: dict[str, Any] = {**_sandbox(kind), "evaluation": {"prepare": GRADER}}
+    spec = _spec({**_sandbox(kind), "evaluation": {"prepare": GRADER}})
     agent = _agent_runtime(settings, rollout, kind)
     prewarm = start_prewarm(settings, spec, rollout, 10)
     assert prewarm is not None
@@ -112,7 +118,7 @@ def test_prewarmed_grader_gets_the_workspace_but_not_the_agents_processes(
 
 def test_not_prewarmed_is_prepared_at_evaluate(settings: Settings) -> None:
     rollout = _rollout()
-    spec: dict[str, Any] = {"kind": "local", "evaluation": {"prepare": GRADER}}
+    spec = _spec({"kind": "local", "evaluation": {"prepare": GRADER}})
     agent = _agent_runtime(settings, rollout)
     try:
         grader, detail = grading_runtime(settings, spec, rollout, agent, 10)
@@ -125,7 +131,7 @@ def test_not_prewarmed_is_prepared_at_evaluate(settings: Settings) -> None:
 
 def test_failing_recipe_fails_the_stage_and_leaves_nothing(settings: Settings) -> None:
     rollout = _rollout()
-    spec: dict[str, Any] = {"kind": "local", "evaluation": {"prepare": {"commands": ["exit 3"]}}}
+    spec = _spec({"kind": "local", "evaluation": {"prepare": {"commands": ["exit 3"]}}})
     prewarm = start_prewarm(settings, spec, rollout, 10)
     assert prewarm is not None
     assert "exit 3" in prewarm.join()["eval_prewarm_error"]
@@ -146,7 +152,7 @@ def test_janitor_removes_a_grader_nobody_owns(
 ) -> None:
     """An evaluation runtime is judged like its rollout's attempt: unknown rollout, orphan."""
     rollout = _rollout()
-    grader = open_grading_runtime(settings, {"kind": "local", "evaluation": {}}, rollout)
+    grader = open_grading_runtime(settings, _spec({"evaluation": {}}), rollout)
     grader.start()
     grader.exec("sleep 300 > /dev/null 2>&1 &", timeout=5)
     assert NodeJanitor(settings.runtime_root, db_session_factory).sweep_once() == [

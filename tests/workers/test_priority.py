@@ -14,6 +14,7 @@ from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
+from pydantic import ValidationError
 from sqlalchemy.orm import Session, sessionmaker
 
 from polar_mq.config import Settings
@@ -22,11 +23,11 @@ from polar_mq.jobs.schemas import JobCreate
 from polar_mq.jobs.service import create_job
 from polar_mq.lifecycle.messages import StageMessage
 from polar_mq.lifecycle.outbox import attach_publisher
-from polar_mq.lifecycle.priority import job_priority
 from polar_mq.lifecycle.recovery import restart_claimed
 from polar_mq.lifecycle.stages import Stage
 from polar_mq.lifecycle.transitions import Claimed, claim
 from polar_mq.models.base import utcnow
+from polar_mq.spec import load_spec
 from polar_mq.workers.celery_app import create_celery
 from polar_mq.workers.context import WorkerContext
 from polar_mq.workers.priority import REDIS_PRIORITY_STEPS, BrokerKind, broker_kind, broker_priority
@@ -66,12 +67,15 @@ def test_brokers_without_priorities_get_none_and_out_of_range_is_clamped() -> No
     assert broker_priority(-3, BrokerKind.AMQP) == 0
 
 
-@pytest.mark.parametrize(
-    ("spec", "expected"),
-    [({}, 0), ({"priority": 7}, 7), ({"priority": 12}, 9), ({"priority": True}, 0)],
-)
+@pytest.mark.parametrize(("spec", "expected"), [({}, 0), ({"priority": 7}, 7)])
 def test_job_priority_of_a_stored_spec(spec: dict[str, Any], expected: int) -> None:
-    assert job_priority(spec) == expected
+    assert load_spec(spec).priority == expected  # a row stored before priorities: the default
+
+
+@pytest.mark.parametrize("priority", [12, True, -1])
+def test_a_stored_priority_off_the_scale_is_refused(priority: object) -> None:
+    with pytest.raises(ValidationError):
+        load_spec({"priority": priority})
 
 
 def test_celery_on_redis_polls_ten_priority_lists_and_keeps_the_restore_options() -> None:

@@ -12,6 +12,7 @@ import pytest
 from polar_mq.config import Settings
 from polar_mq.rollouts.agent_outcome import CallSummary
 from polar_mq.runtimes.base import ExecResult
+from polar_mq.spec import load_spec
 from polar_mq.tokens import verify_rollout_token
 from polar_mq.workers.stages import run_agent
 
@@ -51,7 +52,9 @@ def _agent_env(
     settings = Settings(secret_key=SECRET, runtime_root=tmp_path)
     ctx = SimpleNamespace(settings=settings, http=FakeHttp(), session_factory=None)
     rollout = SimpleNamespace(id=uuid.uuid4(), attempt=2, created_at=None)
-    claimed = SimpleNamespace(rollout=rollout, spec=spec, instance={"instruction": "do it"})
+    claimed = SimpleNamespace(
+        rollout=rollout, spec=load_spec(spec), instance={"instruction": "do it"}
+    )
     outcome = run_agent.run(ctx, claimed)  # type: ignore[arg-type]
     assert outcome.values["agent_exit_code"] == 0
     return runtime.env

@@ -46,7 +46,7 @@ def load_calls(ctx: WorkerContext, claimed: Claimed) -> list[CapturedCall]:
 
 
 def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
-    builder_name = claimed.spec.get("builder", "per_call")
+    builder_name = claimed.spec.builder
     calls = load_calls(ctx, claimed)
     result = get_builder(builder_name).build(calls)
     rows = [

@@ -13,6 +13,7 @@ from polar_mq.lifecycle.transitions import RolloutRef
 from polar_mq.runtimes import Runtime
 from polar_mq.runtimes.options import runtime_from_spec
 from polar_mq.runtimes.warm_pool import WarmPool, is_pooled
+from polar_mq.spec import RuntimeSpec
 
 
 @dataclass
@@ -60,7 +61,7 @@ def open_runtime(settings: Settings, runtime_spec: dict[str, Any], rollout: Roll
 def release_runtime(
     settings: Settings,
     pool: WarmPool,
-    runtime_spec: dict[str, Any],
+    runtime_spec: RuntimeSpec,
     rollout: RolloutRef,
     *,
     reusable: bool = False,
@@ -75,10 +76,10 @@ def release_runtime(
     runtime_id = rollout.runtime_id or pool.taken_by(pool_owner(rollout))
     if is_pooled(runtime_id):
         assert runtime_id is not None
-        handle = pool.handle(runtime_spec, runtime_id)
-        reuse = reusable and bool(runtime_spec.get("reuse"))
+        handle = pool.handle(runtime_spec.as_dict(), runtime_id)
+        reuse = reusable and runtime_spec.reuse
         return pool.release(handle, pool_owner(rollout), reuse)
-    runtime = open_runtime(settings, runtime_spec, rollout)
+    runtime = open_runtime(settings, runtime_spec.as_dict(), rollout)
     started = time.monotonic()
     runtime.stop()
     return {

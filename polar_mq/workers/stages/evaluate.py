@@ -56,7 +56,7 @@ def _last_assistant_text(ctx: WorkerContext, claimed: Claimed) -> str | None:
 def final_text(ctx: WorkerContext, claimed: Claimed, runtime: Runtime) -> str | None:
     """The agent's answer from its harness's answer source: the declared file if the agent wrote
     it, else the last assistant message of its main loop (auxiliary calls are not the answer)."""
-    answer = get_harness(claimed.spec.get("harness", {"type": "reference"})).answer
+    answer = get_harness(claimed.spec.harness.as_dict()).answer
     if answer.file is not None:
         try:
             return runtime.download(answer.file).decode(errors="replace")
@@ -74,25 +74,23 @@ def judge_endpoint(ctx: WorkerContext, claimed: Claimed) -> LlmEndpoint:
         settings.secret_key, claimed.rollout.id, settings.rollout_token_ttl_s, purpose=JUDGE,
         attempt=claimed.rollout.attempt,
     )  # fmt: skip
-    model = claimed.spec.get("model") or settings.served_model or "default"
+    model = claimed.spec.model or settings.served_model or "default"
     return LlmEndpoint(f"{settings.proxy_base_url}/v1", token, model, ctx.http)
 
 
 def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
     spec = claimed.spec
     rollout = claimed.rollout
-    evaluator_spec = spec.get("evaluator", "completed")
-    runtime_spec = spec.get("runtime", {})
-    agent_runtime = open_runtime(ctx.settings, runtime_spec, rollout)
-    evaluator = get_evaluator(evaluator_spec)
-    name = evaluator_spec if isinstance(evaluator_spec, str) else evaluator_spec.get("name", "?")
-    prepare_s = float(spec.get("timeouts", {}).get("prepare_s", 300.0))
+    agent_runtime = open_runtime(ctx.settings, spec.runtime.as_dict(), rollout)
+    evaluator = get_evaluator(spec.evaluator)
+    name = spec.evaluator_name
+    prepare_s = spec.timeouts.prepare_s
     answer: str | None = None
     grading: dict[str, Any] = {}
     try:
         answer = final_text(ctx, claimed, agent_runtime) if evaluator.needs_final_text else None
         runtime, grading = grading_runtime(
-            ctx.settings, runtime_spec, rollout, agent_runtime, prepare_s
+            ctx.settings, spec.runtime, rollout, agent_runtime, prepare_s
         )  # the agent's own runtime, or a fresh one holding a copy of its workspace
         context = EvalContext(
             rollout_id=str(rollout.id),

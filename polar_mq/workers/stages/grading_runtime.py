@@ -27,25 +27,25 @@ from polar_mq.lifecycle.transitions import RolloutRef
 from polar_mq.models import TerminationReason
 from polar_mq.runtimes import Runtime
 from polar_mq.runtimes.options import runtime_from_spec
+from polar_mq.spec import PrepareRecipe, RuntimeSpec
 from polar_mq.workers.stages.common import StageFailure, runtime_id_for
 
 EVAL_SUFFIX = "-eval"
 
 
-def grading_recipe(runtime_spec: dict[str, Any]) -> dict[str, Any] | None:
+def grading_recipe(runtime_spec: RuntimeSpec) -> PrepareRecipe | None:
     """The grader's recipe when the job asks for a separate evaluation runtime, else None."""
-    evaluation = runtime_spec.get("evaluation")
-    if evaluation is None:
-        return None
-    prepare: dict[str, Any] = evaluation.get("prepare") or {}
-    return prepare
+    evaluation = runtime_spec.evaluation
+    return None if evaluation is None else evaluation.prepare
 
 
 def open_grading_runtime(
-    settings: Settings, runtime_spec: dict[str, Any], rollout: RolloutRef
+    settings: Settings, runtime_spec: RuntimeSpec, rollout: RolloutRef
 ) -> Runtime:
     """A handle on the rollout's evaluation runtime: the agent runtime's spec, its own id."""
-    sandbox = {k: v for k, v in runtime_spec.items() if k not in ("prepare", "evaluation")}
+    sandbox = runtime_spec.model_dump(
+        mode="json", exclude_none=True, exclude={"prepare", "evaluation"}
+    )
     runtime_id = runtime_id_for(rollout) + EVAL_SUFFIX
     return runtime_from_spec(sandbox, runtime_id, settings.runtime_root)
 
@@ -55,13 +55,13 @@ def is_ready(runtime: Runtime) -> bool:
     return runtime.workdir.is_dir()
 
 
-def prepare_grader(runtime: Runtime, recipe: dict[str, Any], timeout_s: float) -> None:
+def prepare_grader(runtime: Runtime, recipe: PrepareRecipe, timeout_s: float) -> None:
     """Start the runtime and run the grader's recipe; a failure leaves no runtime behind."""
     try:
         runtime.start()
-        for path, content in recipe.get("files", {}).items():
+        for path, content in recipe.files.items():
             runtime.upload(content.encode(), path)
-        for command in recipe.get("commands", []):
+        for command in recipe.commands:
             result = runtime.exec(command, timeout=timeout_s)
             if not result.ok:
                 raise StageFailure(
@@ -80,7 +80,7 @@ class Prewarm:
     """The grader's runtime being prepared in a thread while the agent runs."""
 
     runtime: Runtime
-    recipe: dict[str, Any]
+    recipe: PrepareRecipe
     timeout_s: float
     duration_s: float | None = None
     error: str | None = None
@@ -114,7 +114,7 @@ class Prewarm:
 
 
 def start_prewarm(
-    settings: Settings, runtime_spec: dict[str, Any], rollout: RolloutRef, timeout_s: float
+    settings: Settings, runtime_spec: RuntimeSpec, rollout: RolloutRef, timeout_s: float
 ) -> Prewarm | None:
     """Begin preparing the evaluation runtime, when the job asks for one."""
     recipe = grading_recipe(runtime_spec)
@@ -126,7 +126,7 @@ def start_prewarm(
 
 def grading_runtime(
     settings: Settings,
-    runtime_spec: dict[str, Any],
+    runtime_spec: RuntimeSpec,
     rollout: RolloutRef,
     agent_runtime: Runtime,
     timeout_s: float,
@@ -151,7 +151,7 @@ def grading_runtime(
             agent_runtime.workdir, runtime.workdir, symlinks=True, dirs_exist_ok=True,
             ignore=_special_files,
         )  # fmt: skip
-    for path, content in recipe.get("files", {}).items():
+    for path, content in recipe.files.items():
         runtime.upload(content.encode(), path)
     runtime.hand_over()  # the copies are the worker's; the grader's commands run as the agent
     return runtime, {
@@ -173,7 +173,7 @@ def _special_files(directory: str, names: list[str]) -> set[str]:
 
 
 def release_grading_runtime(
-    settings: Settings, runtime_spec: dict[str, Any], rollout: RolloutRef
+    settings: Settings, runtime_spec: RuntimeSpec, rollout: RolloutRef
 ) -> None:
     """Stop the evaluation runtime, if the job has one (idempotent like every `stop`)."""
     if grading_recipe(runtime_spec) is not None:

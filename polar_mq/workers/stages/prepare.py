@@ -40,7 +40,6 @@ from polar_mq.lifecycle.transitions import Claimed
 from polar_mq.models import TerminationReason
 from polar_mq.runtimes import Runtime
 from polar_mq.runtimes.recipe import RecipeFailed, apply_recipe
-from polar_mq.runtimes.warm_pool import wants_warm
 from polar_mq.swe.checkout import CheckoutError, checkout_repo
 from polar_mq.swe.spec import TaskSpecError, agent_task, parse_repo
 from polar_mq.workers.context import WorkerContext
@@ -72,20 +71,20 @@ def _install_task(runtime: Runtime, instance: dict[str, Any], timeout: float) ->
 def _cold(ctx: WorkerContext, claimed: Claimed, timeout: float) -> tuple[Runtime, dict[str, Any]]:
     spec = claimed.spec
     runtime_spec = runtime_spec_for(
-        spec.get("runtime", {}), spec.get("harness", {}), ctx.settings.harness_root
+        spec.runtime.as_dict(), spec.harness.as_dict(), ctx.settings.harness_root
     )  # a bwrap sandbox also sees the preset's install
     runtime = open_runtime(ctx.settings, runtime_spec, claimed.rollout)
     t0 = time.monotonic()
     runtime.start()
     t1 = time.monotonic()
     task = _install_task(runtime, claimed.instance, timeout)
-    recipe_s = apply_recipe(runtime, runtime_spec.get("prepare", {}), timeout)
+    recipe_s = apply_recipe(runtime, spec.runtime.prepare.model_dump(), timeout)
     detail = {"source": "cold", "warm": False, "start_s": round(t1 - t0, 4)}
     return runtime, {**detail, "recipe_s": round(recipe_s, 4), **task}
 
 
 def _warm(ctx: WorkerContext, claimed: Claimed, timeout: float) -> tuple[Runtime, dict[str, Any]]:
-    runtime_spec = claimed.spec.get("runtime", {})
+    runtime_spec = claimed.spec.runtime.as_dict()
     owner = pool_owner(claimed.rollout)
     got = ctx.warm_pool.take(runtime_spec, owner) or ctx.warm_pool.cold(
         runtime_spec, owner, timeout
@@ -93,23 +92,23 @@ def _warm(ctx: WorkerContext, claimed: Claimed, timeout: float) -> tuple[Runtime
     try:
         task = _install_task(got.runtime, claimed.instance, timeout)
     except BaseException:
-        release_runtime(ctx.settings, ctx.warm_pool, runtime_spec, claimed.rollout)
+        release_runtime(ctx.settings, ctx.warm_pool, claimed.spec.runtime, claimed.rollout)
         raise
     return got.runtime, {**got.detail, **task}
 
 
 def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
     spec = claimed.spec
-    timeout = float(spec.get("timeouts", {}).get("prepare_s", 300.0))
-    runtime_spec, harness_spec = spec.get("runtime", {}), spec.get("harness", {})
-    docker = runtime_spec.get("kind") == "docker"
+    timeout = spec.timeouts.prepare_s
+    harness_spec = spec.harness.as_dict()
+    docker = spec.runtime.kind == "docker"
     try:  # a preset harness must be installed on this node before a runtime is spent on it
         if not docker:
             ensure_installed(ctx.settings.harness_root, harness_spec, ctx.settings.node_name)
-        get = _warm if wants_warm(runtime_spec) else _cold
+        get = _warm if spec.runtime.warm else _cold
         runtime, detail = get(ctx, claimed, timeout)
         if docker:  # ... or baked into the image (the runtime is released by the runner)
-            check_in_image(runtime, harness_spec, str(runtime_spec.get("image")))
+            check_in_image(runtime, harness_spec, str(spec.runtime.image))
         else:  # ... and within the agent user's reach
             check_agent_reaches(runtime, harness_spec, ctx.settings.harness_root)
     except (RecipeFailed, HarnessMissing, CheckoutError, TaskSpecError) as exc:

@@ -98,9 +98,10 @@ def _error_text(result: ExecResult, limit: int = 2000) -> str:
 def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
     spec = claimed.spec
     settings = ctx.settings
-    timeouts = spec.get("timeouts", {})
-    runtime = open_runtime(settings, spec.get("runtime", {}), claimed.rollout)
-    harness = get_harness(spec.get("harness", {"type": "reference"}))
+    timeouts = spec.timeouts
+    runtime_spec = spec.runtime.as_dict()
+    runtime = open_runtime(settings, runtime_spec, claimed.rollout)
+    harness = get_harness(spec.harness.as_dict())
     agent = AgentContext(
         rollout_id=str(claimed.rollout.id),
         instruction=claimed.instance["instruction"],
@@ -113,12 +114,12 @@ def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
             claimed.rollout.id,
             settings.agent_token_ttl_s(timeouts),  # dies with the rollout's time limits
             attempt=claimed.rollout.attempt,
-            sampling=sampling_policy(spec.get("sampling")),  # enforced by the proxy
+            sampling=sampling_policy(spec.sampling),  # enforced by the proxy
         ),
-        model=spec.get("model") or settings.served_model or "default",
+        model=spec.model or settings.served_model or "default",
         python=runtime.python,
-        extra_env=_sampling_env(spec.get("sampling", {})),
-        harness_root=harness_root_for(spec.get("runtime", {}), settings.harness_root),
+        extra_env=_sampling_env(spec.sampling),
+        harness_root=harness_root_for(runtime_spec, settings.harness_root),
     )
     for path, text in harness.files(agent).items():
         runtime.upload(text.encode(), path)  # the harness's config, inside the workspace
@@ -126,22 +127,25 @@ def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
     log_dir.mkdir(parents=True, exist_ok=True)
     log_dir.chmod(0o700)  # every agent's output, tokens included: not for other agents' eyes
     log_path = log_dir / f"{runtime.runtime_id}.log"
-    timeout = min(float(timeouts.get("agent_s", 600.0)), settings.max_agent_timeout_s)
-    rollout_left = _rollout_time_left(ctx, claimed, timeouts.get("rollout_s"))
+    timeout = min(timeouts.agent_s, settings.max_agent_timeout_s)
+    rollout_left = _rollout_time_left(ctx, claimed, timeouts.rollout_s)
     if rollout_left is not None:
         if rollout_left <= 0:
             raise StageFailure(TerminationReason.TIMEOUT, "rollout timeout spent before the agent")
         timeout = min(timeout, rollout_left)
-    prewarm = start_prewarm(
-        settings, spec.get("runtime", {}), claimed.rollout, float(timeouts.get("prepare_s", 300.0))
-    )  # the evaluation runtime, when the job grades in its own, is prepared while the agent runs
+    # the evaluation runtime, when the job grades in its own, is prepared while the agent runs
+    prewarm = start_prewarm(settings, spec.runtime, claimed.rollout, timeouts.prepare_s)
     agent_started = utcnow()
     try:
         result = runtime.exec(
             harness.command(agent),
             env=harness.env(agent),
             timeout=timeout,
-            inactivity_timeout=timeouts.get("inactivity_s", settings.default_inactivity_timeout_s),
+            inactivity_timeout=(
+                timeouts.inactivity_s
+                if timeouts.inactivity_s is not None
+                else settings.default_inactivity_timeout_s
+            ),
             activity=lambda: _last_llm_call(ctx, claimed),
             stdout_path=log_path,
         )
@@ -155,7 +159,7 @@ def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
         ) from exc
     rollout = claimed.rollout
     calls = summarize_calls(ctx.session_factory, rollout.id, rollout.attempt, rollout.created_at)
-    budget = spec.get("max_tokens_per_rollout")
+    budget = spec.max_tokens_per_rollout
     outcome = classify(result, calls, agent_started, flushed.get("started_at"), budget)
     if outcome.infrastructure:  # never scored: the platform failed, not the policy
         message = f"{_error_text(result)}\n{outcome.why}"  # the why last: tails are kept

@@ -1,0 +1,45 @@
+"""The job spec as stored and read: a frozen, versioned, typed `JobSpec` (see `model`), loaded
+from any stored row through `upgrade.load_spec`. Imports nothing of polar_mq, so every package
+(lifecycle, policy, jobs, the plug-ins, workers) can read it."""
+
+from polar_mq.spec.model import (
+    DEFAULT_POOL,
+    DEFAULT_PRIORITY,
+    MAX_PRIORITY,
+    MIN_PRIORITY,
+    SPEC_VERSION,
+    EvaluationRuntimeSpec,
+    HarnessSpec,
+    JobSpec,
+    PrepareRecipe,
+    RetrySpec,
+    RuntimeSpec,
+    StalenessSpec,
+    StopSpec,
+    StoredStaleness,
+    TimeoutSpec,
+    workspace_path_problem,
+)
+from polar_mq.spec.upgrade import SpecVersionError, load_spec, upgrade
+
+__all__ = [
+    "DEFAULT_POOL",
+    "DEFAULT_PRIORITY",
+    "MAX_PRIORITY",
+    "MIN_PRIORITY",
+    "SPEC_VERSION",
+    "EvaluationRuntimeSpec",
+    "HarnessSpec",
+    "JobSpec",
+    "PrepareRecipe",
+    "RetrySpec",
+    "RuntimeSpec",
+    "SpecVersionError",
+    "StalenessSpec",
+    "StopSpec",
+    "StoredStaleness",
+    "TimeoutSpec",
+    "load_spec",
+    "upgrade",
+    "workspace_path_problem",
+]
