@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 from polar_mq.errors import NotFound
 from polar_mq.jobs.cursors import decode_cursor, encode_cursor
 from polar_mq.jobs.early_stop import stop_status
+from polar_mq.jobs.effective import stored_job_spec
 from polar_mq.jobs.read_models import (
     JobPage,
     JobStatus,
@@ -214,7 +215,7 @@ def same_submission(session: Session, job_id: uuid.UUID, spec: JobCreate, pool: 
     if (
         job.samples_per_task != spec.samples_per_task
         or job.n_tasks != len(spec.tasks)
-        or stored_spec != {**spec.stored_spec(), "pool": pool}
+        or stored_spec != stored_job_spec(spec, pool)
         or job.meta != spec.metadata
     ):
         return False

@@ -17,6 +17,7 @@ from typing import Any
 from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
+from polar_mq.jobs.effective import stored_job_spec
 from polar_mq.jobs.schemas import JobCreate
 from polar_mq.lifecycle.messages import StageMessage
 from polar_mq.lifecycle.outbox import defer_publish
@@ -63,7 +64,7 @@ def create_job(
     check_quota(session, owner, spec)
     pool = spec.pool or default_pool
     now = utcnow()
-    stored = {**spec.stored_spec(), "pool": pool}
+    stored = stored_job_spec(spec, pool)
     version = current_version(session) if spec.staleness is not None else 0
     if spec.staleness is not None:
         stored["staleness"] = {**stored["staleness"], "base_version": version}
