@@ -135,8 +135,6 @@ class Preset(ABC):
     """False (every preset so far): third-party code we run unmodified but do not vouch for, so a
     job under bwrap or docker that names no `runtime.network` gets `proxy_only`
     (runtimes/options.py `effective_network`). True keeps the node's network by default."""
-    network_note: ClassVar[str] = ""
-    """Why an untrusted preset needs more than `proxy_only`, when it does (docs/presets.md)."""
 
     def check_options(self, options: PresetOptions) -> None:
         """Refuse (ValueError) what this harness cannot take: MCP servers, skills."""
