@@ -15,7 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from polar_mq import spec
 from polar_mq.evaluators.registry import validate_evaluator_spec
 from polar_mq.harnesses import get_harness
-from polar_mq.runtimes.options import check_runtime_options
+from polar_mq.harnesses.presets.registry import harness_trusted
+from polar_mq.runtimes.options import check_runtime_options, effective_network
 from polar_mq.sampling import validate_sampling
 from polar_mq.spec.model import (
     DEFAULT_POOL,
@@ -199,7 +200,16 @@ class JobCreate(StrictModel):
             data["staleness"] = StoredStaleness(
                 **self.staleness.model_dump(), base_version=base_version
             )
+        data["runtime"] = {**data.get("runtime", {}), "network": self._effective_network()}
         return JobSpec.model_validate({**data, "pool": self.pool or pool or DEFAULT_POOL})
+
+    def _effective_network(self) -> str:
+        """The runtime's network as resolved at submit and stored: an explicit choice is kept;
+        unset, a third-party preset under bwrap/docker gets proxy_only (`effective_network`)."""
+        runtime = self.runtime
+        chosen = runtime.network if "network" in runtime.model_fields_set else None
+        trusted = harness_trusted(self.harness.type)
+        return effective_network(runtime.kind, chosen, trusted=trusted)
 
     def stored_spec(self, pool: str | None = None, base_version: int = 0) -> dict[str, Any]:
         """The `jobs.spec` JSON of this job (`job_spec(...).stored()`)."""

@@ -33,6 +33,26 @@ NETWORKS: dict[str, tuple[str, ...]] = {
     "docker": ("host", "none", "proxy_only"),
 }
 _LIMIT_KEYS = ("memory_mb", "cpu_seconds", "max_open_files")
+UNTRUSTED_DEFAULT_NETWORK = "proxy_only"
+"""The network of an untrusted harness (a third-party preset) when the job names none."""
+
+
+def effective_network(kind: str, network: str | None, *, trusted: bool) -> str:
+    """The network policy a job's runtime gets: the job's own choice when it made one.
+
+    Unset, a harness we do not vouch for (a third-party preset) gets `proxy_only` where the kind
+    can enforce it (bwrap, docker): it reaches the proxy and nothing else, so it cannot call home,
+    download code or reach PostgreSQL and Redis. An explicit `host` or `none` is the operator's
+    choice and kept (a harness that must download packages). `local` has no network policy at
+    all and stays `host`; bwrap or docker is how third-party harnesses are contained.
+    Trusted harnesses (the `command` harness, the reference agent: the user's or our own code)
+    keep the old default, `host`.
+    """
+    if network is not None:
+        return network
+    if not trusted and UNTRUSTED_DEFAULT_NETWORK in NETWORKS.get(kind, ()):
+        return UNTRUSTED_DEFAULT_NETWORK
+    return str(_DEFAULTS["network"])
 
 
 def check_runtime_options(spec: Mapping[str, Any]) -> None:

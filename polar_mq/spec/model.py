@@ -111,8 +111,9 @@ class RuntimeSpec(SpecModel):
     )
     network: Literal["host", "none", "proxy_only"] = Field(
         "host",
-        description="bwrap/docker: host (the node's network), none (no network at all) or, bwrap "
-        "only, proxy_only (the proxy and nothing else; see docs/hardening.md)",
+        description="bwrap/docker: host (the node's network), none (no network at all) or "
+        "proxy_only (the proxy and nothing else; see docs/hardening.md); unset, a third-party "
+        "preset under bwrap/docker gets proxy_only and anything else host",
     )
     memory_mb: int | None = Field(None, ge=16, strict=True)
     cpu_seconds: int | None = Field(None, ge=1, strict=True)

@@ -98,6 +98,25 @@ def test_idempotency_key_with_a_different_body_is_a_conflict(
     assert len(publisher.messages) == 6
 
 
+def test_an_untrusted_preset_is_stored_with_the_proxy_only_network(client: TestClient) -> None:
+    """The effective network is resolved at submit and shown; a resubmission still matches."""
+    job = _job(harness={"type": "smolagents"}, runtime={"kind": "bwrap"}, idempotency_key="n")
+    submitted = _submit(
+        client, harness={"type": "smolagents"}, runtime={"kind": "bwrap"}, idempotency_key="n"
+    )
+    shown = client.get(f"/v1/jobs/{submitted['job_id']}").json()["spec"]["runtime"]
+    assert shown["network"] == "proxy_only"
+    again = client.post("/v1/jobs", json=job)
+    assert again.status_code == 200 and again.json()["job_id"] == submitted["job_id"]
+    host = {**job, "runtime": {"kind": "bwrap", "network": "host"}}
+    assert client.post("/v1/jobs", json=host).status_code == 409  # a different request
+    command = _submit(
+        client, harness={"type": "command", "command": "true"}, runtime={"kind": "bwrap"}
+    )
+    shown = client.get(f"/v1/jobs/{command['job_id']}").json()["spec"]["runtime"]
+    assert shown["network"] == "host"  # the user's own code: unchanged
+
+
 def test_idempotency_treats_the_default_priority_as_unset_and_another_as_a_change(
     client: TestClient, publisher: RecordingPublisher
 ) -> None:

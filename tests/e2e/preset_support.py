@@ -22,7 +22,7 @@ from polar_mq.config import Settings
 from polar_mq.devstack import LocalStack
 from polar_mq.harnesses.presets.install import InstallError, InstallReport, install
 from polar_mq.harnesses.presets.registry import get_preset
-from polar_mq.models import LlmCall, Rollout, RolloutArtifact
+from polar_mq.models import Job, LlmCall, Rollout, RolloutArtifact
 from tests.e2e.stack import client_of
 
 INSTALLS: dict[str, InstallReport] = {}
@@ -60,6 +60,8 @@ class PresetRun:
     calls: dict[Any, list[LlmCall]]
     artifacts: dict[Any, dict[str, bytes]]
     seconds: float
+    runtime: dict[str, Any]
+    """The job's stored runtime spec (with the network resolved at submit)."""
 
 
 def run_preset(
@@ -101,8 +103,10 @@ def run_preset(
             }
             for r in rollouts
         }
+        job_spec = session.get(Job, submitted.job_id)
+        runtime = dict(job_spec.spec["runtime"]) if job_spec is not None else {}
         session.expunge_all()
-    return PresetRun(str(submitted.job_id), rollouts, calls, artifacts, seconds)
+    return PresetRun(str(submitted.job_id), rollouts, calls, artifacts, seconds, runtime)
 
 
 def explain(run: PresetRun) -> str:

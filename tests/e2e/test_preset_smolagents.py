@@ -24,15 +24,16 @@ from tests.e2e.preset_support import (
 pytestmark = pytest.mark.e2e
 
 
-@pytest.mark.parametrize("kind", ["local", "bwrap", "bwrap-proxy_only"])
+@pytest.mark.parametrize("kind", ["local", "bwrap-host", "bwrap"])
 def test_smolagents_tool_calling_agent_uses_its_python_tool_and_answers(
     preset_stack: PresetStack, db_session_factory: sessionmaker[Session], kind: str
 ) -> None:
-    """Also in a bwrap sandbox, where the install is mounted read-only, and there with the
-    `proxy_only` network (the agent reaches the proxy through the in-sandbox forwarder only)."""
+    """Also in a bwrap sandbox, where the install is mounted read-only: with the node's network
+    when the job asks for `host`, else with the `proxy_only` network an untrusted preset gets by
+    default (the agent reaches the proxy through the in-sandbox forwarder only)."""
     runtime = {"kind": kind}
-    if kind == "bwrap-proxy_only":
-        runtime = {"kind": "bwrap", "network": "proxy_only"}
+    if kind == "bwrap-host":
+        runtime = {"kind": "bwrap", "network": "host"}
     if kind != "local" and shutil.which("bwrap") is None:
         pytest.skip("bwrap is not installed")
     install_preset("smolagents")
@@ -55,6 +56,8 @@ def test_smolagents_tool_calling_agent_uses_its_python_tool_and_answers(
         runtime=runtime,
         timeouts={"agent_s": 120},
     )
+    expected = {"local": "host", "bwrap-host": "host", "bwrap": "proxy_only"}[kind]
+    assert run.runtime["network"] == expected, run.runtime
     assert_captured(run, min_calls=2)
     rollout = run.rollouts[0]
     calls = run.calls[rollout.id]

@@ -182,6 +182,16 @@ def test_placement_per_runtime_kind(echo: Preset, tmp_path: Path) -> None:
     assert bwrap["ro"] == [str(node / "echo_test" / "1.17.0")]
     assert runtime_spec_for({"kind": "local"}, {"type": "echo_test"}, node) == {"kind": "local"}
     assert runtime_spec_for({"kind": "bwrap"}, {"type": "reference"}, node) == {"kind": "bwrap"}
+    # a venv made from another interpreter (a preset needing a newer Python): its prefix too
+    venv = node / "echo_test" / "1.17.0" / "venv"
+    venv.mkdir(parents=True)
+    (venv / "pyvenv.cfg").write_text("home = /opt/py312/bin\nversion = 3.12.1\n")
+    bwrap = runtime_spec_for({"kind": "bwrap"}, {"type": "echo_test"}, node)
+    assert bwrap["ro"] == [str(node / "echo_test" / "1.17.0"), "/opt/py312"]
+    (venv / "pyvenv.cfg").write_text(f"home = {sys.base_prefix}/bin\n")  # the worker's own
+    assert runtime_spec_for({"kind": "bwrap"}, {"type": "echo_test"}, node)["ro"] == bwrap["ro"][:1]
+    (venv / "pyvenv.cfg").write_text("home = /bin\n")  # never the whole root
+    assert runtime_spec_for({"kind": "bwrap"}, {"type": "echo_test"}, node)["ro"] == bwrap["ro"][:1]
 
 
 def test_harness_cli_list_and_errors(tmp_path: Path) -> None:

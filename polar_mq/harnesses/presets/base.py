@@ -131,6 +131,10 @@ class Preset(ABC):
     takes_skills: ClassVar[bool] = True
     """False: the harness has no MCP client / skill format; a job that names some is refused."""
     notes: ClassVar[str] = ""
+    trusted: ClassVar[bool] = False
+    """False (every preset so far): third-party code we run unmodified but do not vouch for, so a
+    job under bwrap or docker that names no `runtime.network` gets `proxy_only`
+    (runtimes/options.py `effective_network`). True keeps the node's network by default."""
 
     def check_options(self, options: PresetOptions) -> None:
         """Refuse (ValueError) what this harness cannot take: MCP servers, skills."""

@@ -27,3 +27,10 @@ def presets() -> dict[str, Preset]:
 
 def get_preset(name: str) -> Preset | None:
     return presets().get(name)
+
+
+def harness_trusted(harness_type: str) -> bool:
+    """The `command` harness and the reference agent are the user's or our own code; a preset
+    is third-party code and trusted only when it says so (its default network follows)."""
+    preset = get_preset(harness_type)
+    return preset is None or preset.trusted

@@ -7,6 +7,7 @@ that dies with "command not found" and is scored; with `auto_install` the node i
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -46,8 +47,26 @@ def runtime_spec_for(
     harness = preset_of(harness_spec)
     if harness is not None and spec.get("kind") == "bwrap":
         directory = install_dir(node_root, harness.preset.name, harness.version)
-        spec["ro"] = [*spec.get("ro", []), str(directory)]
+        spec["ro"] = [*spec.get("ro", []), str(directory), *_venv_base(directory)]
     return spec
+
+
+def _venv_base(directory: Path) -> list[str]:
+    """The prefix of the interpreter a PyPI install's venv was made from, when it is not the
+    worker's own (bwrap binds that one already): a preset that needs a newer Python
+    (`Package.python`, e.g. openhands_sdk on 3.12) has a venv whose `python` is a symlink to it."""
+    config = directory / "venv" / "pyvenv.cfg"
+    try:
+        lines = config.read_text().splitlines()
+    except OSError:
+        return []  # an npm install, or none yet (prepare refuses a missing install)
+    for line in lines:
+        key, _, value = line.partition("=")
+        if key.strip() == "home" and value.strip():
+            prefix = Path(value.strip()).parent  # home is the interpreter's bin directory
+            mine = prefix in (Path(sys.base_prefix), Path("/"))  # never the whole root
+            return [] if mine else [str(prefix)]
+    return []
 
 
 def check_in_image(runtime: Runtime, harness_spec: Mapping[str, Any], image: str) -> None:
