@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 
 import pytest
 from sqlalchemy import Engine
 from typer.testing import CliRunner
 
 from polar_mq.cli.db import db_app
+from polar_mq.config import get_settings
 from tests.retention.conftest import call_row, days_ago, insert_calls, make_job
 
 
@@ -19,6 +21,14 @@ def test_bad_age_is_a_clear_message(age: str) -> None:
     assert "--older-than" in result.output
     assert "Traceback" not in result.output
     assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+@pytest.fixture(autouse=True)
+def fresh_settings() -> Iterator[None]:
+    """The CLI reads the process settings (cached): each test's database URL must be seen."""
+    get_settings.cache_clear()
+    yield
+    get_settings.cache_clear()
 
 
 def test_prune_dry_run_prints_a_report(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
