@@ -172,6 +172,9 @@ def local_stack() -> Iterator[str]:
         upstream_url=f"http://127.0.0.1:{upstream}",
         served_model="fake-model",
         runtime_root=root / "runtimes",
+        # like `polar-mq demo`: only the built-in reference agent, below a private (mkdtemp 0700)
+        # directory, run as the user who started the example; real nodes use pool users
+        unsafe_root_agents=True,
         node_name="example",
         pool="example",
     )

@@ -37,6 +37,8 @@ def stack_settings(
         "secret_key": f"bench-secret-{uuid.uuid4().hex}",
         "visibility_timeout_s": 7200,
         "max_agent_timeout_s": 600,
+        # the bench's own trivial agent, below a private mkdtemp directory: run as the bench's user
+        "unsafe_root_agents": True,
         **extra,
     }
     return Settings(**values)
