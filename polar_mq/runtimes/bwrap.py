@@ -60,7 +60,7 @@ from polar_mq.runtimes.proxy_relay import (
     record_route,
     recorded_route,
 )
-from polar_mq.runtimes.workspace_dir import RuntimeDir
+from polar_mq.runtimes.workspace_dir import DirBacked
 
 Network = Literal["host", "none", "proxy_only"]
 NETWORKS: tuple[Network, ...] = ("host", "none", "proxy_only")
@@ -87,7 +87,7 @@ def bwrap_available() -> str | None:
     return None
 
 
-class BwrapRuntime(Runtime):
+class BwrapRuntime(DirBacked, Runtime):
     """A runtime whose commands run inside bubblewrap namespaces over its `RuntimeDir`.
 
     `network`, `pids_limit` and `ro_binds` take effect at `start()` and are recorded next to the
@@ -114,19 +114,16 @@ class BwrapRuntime(Runtime):
     ) -> None:
         super().__init__(runtime_id)
         # absolute: the directories are bound at the same paths inside the sandbox
-        self.space = RuntimeDir(
-            self.runtime_id,
+        self._attach_dir(
             Path(root).resolve(),
             self.kind,
             limits,
             agent,
             owner_only_dirs=self.owner_only_dirs,
             pooled=False,  # no reachability check: the sandbox mounts the directories itself
+            kill_grace_s=kill_grace_s,
+            drain_s=drain_s,
         )
-        self.root = self.space.root
-        self.path = self.space.path
-        self.kill_grace_s = kill_grace_s
-        self.drain_s = drain_s
         if network not in NETWORKS:
             raise ValueError(f"bwrap network must be one of {', '.join(NETWORKS)}, not {network!r}")
         if pids_limit is not None and (not isinstance(pids_limit, int) or pids_limit < 1):
@@ -135,18 +132,6 @@ class BwrapRuntime(Runtime):
         self.pids_limit = pids_limit
         self.ro_binds = [str(Path(p)) for p in ro_binds]
         self.cgroup = cgroups.group_path(cgroups.group_name(self.runtime_id, self.root))
-
-    @property
-    def workdir(self) -> Path:
-        return self.space.workdir
-
-    @property
-    def limits(self) -> ResourceLimits | None:
-        return self.space.limits
-
-    @property
-    def agent(self) -> AgentIdentity:
-        return self.space.agent
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -158,9 +143,6 @@ class BwrapRuntime(Runtime):
             cgroups.create(self.cgroup.name, self.pids_limit)
         settings = {"network": self.network, "pids_limit": self.pids_limit, "ro": self.ro_binds}
         atomic_write(self.path / _SETTINGS_FILE, json.dumps(settings).encode())
-
-    def hand_over(self) -> None:
-        self.space.hand_over()
 
     def reset(self) -> None:
         survivors = self._kill_all()
@@ -194,17 +176,6 @@ class BwrapRuntime(Runtime):
         signal_all(members, signal.SIGKILL)
         left = wait_gone(members, 5.0)
         return sorted(set(survivors) | {p.pid for p in left})
-
-    # -- files ---------------------------------------------------------------------------------
-
-    def upload(self, data: bytes, dest: str) -> None:
-        self.space.upload(data, dest)
-
-    def download(self, path: str) -> bytes:
-        return self.space.download(path)
-
-    def refuse_links(self, path: str) -> None:
-        self.space.refuse_links(path)
 
     # -- proxy route (network: proxy_only) ------------------------------------------------------
 

@@ -39,7 +39,7 @@ from polar_mq.runtimes.docker_exec import container_pids, run_exec
 from polar_mq.runtimes.identity import AgentIdentity
 from polar_mq.runtimes.process_kit import EXEC_TAG, RUNTIME_TAG
 from polar_mq.runtimes.proxy_relay import ProxyRelay, record_route, recorded_route
-from polar_mq.runtimes.workspace_dir import RuntimeDir
+from polar_mq.runtimes.workspace_dir import DirBacked
 
 Network = Literal["host", "none", "proxy_only"]
 NETWORKS: tuple[Network, ...] = ("host", "none", "proxy_only")
@@ -74,7 +74,7 @@ def container_name(runtime_id: str, root: Path) -> str:
     return f"polar-mq-{runtime_id}-{digest}"
 
 
-class DockerRuntime(Runtime):
+class DockerRuntime(DirBacked, Runtime):
     """A runtime made of a container and the node-side directories bind mounted into it.
 
     `python` names the image's interpreter for the reference agent (`python3` on the image's PATH).
@@ -104,19 +104,16 @@ class DockerRuntime(Runtime):
     ) -> None:
         super().__init__(runtime_id)
         # absolute: the directories are bind mounted at the same paths inside the container
-        self.space = RuntimeDir(
-            self.runtime_id,
+        self._attach_dir(
             Path(root).resolve(),
             self.kind,
             limits,
             agent,
             owner_only_dirs=self.owner_only_dirs,
             pooled=False,  # no reachability check: the container mounts the directories itself
+            kill_grace_s=kill_grace_s,
+            drain_s=drain_s,
         )
-        self.root = self.space.root
-        self.path = self.space.path
-        self.kill_grace_s = kill_grace_s
-        self.drain_s = drain_s
         if network not in NETWORKS:
             raise ValueError(
                 f"docker network must be one of {', '.join(NETWORKS)}, not {network!r}"
@@ -132,18 +129,6 @@ class DockerRuntime(Runtime):
         self._python = python
         self._client = client
         self.name = container_name(self.runtime_id, self.root)
-
-    @property
-    def workdir(self) -> Path:
-        return self.space.workdir
-
-    @property
-    def limits(self) -> ResourceLimits | None:
-        return self.space.limits
-
-    @property
-    def agent(self) -> AgentIdentity:
-        return self.space.agent
 
     @property
     def python(self) -> str:
@@ -263,18 +248,6 @@ class DockerRuntime(Runtime):
         self.remove_container()
         self.space.remove_quietly()
         self.space.check_removed()
-
-    def hand_over(self) -> None:
-        self.space.hand_over()
-
-    def upload(self, data: bytes, dest: str) -> None:
-        self.space.upload(data, dest)
-
-    def download(self, path: str) -> bytes:
-        return self.space.download(path)
-
-    def refuse_links(self, path: str) -> None:
-        self.space.refuse_links(path)
 
     def remove_container(self, timeout: float = 30.0) -> None:
         """Force-remove the container and wait until the engine no longer knows it."""

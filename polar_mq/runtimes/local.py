@@ -31,12 +31,12 @@ from polar_mq.runtimes.host_exec import (
 )
 from polar_mq.runtimes.identity import AgentIdentity
 from polar_mq.runtimes.process_kit import EXEC_TAG, RUNTIME_TAG
-from polar_mq.runtimes.workspace_dir import RuntimeDir
+from polar_mq.runtimes.workspace_dir import DirBacked
 
 __all__ = ["EXEC_TAG", "RUNTIME_TAG", "LocalRuntime"]
 
 
-class LocalRuntime(Runtime):
+class LocalRuntime(DirBacked, Runtime):
     """A runtime made of a directory (`RuntimeDir`) and the processes tagged with its id.
 
     `kill_grace_s` is how long an expired command gets between SIGTERM and SIGKILL; `drain_s` is
@@ -59,41 +59,21 @@ class LocalRuntime(Runtime):
         agent: AgentIdentity | None = None,
     ) -> None:
         super().__init__(runtime_id)
-        self.space = RuntimeDir(
-            self.runtime_id,
+        self._attach_dir(
             root,
             self.kind,
             limits,
             agent,
             owner_only_dirs=self.owner_only_dirs,
             pooled=True,
+            kill_grace_s=kill_grace_s,
+            drain_s=drain_s,
         )
-        self.root = self.space.root
-        self.path = self.space.path
-        self.kill_grace_s = kill_grace_s
-        self.drain_s = drain_s
-
-    @property
-    def workdir(self) -> Path:
-        return self.space.workdir
-
-    @property
-    def limits(self) -> ResourceLimits | None:
-        """Limits given to this handle, else those recorded by whoever started the runtime."""
-        return self.space.limits
-
-    @property
-    def agent(self) -> AgentIdentity:
-        """Who commands run as: recorded at `start()`, so every later handle agrees with it."""
-        return self.space.agent
 
     # -- lifecycle -----------------------------------------------------------------------------
 
     def start(self) -> None:
         self.space.create()
-
-    def hand_over(self) -> None:
-        self.space.hand_over()
 
     def reset(self) -> None:
         survivors = kill_tagged(self.runtime_id)
@@ -111,19 +91,6 @@ class LocalRuntime(Runtime):
 
     def alive_processes(self) -> list[int]:
         return tagged_pids(self.runtime_id)
-
-    # -- files ---------------------------------------------------------------------------------
-
-    def upload(self, data: bytes, dest: str) -> None:
-        """Write a file the agent owns, never through a link it left (`RuntimeDir.upload`)."""
-        self.space.upload(data, dest)
-
-    def download(self, path: str) -> bytes:
-        """Never through a link the agent left: see `safe_files` (UnsafePath otherwise)."""
-        return self.space.download(path)
-
-    def refuse_links(self, path: str) -> None:
-        self.space.refuse_links(path)
 
     # -- processes -----------------------------------------------------------------------------
 

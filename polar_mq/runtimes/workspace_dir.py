@@ -266,3 +266,66 @@ def space_of(runtime: Runtime) -> RuntimeDir:
     if not isinstance(space, RuntimeDir):
         raise TypeError(f"runtime kind {runtime.kind!r} keeps no directory on this node")
     return space
+
+
+class DirBacked:
+    """The half every runtime kind shares: its `RuntimeDir` and the file methods that only
+    delegate to it. Mixed in beside `Runtime` (`class X(DirBacked, Runtime)`), so the kinds stay
+    siblings and the delegations are written once."""
+
+    runtime_id: str
+    space: RuntimeDir
+
+    def _attach_dir(
+        self,
+        root: Path,
+        kind: str,
+        limits: ResourceLimits | None,
+        agent: AgentIdentity | None,
+        *,
+        owner_only_dirs: bool,
+        pooled: bool,
+        kill_grace_s: float,
+        drain_s: float,
+    ) -> None:
+        self.space = RuntimeDir(
+            self.runtime_id,
+            root,
+            kind,
+            limits,
+            agent,
+            owner_only_dirs=owner_only_dirs,
+            pooled=pooled,
+        )
+        self.root = self.space.root
+        self.path = self.space.path
+        self.kill_grace_s = kill_grace_s
+        self.drain_s = drain_s
+
+    @property
+    def workdir(self) -> Path:
+        return self.space.workdir
+
+    @property
+    def limits(self) -> ResourceLimits | None:
+        """Limits given to this handle, else those recorded by whoever started the runtime."""
+        return self.space.limits
+
+    @property
+    def agent(self) -> AgentIdentity:
+        """Who commands run as: recorded at `start()`, so every later handle agrees with it."""
+        return self.space.agent
+
+    def hand_over(self) -> None:
+        self.space.hand_over()
+
+    def upload(self, data: bytes, dest: str) -> None:
+        """Write a file the agent owns, never through a link it left (`RuntimeDir.upload`)."""
+        self.space.upload(data, dest)
+
+    def download(self, path: str) -> bytes:
+        """Never through a link the agent left: see `safe_files` (UnsafePath otherwise)."""
+        return self.space.download(path)
+
+    def refuse_links(self, path: str) -> None:
+        self.space.refuse_links(path)
