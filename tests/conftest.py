@@ -35,18 +35,26 @@ REDIS_URL = os.environ.get("POLAR_MQ_TEST_REDIS", "redis://127.0.0.1:6379")
 
 
 @contextlib.contextmanager
-def scratch_database(prefix: str) -> Iterator[str]:
-    """A fresh, migrated PostgreSQL database named `<prefix>_<pid>_<random>`, dropped after."""
+def empty_database(prefix: str) -> Iterator[str]:
+    """A new, empty PostgreSQL database named `<prefix>_<pid>_<random>`, dropped after."""
     name = f"{prefix}_{os.getpid()}_{uuid.uuid4().hex[:6]}"
     admin = create_db_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
         conn.execute(text(f'CREATE DATABASE "{name}"'))
-    url = PG_ADMIN_URL.rsplit("/", 1)[0] + "/" + name
-    upgrade(url)
-    yield url
-    with admin.connect() as conn:
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    admin.dispose()
+    try:
+        yield PG_ADMIN_URL.rsplit("/", 1)[0] + "/" + name
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@contextlib.contextmanager
+def scratch_database(prefix: str) -> Iterator[str]:
+    """A fresh, migrated PostgreSQL database (`empty_database` plus the migrations)."""
+    with empty_database(prefix) as url:
+        upgrade(url)
+        yield url
 
 
 @pytest.fixture(scope="session")

@@ -21,7 +21,7 @@ from polar_mq.db import create_db_engine
 from polar_mq.migrate import alembic_config, upgrade
 from polar_mq.models import LlmCall
 from polar_mq.proxy.call_insert import CallInserter
-from tests.conftest import PG_ADMIN_URL
+from tests.conftest import empty_database
 
 
 @pytest.fixture(params=["postgresql", "sqlite"])
@@ -29,16 +29,8 @@ def fresh_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'migrations.db'}"
         return
-    name = f"polar_mq_migration_{uuid.uuid4().hex[:10]}"
-    admin = create_db_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield PG_ADMIN_URL.rsplit("/", 1)[0] + "/" + name
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+    with empty_database("polar_mq_migration") as url:
+        yield url
 
 
 def call(rollout_id: uuid.UUID, seq: int, **extra: Any) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from polar_mq.api.auth import Authenticator
 from polar_mq.db import create_db_engine, make_session_factory
 from polar_mq.migrate import alembic_config, upgrade
 from polar_mq.tenants.keys import hash_key
-from tests.conftest import PG_ADMIN_URL
+from tests.conftest import empty_database
 
 
 @pytest.fixture(params=["postgresql", "sqlite"])
@@ -25,16 +25,8 @@ def fresh_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'tenants.db'}"
         return
-    name = f"polar_mq_tenants_{uuid.uuid4().hex[:10]}"
-    admin = create_db_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield PG_ADMIN_URL.rsplit("/", 1)[0] + "/" + name
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+    with empty_database("polar_mq_tenants") as url:
+        yield url
 
 
 def test_existing_keys_and_jobs_move_to_the_admin_tenant(fresh_url: str) -> None:
