@@ -9,22 +9,15 @@ default INFO level: one level check per call, a formatted line once per rollout.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from polar_mq.proxy.sink import CallSink
+from polar_mq.proxy.sink import SinkWrapper
 
 log = logging.getLogger("polar_mq.proxy.calls")
 
 
-class CallLogSink:
+class CallLogSink(SinkWrapper):
     """Logs each call row (with its rollout's fields), then hands it to `inner`."""
-
-    def __init__(self, inner: CallSink) -> None:
-        self.inner = inner
-
-    async def start(self) -> None:
-        await self.inner.start()
 
     def submit(self, row: dict[str, Any]) -> None:
         failed = row.get("status_code", 200) >= 400 or not row.get("complete", True)
@@ -42,12 +35,3 @@ class CallLogSink:
                 extra={"rollout_id": str(row.get("rollout_id")), "attempt": row.get("attempt")},
             )  # fmt: skip
         self.inner.submit(row)
-
-    async def flush(self) -> int:
-        return await self.inner.flush()
-
-    async def close(self) -> None:
-        await self.inner.close()
-
-    def stats(self) -> dict[str, int]:
-        return self.inner.stats()

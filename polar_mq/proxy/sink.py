@@ -25,6 +25,29 @@ class CallSink(Protocol):
     def stats(self) -> dict[str, int]: ...
 
 
+class SinkWrapper:
+    """A sink that hands every row on to `inner`: wrappers that only look at the rows (the call
+    log, the token budgets) override `submit` and keep the rest."""
+
+    def __init__(self, inner: CallSink) -> None:
+        self.inner = inner
+
+    async def start(self) -> None:
+        await self.inner.start()
+
+    def submit(self, row: dict[str, Any]) -> None:
+        self.inner.submit(row)
+
+    async def flush(self) -> int:
+        return await self.inner.flush()
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+    def stats(self) -> dict[str, int]:
+        return self.inner.stats()
+
+
 class MemoryCallSink:
     """Keeps rows in a list: for tests and for benchmarks that leave the database out."""
 

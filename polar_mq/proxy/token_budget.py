@@ -33,7 +33,7 @@ from sqlalchemy import Engine, func, select
 from polar_mq.models import Job, LlmCall, Rollout
 from polar_mq.proxy.rollout_states import Refusal
 from polar_mq.proxy.sampling import TOKEN_FIELDS
-from polar_mq.proxy.sink import CallSink
+from polar_mq.proxy.sink import CallSink, SinkWrapper
 from polar_mq.sampling import is_number
 from polar_mq.tokens import AGENT, RolloutClaim
 
@@ -181,30 +181,18 @@ class TokenBudgets:
             account.spent(self.ordinal, tokens)
 
 
-class BudgetedSink:
+class BudgetedSink(SinkWrapper):
     """The call writer, telling the budgets about each row it is given (same interface)."""
 
     def __init__(self, inner: CallSink, budgets_of: Callable[[], TokenBudgets | None]) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.budgets_of = budgets_of
-
-    async def start(self) -> None:
-        await self.inner.start()
 
     def submit(self, row: dict[str, Any]) -> None:
         self.inner.submit(row)
         budgets = self.budgets_of()
         if budgets is not None:
             budgets.spent(row)
-
-    async def flush(self) -> int:
-        return await self.inner.flush()
-
-    async def close(self) -> None:
-        await self.inner.close()
-
-    def stats(self) -> dict[str, int]:
-        return self.inner.stats()
 
 
 async def within_budget(
