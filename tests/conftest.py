@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
@@ -17,6 +17,8 @@ from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from polar_mq.db import create_db_engine, make_session_factory
+from polar_mq.lifecycle.messages import StageMessage
+from polar_mq.lifecycle.outbox import attach_publisher
 from polar_mq.migrate import upgrade
 from polar_mq.models import Base
 
@@ -102,3 +104,16 @@ def real_vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture()
+def published(db_session_factory: sessionmaker[Session]) -> list[StageMessage]:
+    """The stage messages published after commit by the session factory's transactions (the
+    publisher records them instead of sending them to a broker)."""
+    sent: list[StageMessage] = []
+
+    def publish(messages: Sequence[StageMessage]) -> None:
+        sent.extend(messages)
+
+    attach_publisher(db_session_factory, publish)
+    return sent

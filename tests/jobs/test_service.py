@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
@@ -12,20 +10,8 @@ from polar_mq.db import unit_of_work
 from polar_mq.jobs.schemas import JobCreate
 from polar_mq.jobs.service import create_job
 from polar_mq.lifecycle.messages import StageMessage
-from polar_mq.lifecycle.outbox import attach_publisher
 from polar_mq.lifecycle.stages import Stage
 from polar_mq.models import Event, Job, Rollout
-
-
-@pytest.fixture()
-def published(db_session_factory: sessionmaker[Session]) -> list[StageMessage]:
-    sent: list[StageMessage] = []
-
-    def publish(messages: Sequence[StageMessage]) -> None:
-        sent.extend(messages)
-
-    attach_publisher(db_session_factory, publish)
-    return sent
 
 
 def _spec(**kw: object) -> JobCreate:

@@ -4,9 +4,7 @@ attempts are used, resume a DB-only stage, republish; each fenced, so a racing c
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
 
-import pytest
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -14,7 +12,6 @@ from polar_mq.db import unit_of_work
 from polar_mq.jobs.schemas import JobCreate
 from polar_mq.jobs.service import create_job
 from polar_mq.lifecycle.messages import StageMessage
-from polar_mq.lifecycle.outbox import attach_publisher
 from polar_mq.lifecycle.recovery import (
     MAX_BACKOFF_S,
     LostAttempt,
@@ -29,17 +26,6 @@ from polar_mq.lifecycle.stages import Stage
 from polar_mq.lifecycle.transitions import Claimed, claim
 from polar_mq.models import Event, EventKind, Rollout, RolloutStatus, TerminationReason
 from polar_mq.models.base import utcnow
-
-
-@pytest.fixture()
-def published(db_session_factory: sessionmaker[Session]) -> list[StageMessage]:
-    sent: list[StageMessage] = []
-
-    def publish(messages: Sequence[StageMessage]) -> None:
-        sent.extend(messages)
-
-    attach_publisher(db_session_factory, publish)
-    return sent
 
 
 def _rollout(factory: sessionmaker[Session], max_attempts: int = 2) -> uuid.UUID:

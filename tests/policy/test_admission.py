@@ -4,9 +4,7 @@ prepare messages only for the admitted rollouts and only after commit."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
 
-import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -14,22 +12,10 @@ from polar_mq.db import unit_of_work
 from polar_mq.jobs.schemas import JobCreate
 from polar_mq.jobs.service import create_job
 from polar_mq.lifecycle.messages import StageMessage
-from polar_mq.lifecycle.outbox import attach_publisher
 from polar_mq.lifecycle.stages import Stage
 from polar_mq.models import Event, EventKind, Job, Rollout, RolloutStatus
 from polar_mq.policy.admission import admit, admit_all, admitted_groups, capacity_groups
 from polar_mq.spec import StoredStaleness
-
-
-@pytest.fixture()
-def published(db_session_factory: sessionmaker[Session]) -> list[StageMessage]:
-    sent: list[StageMessage] = []
-
-    def publish(messages: Sequence[StageMessage]) -> None:
-        sent.extend(messages)
-
-    attach_publisher(db_session_factory, publish)
-    return sent
 
 
 def _submit(factory: sessionmaker[Session], n_tasks: int, samples: int = 2) -> uuid.UUID:

@@ -8,7 +8,6 @@ prepare, and both sweeper paths (expired lease, lost message).
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
 from datetime import timedelta
 from types import SimpleNamespace
 from typing import Any, cast
@@ -22,7 +21,6 @@ from polar_mq.db import unit_of_work
 from polar_mq.jobs.schemas import JobCreate
 from polar_mq.jobs.service import create_job
 from polar_mq.lifecycle.messages import StageMessage
-from polar_mq.lifecycle.outbox import attach_publisher
 from polar_mq.lifecycle.recovery import restart_claimed
 from polar_mq.lifecycle.stages import Stage
 from polar_mq.lifecycle.transitions import Claimed, claim
@@ -103,17 +101,6 @@ def test_celery_on_the_embedded_broker_ignores_priorities() -> None:
 
 
 # --- every hop keeps the job's priority -----------------------------------------------------
-
-
-@pytest.fixture()
-def published(db_session_factory: sessionmaker[Session]) -> list[StageMessage]:
-    sent: list[StageMessage] = []
-
-    def publish(messages: Sequence[StageMessage]) -> None:
-        sent.extend(messages)
-
-    attach_publisher(db_session_factory, publish)
-    return sent
 
 
 def _submit(factory: sessionmaker[Session], priority: int, samples: int = 1) -> list[uuid.UUID]:
