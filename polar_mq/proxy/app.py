@@ -77,7 +77,7 @@ def create_proxy_app(
         health = HealthChecker(pool, settings.health_interval_s, settings.health_timeout_s)
         health.start()
         budgets: TokenBudgets | None = None
-        stored_sink = sink if sink is not None else DbCallWriter.from_settings(settings)
+        stored_sink = sink if sink is not None else DbCallWriter.from_settings(settings, worker)
         # Budgets count the rows with their token ids, so inside the retokenizing sink.
         call_sink: CallSink = BudgetedSink(stored_sink, lambda: budgets)
         if engine.FIDELITY == RETOKENIZED:  # ids from the backend's /tokenize, after the call

@@ -31,18 +31,23 @@ import contextlib
 import fcntl
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from polar_mq.proxy.spill_layout import (
+    LOCK_NAME,
+    SUFFIX,
+    adopt_segments,
+    fsync_dir,
+    segment_number,
+)
 from polar_mq.proxy.spill_records import count_rows, encode_rows, read_segment
 
 logger = logging.getLogger(__name__)
 
-SUFFIX = ".seg"
 BAD_SUFFIX = ".bad"
-LOCK_NAME = "LOCK"
 REFUSED_DIR = "refused"
 REFUSED_FILE = "rows.seg"
 DEFAULT_SEGMENT_BYTES = 4 * 1024 * 1024
@@ -81,8 +86,11 @@ class SpillBuffer:
         directory: Path,
         max_bytes: int,
         segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+        adopt_from: Sequence[Path] = (),
     ) -> None:
         self.directory = directory
+        self.adopt_from = list(adopt_from)
+        """Orphaned spill directories whose segments `open` takes over (`spill_layout`)."""
         self.max_bytes = max_bytes
         self.segment_bytes = segment_bytes
         self.dropped_rows = 0
@@ -116,9 +124,10 @@ class SpillBuffer:
                 f"spill directory {self.directory} is used by another process"
             ) from exc
         self._lock = lock
+        adopt_segments(self.directory, self.adopt_from)
         for path in sorted(self.directory.glob(f"*{SUFFIX}")):
             self._sealed.append(Segment(path, path.stat().st_size, count_rows(path)))
-            self._next = max(self._next, _number(path) + 1)
+            self._next = max(self._next, segment_number(path) + 1)
         if self._sealed:
             logger.warning(
                 "spill directory %s holds %d rows from a previous run; they will be replayed",
@@ -219,7 +228,7 @@ class SpillBuffer:
                 path.rename(path.with_suffix(BAD_SUFFIX))
             else:
                 path.unlink()
-        _fsync_dir(self.directory)
+        fsync_dir(self.directory)
 
     # --- accounting --------------------------------------------------------------------------
 
@@ -249,7 +258,7 @@ class SpillBuffer:
         self._next += 1
         self._handle = path.open("ab")
         self._active = Segment(path, 0, 0)
-        _fsync_dir(self.directory)
+        fsync_dir(self.directory)
 
     def _abandon_active(self) -> None:
         """After a failed write the segment may end in a partial record: seal it as it is."""
@@ -263,20 +272,3 @@ class SpillBuffer:
         self.dropped_rows += len(rows)
         if self._drops & (self._drops - 1) == 0:  # log at the 1st, 2nd, 4th, 8th, ... drop
             logger.error("%s: %d call rows dropped so far", why, self.dropped_rows)
-
-
-def _number(path: Path) -> int:
-    try:
-        return int(path.stem)
-    except ValueError:
-        return 0
-
-
-def _fsync_dir(directory: Path) -> None:
-    """Make a file's creation or removal durable (POSIX needs the directory fsynced)."""
-    with contextlib.suppress(OSError):
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)

@@ -4,8 +4,9 @@ One Python process saturates one core, so a proxy with more calls than that need
 parent binds the listening socket once and starts N children (spawned, so none inherits a
 half-initialised event loop); the kernel hands each new connection to whichever child accepts
 it. The parent only supervises: a child that dies is started again in the same slot (same spill
-subdirectory, so its spilled rows are replayed exactly once), and SIGTERM or SIGINT is passed to
-every child, each of which drains like a single proxy (stops accepting, finishes its calls,
+subdirectory, so its spilled rows are replayed exactly once; the directories of a previous layout
+are taken over by the new children, `spill_layout`), and SIGTERM or SIGINT is passed to every
+child, each of which drains like a single proxy (stops accepting, finishes its calls,
 flushes its writer), before the parent exits.
 
 Each child keeps its own call writer and spill directory (`<spill>/worker-<i>`: two processes
@@ -31,6 +32,7 @@ from pathlib import Path
 from types import FrameType
 
 from polar_mq.config import Settings
+from polar_mq.proxy.spill_layout import worker_spill_dir
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +65,7 @@ class WorkerSlot:
         spill = settings.proxy_spill_path
         if spill is None:
             return settings
-        return settings.model_copy(update={"proxy_spill_dir": spill / f"worker-{self.index}"})
+        return settings.model_copy(update={"proxy_spill_dir": worker_spill_dir(spill, self.index)})
 
 
 def bind_socket(host: str, port: int) -> socket.socket:

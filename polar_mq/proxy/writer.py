@@ -21,8 +21,9 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from sqlalchemy import Engine
 
@@ -31,6 +32,10 @@ from polar_mq.db import create_db_engine
 from polar_mq.proxy.call_store import CallStore
 from polar_mq.proxy.sink import CallSink, MemoryCallSink
 from polar_mq.proxy.spill import SpillBuffer
+from polar_mq.proxy.spill_layout import orphan_spill_dirs
+
+if TYPE_CHECKING:
+    from polar_mq.proxy.supervisor import WorkerSlot
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +70,7 @@ class DbCallWriter:
         spill_max_bytes: int = 1 << 30,
         spill_after_s: float = 1.0,
         flush_timeout_s: float = 20.0,
+        spill_adopt_from: Sequence[Path] = (),
     ) -> None:
         if (database_url is None) == (engine is None):
             raise ValueError("give exactly one of database_url or engine")
@@ -76,7 +82,11 @@ class DbCallWriter:
         self._spill_after = spill_after_s
         self._close_timeout = close_timeout_s
         self._flush_timeout = flush_timeout_s
-        self._spill = SpillBuffer(spill_dir, spill_max_bytes) if spill_dir is not None else None
+        self._spill = (
+            SpillBuffer(spill_dir, spill_max_bytes, adopt_from=spill_adopt_from)
+            if spill_dir is not None
+            else None
+        )
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=queue_max)
         self._lock = threading.Lock()
         self._waiters: list[_Waiter] = []
@@ -89,7 +99,17 @@ class DbCallWriter:
         self._dropped = 0
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> DbCallWriter:
+    def from_settings(cls, settings: Settings, worker: WorkerSlot | None = None) -> DbCallWriter:
+        """The writer of a single proxy, or of child `worker` of a `--workers N` one (whose
+        settings already name its own spill subdirectory); either takes over the spill
+        directories the proxy's previous layout left behind (`spill_layout`)."""
+        spill = settings.proxy_spill_path
+        orphans: list[Path] = []
+        if spill is not None:
+            if worker is None:
+                orphans = orphan_spill_dirs(spill)
+            else:
+                orphans = orphan_spill_dirs(spill.parent, worker.index, worker.count)
         return cls(
             settings.database_url,
             batch_size=settings.log_batch_size,
@@ -98,6 +118,7 @@ class DbCallWriter:
             spill_dir=settings.proxy_spill_path,
             spill_max_bytes=settings.proxy_spill_max_bytes,
             flush_timeout_s=settings.proxy_flush_timeout_s,
+            spill_adopt_from=orphans,
         )
 
     async def start(self) -> None:

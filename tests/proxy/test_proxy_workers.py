@@ -12,16 +12,19 @@ import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 from backends_support import wait_until
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
+from test_spill_layout import spill_rows
 from workers_support import fake_engines, live_rollouts, stored_calls, worker_proxy
 
 from polar_mq.db import create_db_engine
 from polar_mq.models import LlmCall
 from polar_mq.proxy.backends.rendezvous import order_of
+from polar_mq.proxy.spill_layout import worker_spill_dir
 from tests.conftest import scratch_database
 
 
@@ -173,3 +176,29 @@ def test_one_rollouts_calls_keep_their_order_across_workers(
         texts = [c.request["messages"][0]["content"] for c in calls]
         assert texts == [f"call {turn}" for turn in range(len(plan))]  # in the order made
         assert proxy.stop() == 0
+
+
+def test_a_proxy_back_with_another_worker_count_replays_every_old_spill(
+    db_url: str, db_engine: Engine, tmp_path: Path
+) -> None:
+    """Rows spilled by worker 2 of a `--workers 3` proxy, then by a `--workers 2` one, are stored
+    by whichever layout comes next (they used to wait forever in a directory nobody owned)."""
+    spill = tmp_path / "spill"
+    old = spill_rows(worker_spill_dir(spill, 2), 0, 3)
+    with fake_engines(1) as fakes:
+        with worker_proxy(db_url, tmp_path, [f.url for f in fakes], workers=2) as proxy:
+            wait_until(lambda: stored_ids(db_engine, old) == {r["id"] for r in old}, 30)
+            assert proxy.stop() == 0
+        assert not worker_spill_dir(spill, 2).exists()
+        older = spill_rows(worker_spill_dir(spill, 0), 10, 2)
+        older += spill_rows(worker_spill_dir(spill, 1), 20, 2)
+        with worker_proxy(db_url, tmp_path, [f.url for f in fakes], workers=1) as proxy:
+            wait_until(lambda: stored_ids(db_engine, older) == {r["id"] for r in older}, 30)
+            proxy.stop()  # a single proxy (uvicorn) ends by re-raising the SIGTERM it drained on
+    assert not list(spill.glob("worker-*"))
+
+
+def stored_ids(engine: Engine, rows: list[dict[str, Any]]) -> set[uuid.UUID]:
+    with Session(engine) as session:
+        query = select(LlmCall.id).where(LlmCall.id.in_([r["id"] for r in rows]))
+        return set(session.scalars(query))
