@@ -15,13 +15,14 @@ from polar_mq.calls.attempt import (
     last_call_at,
     summarize,
 )
-from polar_mq.calls.window import calls_window
+from polar_mq.calls.window import calls_window, job_calls_window
 
 __all__ = [
     "AttemptCalls",
     "CallSummary",
     "agent_calls",
     "calls_window",
+    "job_calls_window",
     "last_agent_response",
     "last_call_at",
     "summarize",

@@ -6,16 +6,21 @@ created and before it finished; bounding `created_at` by those, with a day of sl
 that differ between the API, the workers and the proxy (the proxy stamps `created_at`), lets
 PostgreSQL prune the plan to two or three partitions. The bounds never exclude a real call unless
 a clock is off by more than a day.
+
+Reads across a whole job (staleness) bound by the job's creation instead: no call of the job's
+rollouts is older than the job. Written as a scalar subquery, PostgreSQL evaluates it once before
+the scan (an InitPlan) and prunes the partitions at run time.
 """
 
 from __future__ import annotations
 
+import uuid
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement
+from sqlalchemy import ColumnElement, Interval, literal, select
 
-from polar_mq.models import LlmCall
+from polar_mq.models import Job, LlmCall
 
 CLOCK_SLACK = timedelta(days=1)
 
@@ -28,3 +33,9 @@ def calls_window(created_at: datetime | None, finished_at: datetime | None) -> l
     if finished_at is not None:
         bounds.append(LlmCall.created_at <= finished_at + CLOCK_SLACK)
     return bounds
+
+
+def job_calls_window(job_id: uuid.UUID) -> ColumnElement[bool]:
+    """The condition on `LlmCall.created_at` for calls of job `job_id`'s rollouts."""
+    created = select(Job.created_at).where(Job.id == job_id).scalar_subquery()
+    return LlmCall.created_at >= created - literal(CLOCK_SLACK, Interval())

@@ -25,6 +25,7 @@ from sqlalchemy import and_, func, insert, not_, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
+from polar_mq.calls import job_calls_window
 from polar_mq.lifecycle.cancel import cancel_where
 from polar_mq.lifecycle.completeness import group_query
 from polar_mq.models import (
@@ -60,6 +61,7 @@ def too_old_calls(job_id: uuid.UUID, oldest: int, task_index: Any) -> Any:
             inner.c.task_index == task_index,
             LlmCall.purpose == "agent",
             LlmCall.policy_version < oldest,
+            job_calls_window(job_id),
         )
         .exists()
     )
@@ -91,6 +93,7 @@ def _stale_candidates(
         .where(
             Rollout.job_id == job_id,
             LlmCall.purpose == "agent",
+            job_calls_window(job_id),
             not_(held_or_acked),
             not_(recorded.exists()),
             *([Rollout.task_index.in_(only)] if only is not None else []),

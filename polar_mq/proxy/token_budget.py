@@ -26,10 +26,12 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Engine, func, select
 
+from polar_mq.calls import calls_window
 from polar_mq.models import Job, LlmCall, Rollout
 from polar_mq.proxy.rollout_states import Refusal
 from polar_mq.proxy.sampling import TOKEN_FIELDS
@@ -54,11 +56,13 @@ def db_budget_reader(engine: Engine) -> BudgetReader:
 
     def read(rollout_id: uuid.UUID, attempt: int) -> tuple[int | None, int]:
         with engine.connect() as conn:
-            spec = conn.scalar(
-                select(Job.spec)
+            found = conn.execute(
+                select(Job.spec, Rollout.created_at)
                 .join(Rollout, Rollout.job_id == Job.id)
                 .where(Rollout.id == rollout_id)
-            )
+            ).first()
+            spec = found.spec if found is not None else None
+            created_at: datetime | None = found.created_at if found is not None else None
             budget = spec.get(BUDGET_FIELD) if isinstance(spec, dict) else None
             if not isinstance(budget, int):
                 return None, 0
@@ -67,6 +71,7 @@ def db_budget_reader(engine: Engine) -> BudgetReader:
                     LlmCall.rollout_id == rollout_id,
                     LlmCall.attempt == attempt,
                     LlmCall.purpose == AGENT,
+                    *calls_window(created_at, None),  # only the days the rollout lived in
                 )
             )
         return budget, int(used or 0) // 4
