@@ -24,9 +24,9 @@ from docker.errors import APIError, NotFound
 from polar_mq.runtimes.base import ExecRequest, ExecResult
 from polar_mq.runtimes.process_kit import (
     Tail,
+    Watchdog,
     environ_bytes,
     open_sink,
-    safe_activity,
     signal_all,
     wait_gone,
 )
@@ -110,11 +110,9 @@ def supervise(
     drain_s: float,
 ) -> str | None:
     """Return "timeout" or "inactive" when the exec must be killed, None when it ended."""
-    start = time.monotonic()
-    deadline = start + timeout if timeout is not None else float("inf")
-    last_seen = start
+    watchdog = Watchdog.start(timeout, inactivity_timeout, activity)
     exited_at: float | None = None
-    last_poll = start
+    last_poll = time.monotonic()
     while True:
         now = time.monotonic()
         if pump.eof:
@@ -128,17 +126,12 @@ def supervise(
                 return None
             wake = exited_at + drain_s
         else:
-            if now >= deadline:
-                return "timeout"
-            wake = min(deadline, last_poll + _POLL_S)
-            if inactivity_timeout is not None:
-                if now >= last_seen + inactivity_timeout and activity is not None:
-                    last_seen = max(last_seen, safe_activity(activity))
-                if now >= last_seen + inactivity_timeout:
-                    return "inactive"
-                wake = min(wake, last_seen + inactivity_timeout)
+            verdict, wake = watchdog.check(now)
+            if verdict is not None:
+                return verdict
+            wake = min(wake, last_poll + _POLL_S)
         if pump.wait(wake - now):
-            last_seen = time.monotonic()
+            watchdog.saw_output()
 
 
 def run_exec(

@@ -19,6 +19,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
@@ -83,9 +84,7 @@ class Supervisor:
         activity: Callable[[], float] | None,
     ) -> str | None:
         """Return "timeout" or "inactive" when the process must be killed, None when it ended."""
-        start = time.monotonic()
-        deadline = start + timeout if timeout is not None else float("inf")
-        last_seen = start
+        watchdog = Watchdog.start(timeout, inactivity_timeout, activity)
         exited_at: float | None = None
         while True:
             now = time.monotonic()
@@ -96,19 +95,13 @@ class Supervisor:
                     return None
                 wake = exited_at + self.drain_s
             else:
-                if now >= deadline:
-                    return "timeout"
-                wake = deadline
-                if inactivity_timeout is not None:
-                    if now >= last_seen + inactivity_timeout and activity is not None:
-                        last_seen = max(last_seen, safe_activity(activity))
-                    if now >= last_seen + inactivity_timeout:
-                        return "inactive"
-                    wake = min(wake, last_seen + inactivity_timeout)
+                verdict, wake = watchdog.check(now)
+                if verdict is not None:
+                    return verdict
                 if self.pidfd is None:
                     wake = min(wake, now + 0.1)
             if self._pump(max(0.0, wake - now)):
-                last_seen = time.monotonic()
+                watchdog.saw_output()
 
     def _pump(self, wait: float) -> bool:
         """Wait up to `wait` seconds for events; return True when output arrived."""
@@ -148,6 +141,46 @@ class Supervisor:
         for stream in (self.proc.stdout, self.proc.stderr):
             if stream is not None:
                 stream.close()
+
+
+@dataclass(slots=True)
+class Watchdog:
+    """When a running exec must die (its deadline, or no sign of life for `inactivity_s`) and
+    when to look again: the one decision the host and the docker supervisors share."""
+
+    deadline: float
+    inactivity_s: float | None
+    activity: Callable[[], float] | None
+    last_seen: float
+
+    @classmethod
+    def start(
+        cls,
+        timeout: float | None,
+        inactivity_s: float | None,
+        activity: Callable[[], float] | None,
+    ) -> Watchdog:
+        now = time.monotonic()
+        deadline = now + timeout if timeout is not None else float("inf")
+        return cls(deadline, inactivity_s, activity, now)
+
+    def check(self, now: float) -> tuple[str | None, float]:
+        """("timeout" or "inactive", now) when the exec must be killed; else (None, the time to
+        look again). Output is one sign of life (`saw_output`); `activity` (e.g. the rollout's
+        last proxied call) another, asked only once the output alone says inactive."""
+        if now >= self.deadline:
+            return "timeout", now
+        wake = self.deadline
+        if self.inactivity_s is not None:
+            if now >= self.last_seen + self.inactivity_s and self.activity is not None:
+                self.last_seen = max(self.last_seen, safe_activity(self.activity))
+            if now >= self.last_seen + self.inactivity_s:
+                return "inactive", now
+            wake = min(wake, self.last_seen + self.inactivity_s)
+        return None, wake
+
+    def saw_output(self) -> None:
+        self.last_seen = time.monotonic()
 
 
 def safe_activity(activity: Callable[[], float]) -> float:
