@@ -125,12 +125,13 @@ class LocalRuntime(DirBacked, Runtime):
         self, request: ExecRequest, launch: HostLaunch, agent: AgentIdentity
     ) -> ExecResult:
         """Through `mount_view`, which builds the view as root, then becomes the agent."""
-        view = private_view.plan_view(get_settings(), self.root, self.path)
+        view = private_view.plan_view(get_settings(), self.root, self.path, agent)
         with private_view.status_channel() as status:
             argv = view.argv(request.argv, status.fd, agent, launch.cwd)
             launch = replace(launch, user=None, pass_fds=(status.fd,))
             result = run_on_host(argv, request, launch)
             failure = status.failure()
         if failure is not None:  # the platform's failure: never scored as the agent's exit
-            raise RuntimeError(f"runtime {self.runtime_id}: cannot hide the node: {failure}")
+            where = f"runtime {self.runtime_id}"
+            raise RuntimeError(f"{where}: cannot start the command in its private view: {failure}")
         return result

@@ -13,7 +13,9 @@ read-only mounts in a mount namespace of its own before it drops to the agent's 
 - bound back (the agent's command needs them): its own runtime directory (writable), the
   worker's interpreter prefixes (the reference agent and `{python}` run with it; a venv inside
   the checkout stays visible, read-only), the `polar_mq` package (read-only, as under `bwrap`) and
-  the harness installs (`harness_root`).
+  the harness installs (`harness_root`). A directory the agent may not enter above one of them
+  (an interpreter in root's 0700 home) is covered as well, so the kept path becomes reachable and
+  nothing else there.
 
 Paths are hidden, not inodes: a hard link or another mount of the same files elsewhere stays
 visible. Where the node cannot (the worker is not root, no mount namespaces), commands run as
@@ -38,7 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import polar_mq
-from polar_mq.runtimes.identity import AgentIdentity, say_once
+from polar_mq.runtimes.identity import AgentIdentity, may_search, say_once
 
 if TYPE_CHECKING:
     from polar_mq.config import Settings
@@ -78,19 +80,17 @@ def checkout_root() -> Path | None:
     return top if (top / "pyproject.toml").exists() or (top / ".git").exists() else None
 
 
-def plan_view(settings: Settings, runtime_root: Path, runtime_path: Path) -> ViewPlan:
+def plan_view(
+    settings: Settings, runtime_root: Path, runtime_path: Path, agent: AgentIdentity
+) -> ViewPlan:
     """Hide the node's private paths from the commands of the runtime at `runtime_path`."""
     keep = [(_real(runtime_path), True)]
-    for path in (
-        sys.prefix,
-        sys.base_prefix,
-        Path(polar_mq.__file__).parent,
-        settings.harness_root,
-    ):
+    package = Path(polar_mq.__file__).parent
+    for path in (sys.prefix, sys.base_prefix, package, settings.harness_root):
         keep.append((_real(path), False))
     kept = {path for path, _ in keep}
     hide: list[str] = []
-    for path in _wanted_hidden(settings, runtime_root):
+    for path in [*_wanted_hidden(settings, runtime_root), *_private_parents(kept, agent)]:
         real = _real(path)
         # never the whole tree, a kept path itself, or anything inside the agent's own directory
         if real == "/" or real in kept or Path(real).is_relative_to(keep[0][0]):
@@ -110,6 +110,20 @@ def _wanted_hidden(settings: Settings, runtime_root: Path) -> Iterator[Path]:
     if not _shared_sticky(runtime_root):
         yield runtime_root
     yield from settings.local_hidden_paths
+
+
+def _private_parents(kept: set[str], agent: AgentIdentity) -> Iterator[Path]:
+    """The directories the agent may not enter above a kept path (an interpreter below root's
+    0700 home): covered too, so that the kept path is reachable and nothing else there."""
+    for path in kept:
+        for parent in reversed(Path(path).parents):
+            try:
+                info = parent.stat()
+            except OSError:
+                break
+            if str(parent) != "/" and not may_search(info, agent):
+                yield parent
+                break
 
 
 def _shared_sticky(path: Path) -> bool:
@@ -177,7 +191,8 @@ def report_node(settings: Settings) -> None:
     """Once at a worker node's start: what `local` agents will not see, or that they see all."""
     reason = unavailable_reason()
     if reason is None:
-        plan = plan_view(settings, settings.runtime_root, settings.runtime_root / "<runtime>")
+        root = settings.runtime_root
+        plan = plan_view(settings, root, root / "<runtime>", AgentIdentity(-1, -1, "agent"))
         log.info("local agents run in a private mount view hiding %s", ", ".join(plan.hide))
     else:
         say_once(shared_view_message(reason))
