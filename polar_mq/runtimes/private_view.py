@@ -84,10 +84,7 @@ def plan_view(
     settings: Settings, runtime_root: Path, runtime_path: Path, agent: AgentIdentity
 ) -> ViewPlan:
     """Hide the node's private paths from the commands of the runtime at `runtime_path`."""
-    keep = [(_real(runtime_path), True)]
-    package = Path(polar_mq.__file__).parent
-    for path in (sys.prefix, sys.base_prefix, package, settings.harness_root):
-        keep.append((_real(path), False))
+    keep = [(_real(runtime_path), True), *((path, False) for path in _shared_keeps(settings))]
     kept = {path for path, _ in keep}
     hide: list[str] = []
     for path in [*_wanted_hidden(settings, runtime_root), *_private_parents(kept, agent)]:
@@ -98,6 +95,30 @@ def plan_view(
         if os.path.lexists(real) and real not in hide:
             hide.append(real)
     return ViewPlan(tuple(hide), tuple(dict.fromkeys(keep)))
+
+
+def _shared_keeps(settings: Settings) -> list[str]:
+    """What every agent command may need, bound back read-only: the interpreter, the package,
+    the harness installs."""
+    package = Path(polar_mq.__file__).parent
+    return [_real(path) for path in (sys.prefix, sys.base_prefix, package, settings.harness_root)]
+
+
+def reachable_in_view(path: Path, agent: AgentIdentity, settings: Settings) -> bool:
+    """Whether the view makes `path` reachable to `agent` though a private directory above it
+    blocks the way on the node (`_private_parents`): it lies in a kept path, searchable from
+    there down."""
+    if unavailable_reason() is not None:
+        return False
+    real = Path(_real(path))
+    for kept in map(Path, _shared_keeps(settings)):
+        if real == kept or real.is_relative_to(kept):
+            below = [real, *real.relative_to(kept).parents]
+            try:
+                return all(may_search((kept / part).stat(), agent) for part in below)
+            except OSError:
+                return False
+    return False
 
 
 def _wanted_hidden(settings: Settings, runtime_root: Path) -> Iterator[Path]:

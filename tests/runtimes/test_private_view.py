@@ -21,9 +21,10 @@ from pathlib import Path
 import pytest
 
 from polar_mq.config import get_settings
+from polar_mq.harnesses.presets.setup import check_agent_reaches
 from polar_mq.runtimes import LocalRuntime, private_view
 from polar_mq.runtimes.identity import AgentIdentity
-from polar_mq.runtimes.private_view import ViewPlan, checkout_root, plan_view
+from polar_mq.runtimes.private_view import ViewPlan, checkout_root, plan_view, reachable_in_view
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or private_view.unavailable_reason() is not None,
@@ -212,3 +213,22 @@ def test_hidden_paths_setting_is_checked(monkeypatch: pytest.MonkeyPatch) -> Non
     get_settings.cache_clear()
     assert get_settings().local_hidden_paths == [Path("/srv/a"), Path("/srv/b")]
     get_settings.cache_clear()
+
+
+def test_prepare_accepts_an_interpreter_the_view_makes_reachable(node: Node) -> None:
+    """On a node whose Python lives below root's 0700 home, the reference agent's interpreter is
+    unreachable by path but kept in the view: prepare lets the rollout run (and it does run)."""
+    rt = LocalRuntime(f"reach-{uuid.uuid4().hex[:6]}", node.root)
+    rt.start()
+    try:
+        interpreter = Path(rt.python).resolve().parent
+        check_agent_reaches(rt, {"type": "reference"}, get_settings().harness_root)
+        assert reachable_in_view(interpreter, rt.agent, get_settings())
+        ran = rt.exec([rt.python, "-c", "import polar_mq.agents; print('ok')"], timeout=60)
+        assert ran.ok and ran.stdout_tail.strip() == "ok", ran
+        # a path outside the kept ones gains nothing from the view
+        assert not reachable_in_view(
+            node.listed.parent, AgentIdentity(4321, 4321, "x"), get_settings()
+        )
+    finally:
+        rt.stop()
