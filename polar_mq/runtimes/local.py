@@ -11,7 +11,9 @@ catching that needs kernel help (cgroups or namespaces), which the `bwrap`/`dock
 Never root: commands run as the node's agent identity (`identity.py`), which owns the workspace,
 home and tmp directories; the runtime directory itself stays the worker's (mode 0711, so an agent
 cannot list it). That identity cannot read the processes of a root worker (`/proc/<pid>/environ`
-is owner-only). What `local` does not give: a private `/proc` (agents of one node share one
+is owner-only). Where the node allows it, each command also starts in a private mount view
+(`private_view.py`) that hides the checkout, the logs and the other runtimes. What `local` does
+not give: a private `/proc` (agents of one node share one
 user, so they can see each other) and a network policy; `bwrap` and `docker` have both. A
 workspace the agent user cannot reach (below a 0700 directory) is refused in production at
 `start()`; in development the runtime then keeps the worker's identity and says so once.
