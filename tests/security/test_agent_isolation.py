@@ -213,6 +213,31 @@ def test_local_agent_is_unprivileged_and_cannot_read_the_workers(
     assert lines["PROXY"] == "answered" and calls == 1, log
 
 
+def test_local_reference_agent_runs_in_its_private_view(
+    stack: LocalStack, db_session_factory: sessionmaker[Session]
+) -> None:
+    """The agent's own work still runs: the reference agent, started with the worker's interpreter
+    (below root's 0700 home on some nodes, kept in the view), completes as a pool user."""
+    if os.geteuid() != 0 or private_view.unavailable_reason() is not None:
+        pytest.skip("no private view here (the worker is not root, or no mount namespaces)")
+    client = client_of(stack)
+    job = client.submit(
+        [{"instruction": "What is 6*7?", "answer": "42"}],
+        harness={"type": "reference"},
+        evaluator="exact_match",
+        runtime={"kind": "local"},
+        timeouts={"agent_s": 120},
+    )
+    status = client.wait(str(job.job_id), progress=False, timeout=240)
+    with db_session_factory() as session:
+        rollout = session.scalars(select(Rollout).where(Rollout.job_id == job.job_id)).one()
+        calls = session.scalar(
+            select(func.count()).select_from(LlmCall).where(LlmCall.rollout_id == rollout.id)
+        )
+    assert status["by_status"] == {"completed": 1}, (status, rollout.error)
+    assert rollout.reward is not None and (calls or 0) >= 1, (rollout.error, calls)
+
+
 def test_bwrap_proxy_only_agent_reaches_the_proxy_and_nothing_else(
     stack: LocalStack, db_session_factory: sessionmaker[Session], victim: Path
 ) -> None:
