@@ -210,6 +210,17 @@ class Settings(BaseSettings):
         "a private directory, run agents as the worker itself (root) instead of refusing; "
         "never with untrusted agents",
     )
+    local_hidden_paths: Annotated[list[Path], NoDecode] = Field(
+        default_factory=list,
+        description="more absolute paths `local` agents must not see (JSON list or "
+        "comma-separated), covered like the checkout and the log directory in their private "
+        "mount view (runtimes/private_view.py)",
+    )
+    local_allow_shared_view: bool = Field(
+        False,
+        description="production: still run `local` on a root node that cannot give agents their "
+        "private mount view (they can then read the checkout and every world-readable file)",
+    )
     harness_root: Path = Field(
         Path.home() / ".cache" / "polar_mq" / "harnesses",
         description="installed harness presets, one directory per name/version (harness install)",
@@ -331,7 +342,9 @@ class Settings(BaseSettings):
             limit = min(limit, timeouts.rollout_s)
         return min(self.rollout_token_ttl_s, math.ceil(limit) + TOKEN_GRACE_S)
 
-    @field_validator("upstream_urls", "proxy_admin_urls", "import_allowlist", mode="before")
+    @field_validator(
+        "upstream_urls", "proxy_admin_urls", "import_allowlist", "local_hidden_paths", mode="before"
+    )
     @classmethod
     def _split_urls(cls, value: Any) -> Any:
         """`POLAR_MQ_UPSTREAM_URLS` (and the other lists) as a JSON list or comma-separated."""
@@ -340,6 +353,17 @@ class Settings(BaseSettings):
             if text.startswith("["):
                 return orjson.loads(text)
             return [url.strip() for url in text.split(",") if url.strip()]
+        return value
+
+    @field_validator("local_hidden_paths")
+    @classmethod
+    def _absolute_paths(cls, value: list[Path]) -> list[Path]:
+        """Relative paths would depend on each worker's directory; `/` would hide everything."""
+        for path in value:
+            if not path.is_absolute() or path == Path("/"):
+                raise ValueError(
+                    f"POLAR_MQ_LOCAL_HIDDEN_PATHS: {str(path)!r} must be an absolute path below /"
+                )
         return value
 
     @field_validator("log_level")

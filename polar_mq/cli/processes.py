@@ -116,6 +116,9 @@ def worker(
     from polar_mq.observability.logs import configure_from_settings
 
     configure_from_settings("node", settings)
+    from polar_mq.runtimes.private_view import report_node
+
+    report_node(settings)  # what `local` agents will not see here, or that they see everything
     try:
         plan = plan_workers(
             settings, parse_stages(stages), parse_concurrency(concurrency), pool_impl

@@ -37,7 +37,8 @@ from polar_mq.runtimes.process_kit import (
 class HostLaunch:
     """How a runtime starts a request's process: `kill_grace_s` is how long an expired command
     gets between SIGTERM and SIGKILL; `drain_s` how long output is still collected after the
-    command exited while a background child keeps its pipes open. `user` None: the worker's."""
+    command exited while a background child keeps its pipes open. `user` None: the worker's.
+    `pass_fds`: descriptors the command inherits (the `local` view helper's status pipe)."""
 
     runtime_id: str
     base_env: Mapping[str, str]
@@ -46,6 +47,7 @@ class HostLaunch:
     user: AgentIdentity | None
     kill_grace_s: float
     drain_s: float
+    pass_fds: tuple[int, ...] = ()
 
 
 def run_on_host(argv: list[str], request: ExecRequest, launch: HostLaunch) -> ExecResult:
@@ -69,6 +71,7 @@ def run_on_host(argv: list[str], request: ExecRequest, launch: HostLaunch) -> Ex
             user=user.uid if user else None,
             group=user.gid if user else None,
             extra_groups=[] if user else None,
+            pass_fds=launch.pass_fds,
         )
     except BaseException as exc:
         if sink is not None:

@@ -120,12 +120,13 @@ def can_reach(path: Path, identity: AgentIdentity) -> bool:
             info = directory.stat()
         except OSError:
             return False
-        if not _may_search(info, identity):
+        if not may_search(info, identity):
             return False
     return True
 
 
-def _may_search(info: os.stat_result, identity: AgentIdentity) -> bool:
+def may_search(info: os.stat_result, identity: AgentIdentity) -> bool:
+    """Whether `identity` may enter a directory with this status (its permission bits)."""
     if identity.uid == 0:
         return True
     if info.st_uid == identity.uid:

@@ -11,7 +11,9 @@ catching that needs kernel help (cgroups or namespaces), which the `bwrap`/`dock
 Never root: commands run as the node's agent identity (`identity.py`), which owns the workspace,
 home and tmp directories; the runtime directory itself stays the worker's (mode 0711, so an agent
 cannot list it). That identity cannot read the processes of a root worker (`/proc/<pid>/environ`
-is owner-only). What `local` does not give: a private `/proc` (agents of one node share one
+is owner-only). Where the node allows it, each command also starts in a private mount view
+(`private_view.py`) that hides the checkout, the logs and the other runtimes. What `local` does
+not give: a private `/proc` (agents of one node share one
 user, so they can see each other) and a network policy; `bwrap` and `docker` have both. A
 workspace the agent user cannot reach (below a 0700 directory) is refused in production at
 `start()`; in development the runtime then keeps the worker's identity and says so once.
@@ -19,8 +21,11 @@ workspace the agent user cannot reach (below a 0700 directory) is refused in pro
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
+from polar_mq.config import get_settings
+from polar_mq.runtimes import private_view
 from polar_mq.runtimes.base import ExecRequest, ExecResult, ResourceLimits, Runtime
 from polar_mq.runtimes.host_exec import (
     HostLaunch,
@@ -29,7 +34,7 @@ from polar_mq.runtimes.host_exec import (
     run_on_host,
     tagged_pids,
 )
-from polar_mq.runtimes.identity import AgentIdentity
+from polar_mq.runtimes.identity import AgentIdentity, node_identity, say_once
 from polar_mq.runtimes.process_kit import EXEC_TAG, RUNTIME_TAG
 from polar_mq.runtimes.workspace_dir import DirBacked
 
@@ -73,6 +78,8 @@ class LocalRuntime(DirBacked, Runtime):
     # -- lifecycle -----------------------------------------------------------------------------
 
     def start(self) -> None:
+        if (self.space.given_agent or node_identity()).switch:
+            private_view.require_view(get_settings())
         self.space.create()
 
     def reset(self) -> None:
@@ -95,7 +102,8 @@ class LocalRuntime(DirBacked, Runtime):
     # -- processes -----------------------------------------------------------------------------
 
     def _run(self, request: ExecRequest) -> ExecResult:
-        """The request's argv as the agent user, switched in the child before exec."""
+        """The request's argv as the agent user: in its private view where the node can build
+        one (`private_view`), else switched in the child before exec."""
         self.space.require_started()
         agent = self.agent
         launch = HostLaunch(
@@ -107,4 +115,25 @@ class LocalRuntime(DirBacked, Runtime):
             kill_grace_s=self.kill_grace_s,
             drain_s=self.drain_s,
         )
-        return run_on_host(request.argv, request, launch)
+        if not agent.switch:
+            return run_on_host(request.argv, request, launch)
+        reason = private_view.unavailable_reason()
+        if reason is not None:
+            say_once(private_view.shared_view_message(reason))
+            return run_on_host(request.argv, request, launch)
+        return self._run_in_view(request, launch, agent)
+
+    def _run_in_view(
+        self, request: ExecRequest, launch: HostLaunch, agent: AgentIdentity
+    ) -> ExecResult:
+        """Through `mount_view`, which builds the view as root, then becomes the agent."""
+        view = private_view.plan_view(get_settings(), self.root, self.path, agent)
+        with private_view.status_channel() as status:
+            argv = view.argv(request.argv, status.fd, agent, launch.cwd)
+            launch = replace(launch, user=None, pass_fds=(status.fd,))
+            result = run_on_host(argv, request, launch)
+            failure = status.failure()
+        if failure is not None:  # the platform's failure: never scored as the agent's exit
+            where = f"runtime {self.runtime_id}"
+            raise RuntimeError(f"{where}: cannot start the command in its private view: {failure}")
+        return result

@@ -10,9 +10,10 @@ address; then it calls the proxy the way an agent does (`$OPENAI_BASE_URL`, with
 image's Python where there is no curl). Each result is one `NAME=outcome` line of the agent's log.
 
 What each runtime guarantees (docs/hardening.md): every runtime runs the agent as an
-unprivileged user that cannot read a root worker's environment; `bwrap` also hides the node's
-processes, the other workspaces and the checkout, and `docker` likewise (its container); with
-`network: proxy_only` both reach the proxy and nothing else. `local` has the node's network.
+unprivileged user that cannot read a root worker's environment; `local` hides the checkout (a
+planted secret in it too) in a private mount view where the node allows it; `bwrap` also hides the
+node's processes, the other workspaces and the checkout, and `docker` likewise (its container);
+with `network: proxy_only` both reach the proxy and nothing else. `local` has the node's network.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from polar_mq.devstack import LocalStack
 from polar_mq.models import LlmCall, Rollout
 from polar_mq.models.artifact import RolloutArtifact
 from polar_mq.processes import group_members
-from polar_mq.runtimes import LocalRuntime
+from polar_mq.runtimes import LocalRuntime, private_view
 from polar_mq.runtimes.bwrap import bwrap_available
 from polar_mq.runtimes.docker import docker_available
 from tests.e2e.stack import client_of, fake_upstream_stack
@@ -55,6 +56,8 @@ if ls {root} 2>/dev/null | grep -q {victim_id}; then echo "LIST_ROOT=read"
 else echo "LIST_ROOT=refused"; fi
 if cat {checkout}/pyproject.toml >/dev/null 2>&1; then echo "CHECKOUT=read"
 else echo "CHECKOUT=refused"; fi
+if cat {checkout}/{planted} >/dev/null 2>&1; then echo "CHECKOUT_SECRET=read"
+else echo "CHECKOUT_SECRET=refused"; fi
 for target in 127.0.0.1/5432 127.0.0.1/6379 127.0.0.1/{proxy_port} {node_targets} {outside}; do
   if timeout 5 bash -c "exec 3<>/dev/tcp/$target" 2>/dev/null; then echo "TCP_$target=open"
   else echo "TCP_$target=refused"; fi
@@ -121,6 +124,17 @@ def victim(runtime_root: Path) -> Iterator[Path]:
     other.stop()
 
 
+@pytest.fixture(scope="module")
+def planted() -> Iterator[str]:
+    """A world-readable secret in the checkout the workers run from (say, an operator's .env)."""
+    name = f".pmq-planted-{uuid.uuid4().hex[:8]}.env"
+    path = CHECKOUT / name
+    path.write_text("POLAR_MQ_SECRET_KEY=planted\n")
+    path.chmod(0o644)
+    yield name
+    path.unlink(missing_ok=True)
+
+
 def worker_pids(stack: LocalStack) -> list[int]:
     """Every process of the stack: supervisors, Celery workers, proxy, API, fake engine."""
     pids: set[int] = set()
@@ -134,6 +148,7 @@ def run_probe(
     db: sessionmaker[Session],
     victim: Path,
     runtime: Mapping[str, object],
+    planted: str = "pyproject.toml",
 ) -> tuple[dict[str, str], str, int]:
     """Run the probe as one rollout; return its `NAME=outcome` lines, its log and its calls."""
     probe = PROBE.format(
@@ -143,6 +158,7 @@ def run_probe(
         secret=SECRET_FILE,
         root=stack.settings.runtime_root,
         checkout=CHECKOUT,
+        planted=planted,
         proxy_port=stack.settings.proxy_port,
         node_targets=" ".join(node_targets(stack)),
         outside=OUTSIDE,
@@ -179,16 +195,47 @@ def assert_never_root_nor_worker_environ(lines: dict[str, str], log: str, secret
 
 
 def test_local_agent_is_unprivileged_and_cannot_read_the_workers(
-    stack: LocalStack, db_session_factory: sessionmaker[Session], victim: Path
+    stack: LocalStack, db_session_factory: sessionmaker[Session], victim: Path, planted: str
 ) -> None:
     if os.geteuid() != 0:
         pytest.skip("the workers are not root here: agents keep the worker's user by design")
-    lines, log, calls = run_probe(stack, db_session_factory, victim, {"kind": "local"})
+    lines, log, calls = run_probe(stack, db_session_factory, victim, {"kind": "local"}, planted)
     assert_never_root_nor_worker_environ(lines, log, stack.settings.secret_key)
     assert lines["LIST_ROOT"] == "refused", log  # other runtimes' ids are not listed
     # another rollout's workspace: a different pool user, 0700 (runtimes/agent_pool.py)
     assert lines["VICTIM"] == "refused", log
+    # the checkout the workers run from, its planted secret included: covered in the agent's
+    # private mount view (runtimes/private_view.py), where the node allows one
+    if private_view.unavailable_reason() is None:
+        assert lines["CHECKOUT"] == "refused" and lines["CHECKOUT_SECRET"] == "refused", log
+    else:
+        assert lines["CHECKOUT_SECRET"] == "read", log  # what the startup warning says
     assert lines["PROXY"] == "answered" and calls == 1, log
+
+
+def test_local_reference_agent_runs_in_its_private_view(
+    stack: LocalStack, db_session_factory: sessionmaker[Session]
+) -> None:
+    """The agent's own work still runs: the reference agent, started with the worker's interpreter
+    (below root's 0700 home on some nodes, kept in the view), completes as a pool user."""
+    if os.geteuid() != 0 or private_view.unavailable_reason() is not None:
+        pytest.skip("no private view here (the worker is not root, or no mount namespaces)")
+    client = client_of(stack)
+    job = client.submit(
+        [{"instruction": "What is 6*7?", "answer": "42"}],
+        harness={"type": "reference"},
+        evaluator="exact_match",
+        runtime={"kind": "local"},
+        timeouts={"agent_s": 120},
+    )
+    status = client.wait(str(job.job_id), progress=False, timeout=240)
+    with db_session_factory() as session:
+        rollout = session.scalars(select(Rollout).where(Rollout.job_id == job.job_id)).one()
+        calls = session.scalar(
+            select(func.count()).select_from(LlmCall).where(LlmCall.rollout_id == rollout.id)
+        )
+    assert status["by_status"] == {"completed": 1}, (status, rollout.error)
+    assert rollout.reward is not None and (calls or 0) >= 1, (rollout.error, calls)
 
 
 def test_bwrap_proxy_only_agent_reaches_the_proxy_and_nothing_else(

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from polar_mq.config import get_settings
 from polar_mq.harnesses import get_harness
 from polar_mq.harnesses.presets.harness import PresetHarness
 from polar_mq.harnesses.presets.install import (
@@ -23,6 +24,7 @@ from polar_mq.harnesses.presets.install import (
 )
 from polar_mq.runtimes import LocalRuntime, Runtime
 from polar_mq.runtimes.identity import can_reach
+from polar_mq.runtimes.private_view import reachable_in_view
 
 IMAGE_HARNESS_ROOT = Path("/opt/polar_mq/harnesses")
 """Where scripts/build_preset_image.sh installs presets inside a docker image."""
@@ -93,7 +95,8 @@ def check_agent_reaches(runtime: Runtime, harness_spec: Mapping[str, Any], root:
     """Under `local` the agent user runs the preset's install (or the reference agent's
     interpreter) by its node path: one below a private directory (root's 0700 home) would make
     every agent die with "permission denied" and be scored; refuse the rollout at prepare
-    instead (HarnessMissing). `bwrap` and `docker` mount what they run themselves."""
+    instead (HarnessMissing). The agent's private view (`private_view`) makes the interpreter and
+    `harness_root` reachable there. `bwrap` and `docker` mount what they run themselves."""
     if type(runtime) is not LocalRuntime or not runtime.agent.switch:
         return
     harness = preset_of(harness_spec)
@@ -106,7 +109,7 @@ def check_agent_reaches(runtime: Runtime, harness_spec: Mapping[str, Any], root:
     else:
         return
     agent = runtime.agent
-    if not can_reach(needed, agent):
+    if not can_reach(needed, agent) and not reachable_in_view(needed, agent, get_settings()):
         raise HarnessMissing(
             f"{what} is not reachable by the agent user {agent.name} (uid {agent.uid}): a "
             "parent directory is private. Install it below directories every user may enter "
