@@ -24,7 +24,6 @@ import uuid
 from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
@@ -32,7 +31,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from polar_mq.config import Settings
 from polar_mq.models import Job, Rollout, RolloutStatus
 from polar_mq.runtimes.warm_pool import WarmPool, pool_key
-from polar_mq.spec import JobSpec, load_spec
+from polar_mq.spec import JobSpec, RuntimeSpec, load_spec
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +41,7 @@ class Demand:
     """Queued warm rollouts per pool key (with a spec to build from) and free agent slots."""
 
     pending: Counter[str] = field(default_factory=Counter)
-    specs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    specs: dict[str, RuntimeSpec] = field(default_factory=dict)
     timeouts: dict[str, float] = field(default_factory=dict)
     free_slots: int = 0
 
@@ -106,7 +105,7 @@ class Refiller:
             spec = self._specs.get(job_id)
             if spec is None:
                 continue
-            runtime = spec.runtime.as_dict()
+            runtime = spec.runtime
             key = pool_key(runtime)
             demand.pending[key] += int(count)
             demand.specs.setdefault(key, runtime)

@@ -54,8 +54,8 @@ def _spec(data: dict[str, Any]) -> RuntimeSpec:
     return RuntimeSpec.model_validate(data)
 
 
-def _sandbox(kind: str) -> dict[str, Any]:
-    return {"kind": kind, "image": TEST_IMAGE} if kind == "docker" else {"kind": kind}
+def _sandbox(kind: str) -> RuntimeSpec:
+    return RuntimeSpec(kind=kind, image=TEST_IMAGE if kind == "docker" else None)  # type: ignore[arg-type]
 
 
 def test_recipe_present_only_when_asked() -> None:

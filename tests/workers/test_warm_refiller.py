@@ -15,6 +15,7 @@ from polar_mq.jobs.service import create_job
 from polar_mq.lifecycle.stages import Stage
 from polar_mq.lifecycle.transitions import claim, finish
 from polar_mq.runtimes.warm_pool import pool_key
+from polar_mq.spec import RuntimeSpec
 from polar_mq.workers.warm_refiller import Refiller, share_out
 
 RUNTIME = {"kind": "local", "warm": True, "prepare": {"commands": ["echo w > w.txt"]}}
@@ -54,7 +55,7 @@ def test_refill_targets_free_agent_slots(
     _submit(db_session_factory, 2, {"kind": "local"})  # cold jobs are not warmed
     assert refiller.step() == []
     rollouts = _submit(db_session_factory, 10, RUNTIME)
-    key = pool_key(RUNTIME)
+    key = pool_key(RuntimeSpec.model_validate(RUNTIME))
     assert refiller.step() == [key] * 3  # three free agent slots
     _wait_idle(refiller, 3)
     assert refiller.step() == []  # full
@@ -64,7 +65,7 @@ def test_refill_targets_free_agent_slots(
         assert not isinstance(won, str)
         finish(session, won, {"node": "n1"}, {}, {}, None)
     assert refiller.demand().free_slots == 2
-    taken = refiller.pool.take(RUNTIME, f"{rollouts[0].hex}-1")
+    taken = refiller.pool.take(RuntimeSpec.model_validate(RUNTIME), f"{rollouts[0].hex}-1")
     assert taken is not None
     assert refiller.step() == []  # 2 idle cover 2 free slots; and the node is at its bound
     refiller.pool.release(taken.runtime, f"{rollouts[0].hex}-1", reuse=False)
