@@ -44,7 +44,8 @@ def settings(tmp_path: Path) -> Settings:
 
 
 def _agent_runtime(settings: Settings, rollout: RolloutRef, kind: str = "local") -> Runtime:
-    runtime = runtime_from_spec(_sandbox(kind), runtime_id_for(rollout), settings.runtime_root)
+    sandbox = _spec(_sandbox(kind))
+    runtime = runtime_from_spec(sandbox, runtime_id_for(rollout), settings.runtime_root)
     runtime.start()
     return runtime
 
@@ -54,8 +55,8 @@ def _spec(data: dict[str, Any]) -> RuntimeSpec:
     return RuntimeSpec.model_validate(data)
 
 
-def _sandbox(kind: str) -> RuntimeSpec:
-    return RuntimeSpec(kind=kind, image=TEST_IMAGE if kind == "docker" else None)  # type: ignore[arg-type]
+def _sandbox(kind: str) -> dict[str, Any]:
+    return {"kind": kind, "image": TEST_IMAGE} if kind == "docker" else {"kind": kind}
 
 
 def test_recipe_present_only_when_asked() -> None:
