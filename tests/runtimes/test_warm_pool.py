@@ -214,3 +214,23 @@ def test_sandboxed_kinds_recycle_and_detect_death(kind: str, tmp_path: Path) -> 
         assert got.runtime.container() is None  # type: ignore[attr-defined]
     pool.reap_idle(-1)
     assert not (pool.root / runtime_id).exists() and pool.markers() == []
+
+
+def test_binds_are_part_of_the_pooled_sandbox(tmp_path: Path) -> None:
+    """A bwrap runtime built with extra read-only binds (a preset's install) is only taken by a
+    rollout asking for the same binds, and starts with them recorded."""
+    reason = skip_reason("bwrap")
+    if reason:
+        pytest.skip(reason)
+    install = tmp_path / "harnesses" / "aider" / "1.0"
+    install.mkdir(parents=True)
+    (install / "marker").write_text("installed")
+    spec, binds = RuntimeSpec(kind="bwrap"), (str(install),)
+    pool = WarmPool(tmp_path / "rt")
+    runtime_id = pool.fill_one(spec, 30, binds)
+    assert pool.take(spec, "1" * 32 + "-1") is None  # no binds: another sandbox
+    got = pool.take(spec, "1" * 32 + "-1", binds)
+    assert got is not None and got.runtime.runtime_id == runtime_id
+    seen = got.runtime.exec(f"cat {install}/marker", timeout=10)
+    assert seen.stdout_tail.strip() == "installed"
+    pool.release(got.runtime, "1" * 32 + "-1", reuse=False)

@@ -10,6 +10,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from polar_mq.config import Settings
 from polar_mq.db import unit_of_work
+from polar_mq.harnesses.presets.install import install_dir
+from polar_mq.harnesses.presets.registry import get_preset
 from polar_mq.jobs.schemas import JobCreate
 from polar_mq.jobs.service import create_job
 from polar_mq.lifecycle.stages import Stage
@@ -27,9 +29,15 @@ def test_share_out_follows_demand() -> None:
     assert share_out(Counter({"a": 3, "b": 3}), 0) == {}
 
 
-def _submit(factory: sessionmaker[Session], n: int, runtime: dict[str, object]) -> list:
+def _submit(
+    factory: sessionmaker[Session],
+    n: int,
+    runtime: dict[str, object],
+    harness: dict[str, object] | None = None,
+) -> list:
     job = JobCreate.model_validate(
         {"tasks": [{"instruction": "x"}], "samples_per_task": n, "runtime": runtime}
+        | ({"harness": harness} if harness else {})
     )
     with unit_of_work(factory) as session:
         return list(create_job(session, job, "p").rollout_ids)
@@ -71,4 +79,27 @@ def test_refill_targets_free_agent_slots(
     refiller.pool.release(taken.runtime, f"{rollouts[0].hex}-1", reuse=False)
     refiller.pool.reap_idle(-1)
     assert refiller.pool.census().total == 0
+    refiller._executor.shutdown()
+
+
+def test_a_preset_under_bwrap_is_prewarmed_with_its_install_bound(
+    db_session_factory: sessionmaker[Session], tmp_path: Path
+) -> None:
+    """A warm bwrap runtime for a preset job must see the preset's install (as a cold one does):
+    the binds are part of what the refiller builds and of the pool key prepare takes by."""
+    settings = Settings(database_url="sqlite://", runtime_root=tmp_path / "rt", pool="p",
+                        harness_root=tmp_path / "harnesses")  # fmt: skip
+    refiller = Refiller(settings, db_session_factory, agent_slots=2)
+    runtime = {"kind": "bwrap", "warm": True, "network": "host"}
+    _submit(db_session_factory, 1, runtime, {"type": "aider"})
+    demand = refiller.demand()
+    binds = (
+        str(
+            install_dir(settings.harness_root, "aider", get_preset("aider").package.default_version)
+        ),
+    )  # type: ignore[union-attr]
+    spec = RuntimeSpec.model_validate(runtime)
+    key = pool_key(spec, binds)
+    assert key != pool_key(spec) and dict(demand.pending) == {key: 1}
+    assert demand.specs[key] == (spec, binds)
     refiller._executor.shutdown()

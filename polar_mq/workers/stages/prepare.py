@@ -82,10 +82,11 @@ def _cold(ctx: WorkerContext, claimed: Claimed, timeout: float) -> tuple[Runtime
 
 
 def _warm(ctx: WorkerContext, claimed: Claimed, timeout: float) -> tuple[Runtime, dict[str, Any]]:
-    runtime_spec = claimed.spec.runtime
+    spec = claimed.spec
+    binds = sandbox_binds(spec.runtime, spec.harness, ctx.settings.harness_root)
     owner = pool_owner(claimed.rollout)
-    got = ctx.warm_pool.take(runtime_spec, owner) or ctx.warm_pool.cold(
-        runtime_spec, owner, timeout
+    got = ctx.warm_pool.take(spec.runtime, owner, binds) or ctx.warm_pool.cold(
+        spec.runtime, owner, timeout, binds
     )
     try:
         task = _install_task(got.runtime, claimed.instance, timeout)
