@@ -93,11 +93,9 @@ def test_a_preset_under_bwrap_is_prewarmed_with_its_install_bound(
     runtime = {"kind": "bwrap", "warm": True, "network": "host"}
     _submit(db_session_factory, 1, runtime, {"type": "aider"})
     demand = refiller.demand()
-    binds = (
-        str(
-            install_dir(settings.harness_root, "aider", get_preset("aider").package.default_version)
-        ),
-    )  # type: ignore[union-attr]
+    aider = get_preset("aider")
+    assert aider is not None
+    binds = (str(install_dir(settings.harness_root, "aider", aider.package.default_version)),)
     spec = RuntimeSpec.model_validate(runtime)
     key = pool_key(spec, binds)
     assert key != pool_key(spec) and dict(demand.pending) == {key: 1}
