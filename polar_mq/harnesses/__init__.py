@@ -1,7 +1,7 @@
 """Harnesses: how an unmodified agent program is started inside a runtime.
 
-`get_harness` turns a job's harness spec into a `Harness`; the API calls it at submission time so
-that a bad spec is a 4xx, never a failed rollout.
+`get_harness` turns a job's typed harness spec (`polar_mq.spec.HarnessSpec`) into a `Harness`;
+the API calls it at submission time so that a bad spec is a 4xx, never a failed rollout.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from polar_mq.harnesses.base import (
 from polar_mq.harnesses.command import PLACEHOLDERS, CommandHarness
 from polar_mq.harnesses.presets.harness import PresetHarness
 from polar_mq.harnesses.presets.registry import get_preset, presets
+from polar_mq.spec.model import HarnessSpec, harness_fields_problem
 
 REFERENCE_AGENT_MODULE = "polar_mq.agents.tool_agent"
 
@@ -40,57 +41,64 @@ def reference_command(python: str = sys.executable) -> str:
     return f"{shlex.quote(python)} -m {REFERENCE_AGENT_MODULE}"
 
 
-def _rules(spec: Mapping[str, Any]) -> tuple[AuxiliaryRule, ...]:
+def _rules(spec: HarnessSpec) -> tuple[AuxiliaryRule, ...]:
     try:
-        return parse_rules(spec.get("auxiliary_calls"))
+        return parse_rules(spec.auxiliary_calls)
     except ValidationError as exc:
         first = exc.errors()[0]
         raise ValueError(f"bad 'auxiliary_calls': {first.get('msg')}") from exc
 
 
-def _command(spec: Mapping[str, Any]) -> Harness:
-    _check_keys(spec, {"type", "command", "env", "auxiliary_calls", "artifacts"})
-    return CommandHarness(
-        spec.get("command", ""), spec.get("env"), _rules(spec), spec.get("artifacts")
-    )
+def _command(spec: HarnessSpec) -> Harness:
+    return CommandHarness(spec.command or "", spec.env, _rules(spec), spec.artifacts)
 
 
-def _reference(spec: Mapping[str, Any]) -> Harness:
-    _check_keys(spec, {"type", "env"})
-    return CommandHarness(REFERENCE_TEMPLATE, spec.get("env"))
+def _reference(spec: HarnessSpec) -> Harness:
+    return CommandHarness(REFERENCE_TEMPLATE, spec.env)
 
 
-HARNESS_TYPES: dict[str, Callable[[Mapping[str, Any]], Harness]] = {
+HARNESS_TYPES: dict[str, Callable[[HarnessSpec], Harness]] = {
     "command": _command,
     "reference": _reference,
 }
+"""The built-in types; the fields each takes are `polar_mq.spec.model.HARNESS_FIELDS`."""
 
 
-def get_harness(spec: Mapping[str, Any]) -> Harness:
-    """Build a harness from `{"type": "command", "command": ..., "env": {...}}` and the like."""
-    if not isinstance(spec, Mapping):
-        raise ValueError(f"harness spec must be a mapping, got {type(spec).__name__}")
-    kind = spec.get("type")
-    env = spec.get("env")
-    if env is not None and not isinstance(env, Mapping):
-        raise ValueError("harness 'env' must be a mapping of str to str")
-    factory = HARNESS_TYPES.get(kind) if isinstance(kind, str) else None
+def get_harness(spec: HarnessSpec | Mapping[str, Any]) -> Harness:
+    """The harness of a job's typed spec (a mapping, as a library caller writes one, is parsed
+    first: `parse_harness_spec`)."""
+    if not isinstance(spec, HarnessSpec):
+        spec = parse_harness_spec(spec)
+    factory = HARNESS_TYPES.get(spec.type)
     if factory is not None:
         return factory(spec)
-    preset = get_preset(kind) if isinstance(kind, str) else None
+    preset = get_preset(spec.type)
     if preset is None:
         known = ", ".join([*sorted(HARNESS_TYPES), *presets()])
-        raise ValueError(f"unknown harness type {kind!r}; known types: {known}")
+        raise ValueError(f"unknown harness type {spec.type!r}; known types: {known}")
     return PresetHarness(preset, spec)
 
 
-def _check_keys(spec: Mapping[str, Any], allowed: set[str]) -> None:
-    unknown = sorted(set(spec) - allowed)
-    if unknown:
+def parse_harness_spec(raw: Mapping[str, Any]) -> HarnessSpec:
+    """A harness spec written as a mapping (`{"type": "command", "command": ...}`), typed; a
+    ValueError names the bad field. An empty mapping is the reference agent, as in a job."""
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"harness spec must be a mapping, got {type(raw).__name__}")
+    kind = raw.get("type", "reference")
+    if isinstance(kind, str):  # the type's own message before pydantic's "extra field"
+        problem = harness_fields_problem(kind, set(raw))
+        if problem is not None:
+            raise ValueError(problem)
+    try:
+        return HarnessSpec.model_validate(dict(raw))
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
         raise ValueError(
-            f"unknown key(s) {', '.join(map(repr, unknown))} in {spec.get('type')!r} harness spec; "
-            f"allowed: {', '.join(sorted(allowed))}"
-        )
+            f"bad harness spec: {where}: {first['msg']}"
+            if where
+            else f"bad harness spec: {first['msg']}"
+        ) from exc
 
 
 __all__ = [
@@ -106,6 +114,7 @@ __all__ = [
     "Harness",
     "PresetHarness",
     "get_harness",
+    "parse_harness_spec",
     "proxy_env",
     "reference_command",
 ]

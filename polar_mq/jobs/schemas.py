@@ -61,7 +61,7 @@ class HarnessSpec(spec.HarnessSpec):
 
     @model_validator(mode="after")
     def _resolvable(self) -> HarnessSpec:
-        get_harness(self.as_dict())
+        get_harness(self)
         return self
 
 
@@ -70,7 +70,7 @@ class RuntimeSpec(spec.RuntimeSpec):
 
     @model_validator(mode="after")
     def _options_fit_kind(self) -> RuntimeSpec:
-        check_runtime_options(self.model_dump(exclude={"prepare", "evaluation"}))
+        check_runtime_options(self)
         return self
 
 

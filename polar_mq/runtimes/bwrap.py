@@ -37,6 +37,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -85,6 +86,38 @@ def bwrap_available() -> str | None:
     if done.returncode != 0:
         return f"bwrap cannot create namespaces here: {done.stderr.decode(errors='replace')}"
     return None
+
+
+@dataclass(frozen=True, slots=True)
+class StartedWith:
+    """The options a sandbox was started with, recorded next to it (`bwrap.json`) so handles
+    built later, in other stages and processes, run commands the same way."""
+
+    network: Network = "host"
+    pids_limit: int | None = None
+    ro: tuple[str, ...] = ()
+    """Extra read-only binds (a preset's install)."""
+
+    def to_json(self) -> bytes:
+        return json.dumps(
+            {"network": self.network, "pids_limit": self.pids_limit, "ro": list(self.ro)}
+        ).encode()
+
+    @classmethod
+    def parse(cls, raw: bytes) -> StartedWith | None:
+        """The record as written by `to_json`, or None when it is not one."""
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            return None
+        if not isinstance(data, dict) or data.get("network") not in NETWORKS:
+            return None
+        pids, ro = data.get("pids_limit"), data.get("ro")
+        if not (pids is None or (isinstance(pids, int) and not isinstance(pids, bool))):
+            return None
+        if not isinstance(ro, list):
+            return None
+        return cls(data["network"], pids, tuple(str(path) for path in ro))
 
 
 class BwrapRuntime(DirBacked, Runtime):
@@ -141,8 +174,7 @@ class BwrapRuntime(DirBacked, Runtime):
         self.space.create()
         if self.pids_limit is not None:
             cgroups.create(self.cgroup.name, self.pids_limit)
-        settings = {"network": self.network, "pids_limit": self.pids_limit, "ro": self.ro_binds}
-        atomic_write(self.path / _SETTINGS_FILE, json.dumps(settings).encode())
+        atomic_write(self.path / _SETTINGS_FILE, self._configured().to_json())
 
     def reset(self) -> None:
         survivors = self._kill_all()
@@ -180,7 +212,7 @@ class BwrapRuntime(DirBacked, Runtime):
     # -- proxy route (network: proxy_only) ------------------------------------------------------
 
     def agent_proxy_url(self, url: str) -> str:
-        if self._recorded().get("network") != "proxy_only":
+        if self._recorded().network != "proxy_only":
             return url
         return record_route(self.path, url)
 
@@ -191,9 +223,7 @@ class BwrapRuntime(DirBacked, Runtime):
         switches to the agent user inside (`setpriv`)."""
         self.space.require_started()
         inner_cwd = self.space.resolve(request.cwd)
-        route = (
-            recorded_route(self.path) if self._recorded().get("network") == "proxy_only" else None
-        )
+        route = recorded_route(self.path) if self._recorded().network == "proxy_only" else None
         launch = HostLaunch(
             runtime_id=self.runtime_id,
             base_env=self.space.host_env(),
@@ -208,12 +238,17 @@ class BwrapRuntime(DirBacked, Runtime):
             argv = self._sandbox_argv(request.argv, inner_cwd, socket_path)
             return run_on_host(argv, request, launch)
 
-    def _recorded(self) -> dict[str, object]:
+    def _configured(self) -> StartedWith:
+        return StartedWith(self.network, self.pids_limit, tuple(self.ro_binds))
+
+    def _recorded(self) -> StartedWith:
+        """What the sandbox was started with; this handle's own options (the job's, which
+        started it) before `start()` or when the record cannot be read."""
         try:
-            recorded = json.loads((self.path / _SETTINGS_FILE).read_text())
-        except (OSError, ValueError):
-            return {"network": self.network, "pids_limit": self.pids_limit, "ro": self.ro_binds}
-        return recorded if isinstance(recorded, dict) else {}
+            recorded = StartedWith.parse((self.path / _SETTINGS_FILE).read_bytes())
+        except OSError:
+            recorded = None
+        return recorded if recorded is not None else self._configured()
 
     def _sandbox_argv(
         self, inner: list[str], cwd: Path, proxy_socket: Path | None = None
@@ -240,12 +275,12 @@ class BwrapRuntime(DirBacked, Runtime):
         ]
         if agent.switch:  # only for setpriv, which drops them with root
             argv += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
-        if settings.get("network") in ("none", "proxy_only"):
+        if settings.network in ("none", "proxy_only"):
             argv.append("--unshare-net")
         # /tmp first: a bind below it (a checkout or venv under /tmp) is mounted onto the tmpfs
         # instead of being hidden by it
         argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
-        ro = [*_SYSTEM_DIRS, *_python_dirs(), *_as_strs(settings.get("ro"))]
+        ro = [*_SYSTEM_DIRS, *_python_dirs(), *settings.ro]
         made: set[str] = {"/", "/tmp"}
         for path in dict.fromkeys(ro):  # ordered, no duplicates
             if os.path.islink(path):
@@ -259,7 +294,7 @@ class BwrapRuntime(DirBacked, Runtime):
             argv += [*_parent_dirs(PROXY_SOCKET_INSIDE, made)]
             argv += ["--bind", str(proxy_socket), PROXY_SOCKET_INSIDE]
         argv += ["--chdir", str(cwd), "--", *inner]
-        if settings.get("pids_limit") is not None:
+        if settings.pids_limit is not None:
             procs = self.cgroup / "cgroup.procs"
             if not procs.exists():
                 raise RuntimeError(f"runtime {self.runtime_id}: its pids cgroup is gone ({procs})")
@@ -283,7 +318,3 @@ def _parent_dirs(path: str, made: set[str]) -> list[str]:
             made.add(name)
             args += ["--perms", "0755", "--dir", name]
     return args
-
-
-def _as_strs(value: object) -> list[str]:
-    return [str(v) for v in value] if isinstance(value, list) else []

@@ -1,4 +1,5 @@
-"""From a job's `runtime` spec to a runtime handle; which options each kind understands.
+"""From a job's typed `runtime` spec (`polar_mq.spec.RuntimeSpec`) to a runtime handle; which
+options each kind understands.
 
 Kept apart from the runtime modules so the API can validate a job without importing the docker SDK.
 Options a kind would silently ignore are refused: a job asking for `network: none` on the `local`
@@ -7,32 +8,27 @@ runtime must fail at submit time, not run with the node's network.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from polar_mq.runtimes.base import ResourceLimits, Runtime
+from polar_mq.spec.model import RuntimeSpec
 
-# spec key -> constructor keyword, per kind
-KIND_OPTIONS: dict[str, dict[str, str]] = {
-    "local": {},
-    "bwrap": {"network": "network", "pids": "pids_limit", "ro": "ro_binds"},
-    "docker": {
-        "image": "image",
-        "network": "network",
-        "cpus": "cpus",
-        "pids": "pids_limit",
-        "python": "python",
-    },
+KIND_OPTIONS: dict[str, tuple[str, ...]] = {
+    "local": (),
+    "bwrap": ("network", "pids"),
+    "docker": ("image", "network", "cpus", "pids", "python"),
 }
-_DEFAULTS: dict[str, Any] = {"network": "host"}  # what every kind does without the option
+"""The `RuntimeSpec` options each kind understands (the limits are every kind's)."""
+DEFAULT_NETWORK = "host"
+"""What every kind does without a network option (`RuntimeSpec.network`'s default)."""
 # network policies each kind can enforce (proxy_only needs its own network namespace and a relay
 # into it: `local` has neither)
 NETWORKS: dict[str, tuple[str, ...]] = {
     "bwrap": ("host", "none", "proxy_only"),
     "docker": ("host", "none", "proxy_only"),
 }
-_LIMIT_KEYS = ("memory_mb", "cpu_seconds", "max_open_files")
 UNTRUSTED_DEFAULT_NETWORK = "proxy_only"
 """The network of an untrusted harness (a third-party preset) when the job names none."""
 
@@ -52,42 +48,70 @@ def effective_network(kind: str, network: str | None, *, trusted: bool) -> str:
         return network
     if not trusted and UNTRUSTED_DEFAULT_NETWORK in NETWORKS.get(kind, ()):
         return UNTRUSTED_DEFAULT_NETWORK
-    return str(_DEFAULTS["network"])
+    return DEFAULT_NETWORK
 
 
-def check_runtime_options(spec: Mapping[str, Any]) -> None:
+def _options_of(spec: RuntimeSpec) -> dict[str, object]:
+    """The kind-specific options the spec sets, by `RuntimeSpec` field (None: not set)."""
+    return {
+        "image": spec.image,
+        "network": None if spec.network == DEFAULT_NETWORK else spec.network,
+        "cpus": spec.cpus,
+        "pids": spec.pids,
+        "python": spec.python,
+    }
+
+
+def check_runtime_options(spec: RuntimeSpec) -> None:
     """Raise ValueError when `spec` asks a kind for something it cannot do."""
-    kind = spec.get("kind", "local")
-    allowed = KIND_OPTIONS.get(kind)
-    if allowed is None:
-        raise ValueError(f"unknown runtime kind {kind!r}; known: {', '.join(KIND_OPTIONS)}")
-    for key in ("image", "network", "cpus", "pids", "python"):
-        value = spec.get(key)
-        if value is None or key in allowed or _DEFAULTS.get(key) == value:
+    allowed = KIND_OPTIONS[spec.kind]
+    for key, value in _options_of(spec).items():
+        if value is None or key in allowed:
             continue
         takers = [k for k, opts in KIND_OPTIONS.items() if key in opts]
         if key == "network":
             takers = [k for k, values in NETWORKS.items() if value in values]
         raise ValueError(f"runtime option {key}={value!r} needs kind {' or '.join(takers)}")
-    network = spec.get("network")
-    if network is not None and network not in NETWORKS.get(kind, (network,)):
-        takers = [k for k, values in NETWORKS.items() if network in values]
-        raise ValueError(f"runtime option network={network!r} needs kind {' or '.join(takers)}")
-    if kind == "docker" and not spec.get("image"):
+    if spec.kind == "docker" and not spec.image:
         raise ValueError("runtime kind docker needs an image (e.g. polar-mq-runtime:test)")
 
 
-def runtime_from_spec(spec: Mapping[str, Any], runtime_id: str, root: Path) -> Runtime:
-    """The handle every stage builds from the stored job spec (creates nothing)."""
+def _limits(spec: RuntimeSpec) -> ResourceLimits | None:
+    limits = ResourceLimits(
+        memory_mb=spec.memory_mb,
+        cpu_seconds=spec.cpu_seconds,
+        max_open_files=spec.max_open_files,
+    )
+    return None if limits == ResourceLimits() else limits
+
+
+def _kind_keywords(spec: RuntimeSpec, ro_binds: Sequence[str]) -> dict[str, Any]:
+    """The constructor keywords of the spec's kind (unset options keep the kind's defaults)."""
+    if ro_binds and spec.kind != "bwrap":
+        raise ValueError(f"extra read-only binds need kind bwrap, not {spec.kind}")
+    if spec.kind == "bwrap":
+        keywords: dict[str, Any] = {
+            "network": spec.network, "pids_limit": spec.pids, "ro_binds": tuple(ro_binds),
+        }  # fmt: skip
+    elif spec.kind == "docker":
+        keywords = {
+            "image": spec.image, "network": spec.network, "cpus": spec.cpus,
+            "pids_limit": spec.pids, "python": spec.python,
+        }  # fmt: skip
+    else:
+        keywords = {}
+    return {key: value for key, value in keywords.items() if value is not None}
+
+
+def runtime_from_spec(
+    spec: RuntimeSpec, runtime_id: str, root: Path, ro_binds: Sequence[str] = ()
+) -> Runtime:
+    """The handle every stage builds from the job's runtime spec (creates nothing).
+
+    `ro_binds`: node paths a `bwrap` sandbox also mounts read-only (a preset's install, see
+    `polar_mq.harnesses.presets.setup.sandbox_binds`); they take effect at `start()`.
+    """
     from polar_mq.runtimes import get_runtime  # the registry imports this module's users
 
     check_runtime_options(spec)
-    kind = spec.get("kind", "local")
-    values = {key: spec.get(key) for key in _LIMIT_KEYS}
-    limits = ResourceLimits(**values) if any(v is not None for v in values.values()) else None
-    options = {
-        keyword: spec[key]
-        for key, keyword in KIND_OPTIONS[kind].items()
-        if spec.get(key) is not None
-    }
-    return get_runtime(kind, runtime_id, root, limits, **options)
+    return get_runtime(spec.kind, runtime_id, root, _limits(spec), **_kind_keywords(spec, ro_binds))

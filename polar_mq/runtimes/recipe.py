@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import Mapping
-from typing import Any
 
 from polar_mq.runtimes.base import Runtime
 from polar_mq.runtimes.workspace_dir import space_of
+from polar_mq.spec.model import PrepareRecipe
 
 BASELINE_DIR = "warm-baseline"
 _KEPT = ("workspace", "home")
@@ -28,12 +27,12 @@ class RecipeFailed(RuntimeError):
     """A recipe command exited non-zero or timed out; the message says which and why."""
 
 
-def apply_recipe(runtime: Runtime, recipe: Mapping[str, Any], timeout_s: float) -> float:
+def apply_recipe(runtime: Runtime, recipe: PrepareRecipe, timeout_s: float) -> float:
     """Upload the recipe's files, run its commands in order; return the seconds it took."""
     started = time.monotonic()
-    for path, content in (recipe.get("files") or {}).items():
-        runtime.upload(str(content).encode(), path)
-    for command in recipe.get("commands") or []:
+    for path, content in recipe.files.items():
+        runtime.upload(content.encode(), path)
+    for command in recipe.commands:
         result = runtime.exec(command, timeout=timeout_s)
         if result.exit_code != 0:
             raise RecipeFailed(

@@ -30,7 +30,7 @@ import re
 import time
 import uuid
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,35 +41,42 @@ import psutil
 from polar_mq.runtimes.base import Runtime
 from polar_mq.runtimes.options import runtime_from_spec
 from polar_mq.runtimes.recipe import apply_recipe, restore_baseline, save_baseline
+from polar_mq.spec.model import RuntimeSpec
 
 log = logging.getLogger(__name__)
 
 POOL_DIR = ".warm"
 STATES = ("busy", "idle", "taken", "doomed")
 POOLED_ID = re.compile(r"^warm-([0-9a-f]{12})-([0-9a-f]{12})$")
-_SANDBOX_KEYS = ("kind", "image", "network", "memory_mb", "cpu_seconds", "max_open_files", "cpus")
-_DEFAULTS: dict[str, Any] = {"kind": "local", "network": "host"}
 
 
-def pool_key(runtime_spec: Mapping[str, Any]) -> str:
-    """12 hex digits naming the sandbox a spec asks for; `warm`/`reuse` do not change it."""
-    parts: dict[str, Any] = {k: runtime_spec.get(k, _DEFAULTS.get(k)) for k in _SANDBOX_KEYS}
-    parts["pids"] = runtime_spec.get("pids")
-    recipe = runtime_spec.get("prepare") or {}
-    parts["prepare"] = {
-        "files": dict(sorted((recipe.get("files") or {}).items())),
-        "commands": list(recipe.get("commands") or []),
+def pool_key(runtime_spec: RuntimeSpec, ro_binds: Sequence[str] = ()) -> str:
+    """12 hex digits naming the sandbox a spec asks for; `warm`/`reuse` do not change it.
+
+    `ro_binds` (a bwrap sandbox's view of a preset's install) are part of the sandbox: a runtime
+    started without them cannot run that preset. The hashed parts and their names are those of
+    the stored spec, and stay as they are: a node's idle runtimes keep their keys across a
+    release."""
+    recipe = runtime_spec.prepare
+    parts: dict[str, Any] = {
+        "kind": runtime_spec.kind,
+        "image": runtime_spec.image,
+        "network": runtime_spec.network,
+        "memory_mb": runtime_spec.memory_mb,
+        "cpu_seconds": runtime_spec.cpu_seconds,
+        "max_open_files": runtime_spec.max_open_files,
+        "cpus": runtime_spec.cpus,
+        "pids": runtime_spec.pids,
+        "prepare": {"files": dict(sorted(recipe.files.items())), "commands": list(recipe.commands)},
     }
+    if ro_binds:  # absent without binds: the keys of before binds were hashed
+        parts["ro"] = list(ro_binds)
     blob = orjson.dumps(parts, option=orjson.OPT_SORT_KEYS)
     return hashlib.sha256(blob).hexdigest()[:12]
 
 
 def is_pooled(runtime_id: str | None) -> bool:
     return bool(runtime_id) and POOLED_ID.match(str(runtime_id)) is not None
-
-
-def wants_warm(runtime_spec: Mapping[str, Any]) -> bool:
-    return bool(runtime_spec.get("warm"))
 
 
 def process_tag(pid: int | None = None) -> str:
@@ -191,23 +198,27 @@ class WarmPool:
     def new_id(self, key: str) -> str:
         return f"warm-{key}-{uuid.uuid4().hex[:12]}"
 
-    def handle(self, runtime_spec: Mapping[str, Any], runtime_id: str) -> Runtime:
-        return runtime_from_spec(runtime_spec, runtime_id, self.root)
+    def handle(
+        self, runtime_spec: RuntimeSpec, runtime_id: str, ro_binds: Sequence[str] = ()
+    ) -> Runtime:
+        return runtime_from_spec(runtime_spec, runtime_id, self.root, ro_binds)
 
-    def _build(self, runtime: Runtime, spec: Mapping[str, Any], timeout_s: float) -> dict[str, Any]:
+    def _build(self, runtime: Runtime, spec: RuntimeSpec, timeout_s: float) -> dict[str, Any]:
         """Start the runtime and apply its recipe; the baseline is what a recycle restores."""
         t0 = time.monotonic()
         runtime.start()
         t1 = time.monotonic()
-        recipe_s = apply_recipe(runtime, spec.get("prepare") or {}, timeout_s)
+        recipe_s = apply_recipe(runtime, spec.prepare, timeout_s)
         save_baseline(runtime)
         return {"start_s": round(t1 - t0, 4), "recipe_s": round(recipe_s, 4)}
 
-    def fill_one(self, runtime_spec: Mapping[str, Any], timeout_s: float = 300.0) -> str:
+    def fill_one(
+        self, runtime_spec: RuntimeSpec, timeout_s: float = 300.0, ro_binds: Sequence[str] = ()
+    ) -> str:
         """Build one idle runtime for `runtime_spec` (the refiller's unit of work); its id."""
-        runtime_id = self.new_id(pool_key(runtime_spec))
+        runtime_id = self.new_id(pool_key(runtime_spec, ro_binds))
         marker = self._create("busy", runtime_id, process_tag())
-        runtime = self.handle(runtime_spec, runtime_id)
+        runtime = self.handle(runtime_spec, runtime_id, ro_binds)
         try:
             self._build(runtime, runtime_spec, timeout_s)
         except BaseException:
@@ -219,14 +230,16 @@ class WarmPool:
 
     # -- taking ----------------------------------------------------------------------------------
 
-    def take(self, runtime_spec: Mapping[str, Any], owner: str) -> Acquired | None:
+    def take(
+        self, runtime_spec: RuntimeSpec, owner: str, ro_binds: Sequence[str] = ()
+    ) -> Acquired | None:
         """Claim an idle runtime of this spec for `owner` (`<rollout hex>-<attempt>`), or None.
 
         Each candidate is claimed by renaming its marker (only one taker wins it), then checked
         (`alive`): a dead one (its container stopped, its directory was deleted) is destroyed and
         the next one is tried.
         """
-        key = pool_key(runtime_spec)
+        key = pool_key(runtime_spec, ro_binds)
         started = time.monotonic()
         discarded = 0
         held = self.taken_by(owner)  # a retried prepare keeps what its first try took
@@ -239,7 +252,7 @@ class WarmPool:
                 claimed = self._move(candidate.path, "taken", owner)
             if claimed is None:
                 continue  # another prepare won it
-            runtime = self.handle(runtime_spec, candidate.runtime_id)
+            runtime = self.handle(runtime_spec, candidate.runtime_id, ro_binds)
             check_started = time.monotonic()
             if self.alive(runtime):
                 return Acquired(
@@ -282,11 +295,17 @@ class WarmPool:
         except Exception:
             return False
 
-    def cold(self, runtime_spec: Mapping[str, Any], owner: str, timeout_s: float) -> Acquired:
+    def cold(
+        self,
+        runtime_spec: RuntimeSpec,
+        owner: str,
+        timeout_s: float,
+        ro_binds: Sequence[str] = (),
+    ) -> Acquired:
         """A new pooled runtime built for `owner` now (the pool was empty): recyclable later."""
-        runtime_id = self.new_id(pool_key(runtime_spec))
+        runtime_id = self.new_id(pool_key(runtime_spec, ro_binds))
         marker = self._create("taken", runtime_id, owner)
-        runtime = self.handle(runtime_spec, runtime_id)
+        runtime = self.handle(runtime_spec, runtime_id, ro_binds)
         try:
             timings = self._build(runtime, runtime_spec, timeout_s)
         except BaseException:

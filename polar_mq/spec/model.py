@@ -34,7 +34,33 @@ class SpecModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+HARNESS_FIELDS: dict[str, frozenset[str]] = {
+    "reference": frozenset({"type", "env"}),
+    "command": frozenset({"type", "command", "env", "auxiliary_calls", "artifacts"}),
+}
+"""The fields each built-in harness type takes; any other type is a preset (`PRESET_FIELDS`)."""
+PRESET_FIELDS = frozenset({"type", "version", "options", "env", "auto_install", "auxiliary_calls"})
+
+
+def harness_fields_problem(harness_type: str, present: set[str]) -> str | None:
+    """Why a harness spec of `harness_type` cannot carry the fields `present`, or None.
+
+    A field another harness type takes would be silently ignored by this one (a `version` on a
+    `command` harness): refused, naming what this type allows."""
+    allowed = HARNESS_FIELDS.get(harness_type, PRESET_FIELDS)
+    unknown = sorted(present - allowed)
+    if not unknown:
+        return None
+    return (
+        f"unknown key(s) {', '.join(map(repr, unknown))} in {harness_type!r} harness spec; "
+        f"allowed: {', '.join(sorted(allowed))}"
+    )
+
+
 class HarnessSpec(SpecModel):
+    """One spec shape for every harness type (the stored JSON is flat); `_fields_fit_type` keeps
+    each type to its own fields, so a reader never meets a field its type ignores."""
+
     type: str = Field(
         "reference", description="command | reference | a preset (`polar-mq harness list`)"
     )
@@ -44,7 +70,7 @@ class HarnessSpec(SpecModel):
     options: dict[str, Any] | None = Field(
         None, description="preset options: max_turns, extra_args, mcp_servers, skills, …"
     )
-    auto_install: bool | None = Field(
+    auto_install: StrictBool | None = Field(
         None, description="install a missing preset on the node at prepare (under a lock)"
     )
     auxiliary_calls: list[dict[str, Any]] | None = Field(
@@ -55,9 +81,18 @@ class HarnessSpec(SpecModel):
         None, description="command harness: artifact name -> workspace-relative file to keep"
     )
 
-    def as_dict(self) -> dict[str, Any]:
-        """The plug-in form `polar_mq.harnesses.get_harness` and the presets parse."""
-        return self.model_dump(exclude_none=True)
+    @property
+    def is_preset(self) -> bool:
+        """Neither `command` nor `reference`: a preset, resolved by the harness registry."""
+        return self.type not in HARNESS_FIELDS
+
+    @model_validator(mode="after")
+    def _fields_fit_type(self) -> HarnessSpec:
+        present = {name for name in self.model_fields_set if getattr(self, name) is not None}
+        problem = harness_fields_problem(self.type, present)
+        if problem is not None:
+            raise ValueError(problem)
+        return self
 
 
 def workspace_path_problem(path: str) -> str | None:
@@ -150,10 +185,6 @@ class RuntimeSpec(SpecModel):
                 "runtime.reuse needs runtime.warm: true (reuse returns it to the pool)"
             )
         return self
-
-    def as_dict(self) -> dict[str, Any]:
-        """The plug-in form `polar_mq.runtimes` parses (`runtime_from_spec`, the warm pool)."""
-        return self.model_dump(mode="json", exclude_none=True)
 
 
 class TimeoutSpec(SpecModel):

@@ -24,15 +24,15 @@ import uuid
 from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from polar_mq.config import Settings
+from polar_mq.harnesses.presets.setup import sandbox_binds
 from polar_mq.models import Job, Rollout, RolloutStatus
 from polar_mq.runtimes.warm_pool import WarmPool, pool_key
-from polar_mq.spec import JobSpec, load_spec
+from polar_mq.spec import JobSpec, RuntimeSpec, load_spec
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,8 @@ class Demand:
     """Queued warm rollouts per pool key (with a spec to build from) and free agent slots."""
 
     pending: Counter[str] = field(default_factory=Counter)
-    specs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    specs: dict[str, tuple[RuntimeSpec, tuple[str, ...]]] = field(default_factory=dict)
+    """Per pool key: the runtime spec and the read-only binds (a preset's install) to build."""
     timeouts: dict[str, float] = field(default_factory=dict)
     free_slots: int = 0
 
@@ -106,10 +107,14 @@ class Refiller:
             spec = self._specs.get(job_id)
             if spec is None:
                 continue
-            runtime = spec.runtime.as_dict()
-            key = pool_key(runtime)
+            try:
+                binds = sandbox_binds(spec.runtime, spec.harness, s.harness_root)
+            except ValueError:  # a preset this node does not know: its prepare fails anyway
+                log.warning("job %s: unknown harness %r, not prewarmed", job_id, spec.harness.type)
+                continue
+            key = pool_key(spec.runtime, binds)
             demand.pending[key] += int(count)
-            demand.specs.setdefault(key, runtime)
+            demand.specs.setdefault(key, (spec.runtime, binds))
             demand.timeouts.setdefault(key, spec.timeouts.prepare_s)
         return demand
 
@@ -132,8 +137,9 @@ class Refiller:
             for _ in range(max(0, target - have)):
                 if room <= 0 or len(self._building) >= self.settings.warm_pool_build_concurrency:
                     return started
+                runtime_spec, binds = demand.specs[key]
                 future = self._executor.submit(
-                    self.pool.fill_one, demand.specs[key], demand.timeouts[key]
+                    self.pool.fill_one, runtime_spec, demand.timeouts[key], binds
                 )
                 future.add_done_callback(_log_failure)
                 self._building[future] = key

@@ -51,6 +51,18 @@ def _error(response: Any, status: int, type_: str) -> str:
             {"tasks": [GOOD_TASK], "harness": {"type": "nope"}},
             "harness: unknown harness type 'nope'",
         ),
+        (
+            {"tasks": [GOOD_TASK], "harness": {"type": "command", "command": "x", "version": "1"}},
+            "harness: unknown key(s) 'version' in 'command' harness spec; allowed: ",
+        ),
+        (
+            {"tasks": [GOOD_TASK], "harness": {"type": "aider", "auto_install": "yes"}},
+            "harness.auto_install: Input should be a valid boolean",
+        ),
+        (
+            {"tasks": [GOOD_TASK], "runtime": {"kind": "bwrap", "cpus": 2}},
+            "runtime: runtime option cpus=2.0 needs kind docker",
+        ),
         ({"tasks": [GOOD_TASK], "evaluator": "nope"}, "evaluator: unknown evaluator 'nope'"),
         ({"tasks": [GOOD_TASK], "builder": "nope"}, "builder: unknown builder 'nope'"),
         ({"tasks": [GOOD_TASK], "bogus": 1}, "bogus: unknown field"),

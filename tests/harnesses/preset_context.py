@@ -9,6 +9,7 @@ from typing import Any
 from polar_mq.harnesses.base import AgentContext
 from polar_mq.harnesses.presets.harness import PresetHarness
 from polar_mq.harnesses.presets.registry import get_preset
+from polar_mq.spec import HarnessSpec
 
 WORKDIR = "/work/rollout/workspace"
 PROXY = "http://127.0.0.1:8401/v1"
@@ -30,7 +31,7 @@ def context(instruction: str = "Fix the bug; it's in 'a b'.txt") -> AgentContext
 def harness(name: str, **spec: Any) -> PresetHarness:
     preset = get_preset(name)
     assert preset is not None, name
-    return PresetHarness(preset, {"type": name, **spec})
+    return PresetHarness(preset, HarnessSpec.model_validate({"type": name, **spec}))
 
 
 def preset_ctx(tmp_path: Path, **overrides: object) -> AgentContext:

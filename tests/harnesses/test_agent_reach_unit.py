@@ -16,11 +16,12 @@ import pytest
 from polar_mq.harnesses.presets.setup import HarnessMissing, check_agent_reaches, preset_of
 from polar_mq.runtimes import LocalRuntime
 from polar_mq.runtimes.identity import NOBODY, AgentIdentity
+from polar_mq.spec import HarnessSpec
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs a root worker")
 
 AGENT = AgentIdentity(NOBODY, NOBODY, "nobody")
-PRESET = {"type": "aider"}
+PRESET = HarnessSpec(type="aider")
 
 
 @pytest.fixture
@@ -59,4 +60,5 @@ def test_preset_below_a_private_directory_is_refused(runtime: LocalRuntime, open
 def test_preset_every_user_may_reach_passes(runtime: LocalRuntime, open_dir: Path) -> None:
     _install_dir(open_dir / "harnesses")
     check_agent_reaches(runtime, PRESET, open_dir / "harnesses")
-    check_agent_reaches(runtime, {"type": "command", "command": "true"}, open_dir / "nowhere")
+    command = HarnessSpec(type="command", command="true")
+    check_agent_reaches(runtime, command, open_dir / "nowhere")

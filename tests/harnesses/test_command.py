@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from polar_mq.harnesses import (
     PROXY_ENV_VARS,
@@ -15,6 +16,7 @@ from polar_mq.harnesses import (
     get_harness,
     reference_command,
 )
+from polar_mq.spec import HarnessSpec, RuntimeSpec
 
 HOSTILE = 'It\'s "quoted"; $(touch pwned) `id` & a\nnewline {model}'
 
@@ -132,17 +134,17 @@ def test_reference_agent_runs_with_the_runtimes_interpreter(tmp_path: Path) -> N
     reference = get_harness({"type": "reference"})
     local = get_runtime("local", "rt-1", tmp_path)
     assert local.python == sys.executable
-    docker = runtime_from_spec({"kind": "docker", "image": "img"}, "rt-1", tmp_path)
+    docker = runtime_from_spec(RuntimeSpec(kind="docker", image="img"), "rt-1", tmp_path)
     assert docker.python == "python3"
     assert reference.env(make_ctx(python=docker.python))["POLAR_PYTHON"] == "python3"
     custom = runtime_from_spec(
-        {"kind": "docker", "image": "img", "python": "/opt/venv/bin/python"}, "rt-1", tmp_path
+        RuntimeSpec(kind="docker", image="img", python="/opt/venv/bin/python"), "rt-1", tmp_path
     )
     env = reference.env(make_ctx(python=custom.python))
     assert env["POLAR_PYTHON"] == "/opt/venv/bin/python"
     assert reference.command(make_ctx()).startswith('"${POLAR_PYTHON}" -m')
     with pytest.raises(ValueError, match="python"):
-        runtime_from_spec({"kind": "local", "python": "python3"}, "rt-1", tmp_path)
+        runtime_from_spec(RuntimeSpec(kind="local", python="python3"), "rt-1", tmp_path)
     command = get_harness({"type": "command", "command": "{python} agent.py"})
     assert command.command(make_ctx()) == '"${POLAR_PYTHON}" agent.py'
     assert command.env(make_ctx(python="/usr/bin/python3"))["POLAR_PYTHON"] == "/usr/bin/python3"
@@ -152,13 +154,30 @@ def test_reference_agent_runs_with_the_runtimes_interpreter(tmp_path: Path) -> N
     ("spec", "message"),
     [
         ({"type": "swe-magic"}, "unknown harness type 'swe-magic'; known types: command, ref"),
-        ({}, "unknown harness type None"),
+        ({"type": None}, "type: Input should be a valid string"),
         ({"type": "command"}, "non-empty 'command'"),
         ({"type": "command", "command": "x", "cmd": "y"}, "unknown key\\(s\\) 'cmd'"),
         ({"type": "reference", "command": "x"}, "unknown key\\(s\\) 'command'"),
-        ({"type": "command", "command": "x", "env": ["A=1"]}, "'env' must be a mapping"),
+        ({"type": "command", "command": "x", "env": ["A=1"]}, "env: Input should be a valid dict"),
+        ({"type": "command", "command": "x", "env": {"A": 1}}, "env.A: Input should be"),
+        ("command", "harness spec must be a mapping, got str"),
     ],
 )
 def test_get_harness_rejects_bad_specs(spec: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         get_harness(spec)
+
+
+def test_typed_and_mapping_specs_build_the_same_harness() -> None:
+    """A job's typed spec and a library caller's mapping are one spec; `{}` is the reference
+    agent, as an empty `harness` of a job is."""
+    ctx = make_ctx()
+    typed = get_harness(HarnessSpec(type="command", command="run {model}", env={"A": "1"}))
+    mapped = get_harness({"type": "command", "command": "run {model}", "env": {"A": "1"}})
+    assert (typed.command(ctx), typed.env(ctx)) == (mapped.command(ctx), mapped.env(ctx))
+    assert get_harness({}).command(ctx) == get_harness(HarnessSpec()).command(ctx)
+    assert "tool_agent" in get_harness({}).command(ctx)
+    with pytest.raises(ValidationError, match="unknown key\\(s\\) 'artifacts' in 'reference'"):
+        HarnessSpec(type="reference", artifacts={"a": "b"})  # the model refuses it too
+    with pytest.raises(ValidationError, match="auto_install"):
+        HarnessSpec.model_validate({"type": "aider", "auto_install": "yes"})  # strict

@@ -29,8 +29,9 @@ from polar_mq.harnesses.presets.setup import (
     HarnessMissing,
     ensure_installed,
     harness_root_for,
-    runtime_spec_for,
+    sandbox_binds,
 )
+from polar_mq.spec import HarnessSpec, RuntimeSpec
 
 HOSTILE = "it's $(touch owned) `id`"
 
@@ -140,7 +141,7 @@ def test_auxiliary_rules_match_every_condition() -> None:
 
 def test_install_is_cached_locked_and_checked_at_prepare(echo: Preset, tmp_path: Path) -> None:
     root = tmp_path / "cache"
-    spec = {"type": "echo_test"}
+    spec = HarnessSpec(type="echo_test")
     with pytest.raises(HarnessMissing, match=r"polar-mq harness install echo_test@1\.17\.0"):
         ensure_installed(root, spec, "node-1")
     reports: list[installer.InstallReport] = []
@@ -161,7 +162,7 @@ def test_install_is_cached_locked_and_checked_at_prepare(echo: Preset, tmp_path:
     python = reports[0].install.python
     assert subprocess.run([python, "-c", "import six"], check=False).returncode == 0
     assert ensure_installed(root, spec, "node-1") == "echo_test@1.17.0"
-    assert ensure_installed(root, {"type": "reference"}, "node-1") is None
+    assert ensure_installed(root, HarnessSpec(type="reference"), "node-1") is None
 
 
 def test_failed_install_leaves_nothing_usable(echo: Preset, tmp_path: Path) -> None:
@@ -171,27 +172,28 @@ def test_failed_install_leaves_nothing_usable(echo: Preset, tmp_path: Path) -> N
         installer.install(root, "echo_test", missing, "0.0.1")
     assert installer.find_install(root, "echo_test", missing, "0.0.1") is None
     with pytest.raises(HarnessMissing, match="failed"):
-        ensure_installed(root, {"type": "echo_test", "version": "0.0.1", "auto_install": True}, "n")
+        spec = HarnessSpec(type="echo_test", version="0.0.1", auto_install=True)
+        ensure_installed(root, spec, "n")
 
 
 def test_placement_per_runtime_kind(echo: Preset, tmp_path: Path) -> None:
     node = tmp_path / "cache"
-    assert harness_root_for({"kind": "docker", "image": "i"}, node) == IMAGE_HARNESS_ROOT
-    assert harness_root_for({"kind": "bwrap"}, node) == node
-    bwrap = runtime_spec_for({"kind": "bwrap"}, {"type": "echo_test"}, node)
-    assert bwrap["ro"] == [str(node / "echo_test" / "1.17.0")]
-    assert runtime_spec_for({"kind": "local"}, {"type": "echo_test"}, node) == {"kind": "local"}
-    assert runtime_spec_for({"kind": "bwrap"}, {"type": "reference"}, node) == {"kind": "bwrap"}
+    bwrap, echo_spec = RuntimeSpec(kind="bwrap"), HarnessSpec(type="echo_test")
+    assert harness_root_for(RuntimeSpec(kind="docker", image="i"), node) == IMAGE_HARNESS_ROOT
+    assert harness_root_for(bwrap, node) == node
+    assert sandbox_binds(bwrap, echo_spec, node) == (str(node / "echo_test" / "1.17.0"),)
+    assert sandbox_binds(RuntimeSpec(kind="local"), echo_spec, node) == ()
+    assert sandbox_binds(bwrap, HarnessSpec(type="reference"), node) == ()
     # a venv made from another interpreter (a preset needing a newer Python): its prefix too
     venv = node / "echo_test" / "1.17.0" / "venv"
     venv.mkdir(parents=True)
     (venv / "pyvenv.cfg").write_text("home = /opt/py312/bin\nversion = 3.12.1\n")
-    bwrap = runtime_spec_for({"kind": "bwrap"}, {"type": "echo_test"}, node)
-    assert bwrap["ro"] == [str(node / "echo_test" / "1.17.0"), "/opt/py312"]
+    binds = sandbox_binds(bwrap, echo_spec, node)
+    assert binds == (str(node / "echo_test" / "1.17.0"), "/opt/py312")
     (venv / "pyvenv.cfg").write_text(f"home = {sys.base_prefix}/bin\n")  # the worker's own
-    assert runtime_spec_for({"kind": "bwrap"}, {"type": "echo_test"}, node)["ro"] == bwrap["ro"][:1]
+    assert sandbox_binds(bwrap, echo_spec, node) == binds[:1]
     (venv / "pyvenv.cfg").write_text("home = /bin\n")  # never the whole root
-    assert runtime_spec_for({"kind": "bwrap"}, {"type": "echo_test"}, node)["ro"] == bwrap["ro"][:1]
+    assert sandbox_binds(bwrap, echo_spec, node) == binds[:1]
 
 
 def test_harness_cli_list_and_errors(tmp_path: Path) -> None:

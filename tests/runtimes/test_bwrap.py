@@ -12,7 +12,7 @@ from runtime_backends import Backend, backend_for, connect_command, tcp_listener
 
 from polar_mq.runtimes import ResourceLimits
 from polar_mq.runtimes.base import ExecResult
-from polar_mq.runtimes.bwrap import BwrapRuntime
+from polar_mq.runtimes.bwrap import BwrapRuntime, StartedWith
 from polar_mq.runtimes.cgroups import CgroupUnavailable, create
 
 
@@ -138,3 +138,21 @@ def test_proxy_only_refuses_proxies_it_cannot_relay(bwrap: Backend) -> None:
     host = bwrap.make("rt-proxy-host")
     host.start()
     assert host.agent_proxy_url("http://127.0.0.1:9/v1") == "http://127.0.0.1:9/v1"
+
+
+def test_started_options_are_recorded_typed_and_read_back(tmp_path: Path) -> None:
+    """No bubblewrap needed: the record a later handle builds its command line from."""
+    unstarted = BwrapRuntime("rt-rec", tmp_path, network="none", ro_binds=["/srv/x"])
+    assert unstarted._recorded() == StartedWith("none", None, ("/srv/x",))  # its own options
+    record = StartedWith("proxy_only", 64, (str(tmp_path),))
+    assert StartedWith.parse(record.to_json()) == record
+    later = BwrapRuntime("rt-rec", tmp_path)  # another stage's handle: default options
+    later.path.mkdir(parents=True, exist_ok=True)
+    (later.path / "bwrap.json").write_bytes(StartedWith("none", None, (str(tmp_path),)).to_json())
+    argv = later._sandbox_argv(["true"], later.workdir)
+    triples = list(zip(argv, argv[1:], argv[2:], strict=False))
+    assert "--unshare-net" in argv and ("--ro-bind", str(tmp_path), str(tmp_path)) in triples
+    for bad in (b"{", b"[]", b'{"network": "bridge", "ro": []}', b'{"network": "none"}'):
+        assert StartedWith.parse(bad) is None  # unreadable: the handle's own (the job's) options
+    (later.path / "bwrap.json").write_bytes(b"{")
+    assert BwrapRuntime("rt-rec", tmp_path, network="none")._recorded().network == "none"

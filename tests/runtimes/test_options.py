@@ -24,20 +24,20 @@ def job(runtime: dict[str, Any]) -> JobCreate:
 
 def test_each_kind_gets_its_options(tmp_path: Path) -> None:
     spec = job({"kind": "docker", "image": "img:1", "network": "none", "cpus": 1.5, "pids": 64})
-    rt = runtime_from_spec(spec.stored_spec()["runtime"], "rt-1", tmp_path)
+    rt = runtime_from_spec(spec.job_spec().runtime, "rt-1", tmp_path)
     assert isinstance(rt, DockerRuntime)
     assert (rt.image, rt.network, rt.cpus, rt.pids_limit) == ("img:1", "none", 1.5, 64)
 
     spec = job({"kind": "docker", "image": "img:1", "network": "proxy_only"})
-    rt = runtime_from_spec(spec.stored_spec()["runtime"], "rt-4", tmp_path)
+    rt = runtime_from_spec(spec.job_spec().runtime, "rt-4", tmp_path)
     assert isinstance(rt, DockerRuntime) and rt.network == "proxy_only"
 
     spec = job({"kind": "bwrap", "network": "none", "pids": 32, "memory_mb": 256})
-    rt = runtime_from_spec(spec.stored_spec()["runtime"], "rt-2", tmp_path)
+    rt = runtime_from_spec(spec.job_spec().runtime, "rt-2", tmp_path)
     assert isinstance(rt, BwrapRuntime)
     assert (rt.network, rt.pids_limit, rt.limits) == ("none", 32, ResourceLimits(memory_mb=256))
 
-    rt = runtime_from_spec(job({}).stored_spec()["runtime"], "rt-3", tmp_path)
+    rt = runtime_from_spec(job({}).job_spec().runtime, "rt-3", tmp_path)
     assert type(rt) is LocalRuntime and rt.limits is None
     grader = {"prepare": {"files": {"t.sh": "true"}, "commands": []}}
     assert job({"evaluation": grader}).stored_spec()["runtime"]["evaluation"] == grader

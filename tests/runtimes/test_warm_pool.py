@@ -16,15 +16,21 @@ import pytest
 
 from polar_mq.runtimes import LocalRuntime
 from polar_mq.runtimes.warm_pool import WarmPool, is_pooled, pool_key
+from polar_mq.spec import RuntimeSpec
 from tests.runtimes.runtime_backends import TEST_IMAGE, skip_reason
 
-SPEC: dict[str, Any] = {
+RAW: dict[str, Any] = {
     "kind": "local",
     "prepare": {
         "files": {"lib/setup.txt": "from the recipe"},
         "commands": ["echo ran >> $HOME/../recipe-runs.log; mkdir -p built && echo ok > built/x"],
     },
 }
+SPEC = RuntimeSpec.model_validate(RAW)
+
+
+def spec_of(raw: dict[str, Any]) -> RuntimeSpec:
+    return RuntimeSpec.model_validate(raw)
 
 
 def _recipe_runs(pool: WarmPool, runtime_id: str) -> int:
@@ -33,10 +39,23 @@ def _recipe_runs(pool: WarmPool, runtime_id: str) -> int:
 
 
 def test_pool_key_names_the_sandbox_not_the_reuse_flags() -> None:
-    assert pool_key(SPEC) == pool_key({**SPEC, "warm": True, "reuse": True, "network": "host"})
-    assert pool_key(SPEC) != pool_key({**SPEC, "memory_mb": 512})
-    assert pool_key(SPEC) != pool_key({**SPEC, "prepare": {"commands": ["true"]}})
-    assert pool_key({"kind": "docker", "image": "a"}) != pool_key({"kind": "docker", "image": "b"})
+    assert pool_key(SPEC) == pool_key(spec_of({**RAW, "warm": True, "reuse": True}))
+    assert pool_key(SPEC) == pool_key(spec_of({**RAW, "network": "host"}))
+    assert pool_key(SPEC) != pool_key(spec_of({**RAW, "memory_mb": 512}))
+    assert pool_key(SPEC) != pool_key(spec_of({**RAW, "prepare": {"commands": ["true"]}}))
+    docker = RuntimeSpec(kind="docker", image="a")
+    assert pool_key(docker) != pool_key(RuntimeSpec(kind="docker", image="b"))
+
+
+def test_pool_key_is_stable_across_releases() -> None:
+    """A node's idle runtimes keep their keys when the worker is upgraded (the values were
+    computed by the release that hashed the stored spec dict)."""
+    assert pool_key(RuntimeSpec()) == "cc4ba0999881"
+    full = RuntimeSpec.model_validate(
+        {"kind": "docker", "image": "img:1", "network": "proxy_only", "memory_mb": 256,
+         "cpus": 1.5, "pids": 64, "prepare": {"files": {"b": "2", "a": "1"}, "commands": ["make"]}}
+    )  # fmt: skip
+    assert pool_key(full) == "23186cafa614"
 
 
 def test_fill_take_and_recycle_keeps_the_recipe_but_resets_the_rest(tmp_path: Path) -> None:
@@ -104,7 +123,7 @@ def test_cold_start_is_pooled_and_a_failing_recipe_leaves_nothing(tmp_path: Path
     assert got.detail["source"] == "cold" and got.detail["recipe_s"] > 0
     assert pool.release(got.runtime, "f" * 32 + "-1", reuse=True)["action"] == "recycled"
     assert pool.census().idle_by_key == {pool_key(SPEC): 1}
-    bad = {"kind": "local", "prepare": {"commands": ["exit 3"]}}
+    bad = spec_of({"kind": "local", "prepare": {"commands": ["exit 3"]}})
     with pytest.raises(RuntimeError, match="exit 3"):
         pool.cold(bad, "f" * 32 + "-2", 30)
     with pytest.raises(RuntimeError, match="exit 3"):
@@ -133,7 +152,7 @@ def test_size_is_bounded(tmp_path: Path) -> None:
     assert pool.census().total == 0
 
 
-def _taker(root: str, spec: dict[str, Any], owner: str, out: Any, start: Any) -> None:
+def _taker(root: str, spec: RuntimeSpec, owner: str, out: Any, start: Any) -> None:
     pool = WarmPool(Path(root))
     got: list[str] = []
     start.wait(30)  # all at once: they go for the same oldest runtimes
@@ -151,7 +170,7 @@ def _taker(root: str, spec: dict[str, Any], owner: str, out: Any, start: Any) ->
 
 def test_concurrent_takers_in_separate_processes_never_share_a_runtime(tmp_path: Path) -> None:
     pool = WarmPool(tmp_path / "rt")
-    spec = {"kind": "local"}
+    spec = RuntimeSpec(kind="local")
     made = {pool.fill_one(spec) for _ in range(60)}
     ctx = multiprocessing.get_context("fork")
     out = ctx.Queue()
@@ -177,9 +196,10 @@ def test_sandboxed_kinds_recycle_and_detect_death(kind: str, tmp_path: Path) -> 
     reason = skip_reason(kind)
     if reason:
         pytest.skip(reason)
-    spec: dict[str, Any] = {"kind": kind, "prepare": {"commands": ["echo ready > ready.txt"]}}
+    raw: dict[str, Any] = {"kind": kind, "prepare": {"commands": ["echo ready > ready.txt"]}}
     if kind == "docker":
-        spec["image"] = TEST_IMAGE
+        raw["image"] = TEST_IMAGE
+    spec = spec_of(raw)
     pool = WarmPool(tmp_path / "rt")
     runtime_id = pool.fill_one(spec)
     got = pool.take(spec, "1" * 32 + "-1")
@@ -194,3 +214,23 @@ def test_sandboxed_kinds_recycle_and_detect_death(kind: str, tmp_path: Path) -> 
         assert got.runtime.container() is None  # type: ignore[attr-defined]
     pool.reap_idle(-1)
     assert not (pool.root / runtime_id).exists() and pool.markers() == []
+
+
+def test_binds_are_part_of_the_pooled_sandbox(tmp_path: Path) -> None:
+    """A bwrap runtime built with extra read-only binds (a preset's install) is only taken by a
+    rollout asking for the same binds, and starts with them recorded."""
+    reason = skip_reason("bwrap")
+    if reason:
+        pytest.skip(reason)
+    install = tmp_path / "harnesses" / "aider" / "1.0"
+    install.mkdir(parents=True)
+    (install / "marker").write_text("installed")
+    spec, binds = RuntimeSpec(kind="bwrap"), (str(install),)
+    pool = WarmPool(tmp_path / "rt")
+    runtime_id = pool.fill_one(spec, 30, binds)
+    assert pool.take(spec, "1" * 32 + "-1") is None  # no binds: another sandbox
+    got = pool.take(spec, "1" * 32 + "-1", binds)
+    assert got is not None and got.runtime.runtime_id == runtime_id
+    seen = got.runtime.exec(f"cat {install}/marker", timeout=10)
+    assert seen.stdout_tail.strip() == "installed"
+    pool.release(got.runtime, "1" * 32 + "-1", reuse=False)

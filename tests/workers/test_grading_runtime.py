@@ -44,7 +44,8 @@ def settings(tmp_path: Path) -> Settings:
 
 
 def _agent_runtime(settings: Settings, rollout: RolloutRef, kind: str = "local") -> Runtime:
-    runtime = runtime_from_spec(_sandbox(kind), runtime_id_for(rollout), settings.runtime_root)
+    sandbox = _spec(_sandbox(kind))
+    runtime = runtime_from_spec(sandbox, runtime_id_for(rollout), settings.runtime_root)
     runtime.start()
     return runtime
 

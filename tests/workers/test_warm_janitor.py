@@ -18,9 +18,12 @@ from polar_mq.lifecycle.transitions import claim
 from polar_mq.models import Rollout, RolloutStatus
 from polar_mq.runtimes import LocalRuntime
 from polar_mq.runtimes.warm_pool import WarmPool, process_tag
+from polar_mq.spec import RuntimeSpec
 from polar_mq.workers.janitor import NodeJanitor
 
-SPEC = {"kind": "local", "warm": True, "prepare": {"commands": ["echo warm > w.txt"]}}
+SPEC = RuntimeSpec.model_validate(
+    {"kind": "local", "warm": True, "prepare": {"commands": ["echo warm > w.txt"]}}
+)
 
 
 def _rollouts(factory: sessionmaker[Session], n: int) -> list[uuid.UUID]:

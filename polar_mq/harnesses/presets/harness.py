@@ -1,8 +1,10 @@
-"""`PresetHarness`: a job's `{"type": "<preset>", "version", "options", ...}` as a `Harness`.
+"""`PresetHarness`: a job's preset harness spec (`type: <preset>`, `version`, `options`, ...) as a
+`Harness`.
 
-Validated when built (so a bad spec is a 4xx at submission): the version string, the preset's
-options, the user's env (the proxy variables stay reserved) and extra auxiliary-call rules. At run
-time it points PATH at the node's install of that version and HOME inside the workspace.
+The spec's shape is typed and checked by `HarnessSpec`; what needs the preset is validated here,
+when built (so a bad spec is a 4xx at submission): the version string, the preset's options, the
+user's env (the proxy variables stay reserved) and extra auxiliary-call rules. At run time it
+points PATH at the node's install of that version and HOME inside the workspace.
 """
 
 from __future__ import annotations
@@ -10,8 +12,6 @@ from __future__ import annotations
 import os
 import re
 import shlex
-from collections.abc import Mapping
-from typing import Any
 
 from pydantic import ValidationError
 
@@ -20,40 +20,31 @@ from polar_mq.harnesses.base import AgentContext, Harness
 from polar_mq.harnesses.env import check_user_env
 from polar_mq.harnesses.presets.base import Install, Preset, PresetRun
 from polar_mq.harnesses.presets.install import install_dir
+from polar_mq.spec.model import HarnessSpec
 
-SPEC_KEYS = frozenset({"type", "version", "options", "env", "auto_install", "auxiliary_calls"})
 _VERSION = re.compile(r"[0-9A-Za-z][0-9A-Za-z.+_-]{0,63}")
 
 
 class PresetHarness(Harness):
     """One preset at one version with one set of options."""
 
-    def __init__(self, preset: Preset, spec: Mapping[str, Any]) -> None:
-        unknown = sorted(set(spec) - SPEC_KEYS)
-        if unknown:
-            raise ValueError(
-                f"unknown key(s) {', '.join(map(repr, unknown))} in {preset.name!r} harness spec; "
-                f"allowed: {', '.join(sorted(SPEC_KEYS))}"
-            )
-        version = spec.get("version", preset.package.default_version)
-        if not isinstance(version, str) or not _VERSION.fullmatch(version):
+    def __init__(self, preset: Preset, spec: HarnessSpec) -> None:
+        version = spec.version or preset.package.default_version
+        if not _VERSION.fullmatch(version):
             raise ValueError(f"harness 'version' must be a version string, got {version!r}")
         try:
-            self.options = preset.options_model.model_validate(spec.get("options") or {})
+            self.options = preset.options_model.model_validate(spec.options or {})
         except ValidationError as exc:
             raise ValueError(f"bad {preset.name!r} options: {_first_error(exc)}") from exc
         preset.check_options(self.options)
-        auto_install = spec.get("auto_install", False)
-        if not isinstance(auto_install, bool):
-            raise ValueError("harness 'auto_install' must be true or false")
         self.preset = preset
         self.version = version
-        self.auto_install = auto_install
-        self.user_env = check_user_env(spec.get("env"))
+        self.auto_install = spec.auto_install is True
+        self.user_env = check_user_env(spec.env)
         self.answer = preset.answer
         self.artifacts = preset.artifacts
         try:
-            extra = parse_rules(spec.get("auxiliary_calls"))
+            extra = parse_rules(spec.auxiliary_calls)
         except ValidationError as exc:
             raise ValueError(f"bad 'auxiliary_calls': {_first_error(exc)}") from exc
         self.auxiliary_rules = (*preset.auxiliary, *extra)

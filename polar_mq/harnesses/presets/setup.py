@@ -8,9 +8,7 @@ that dies with "command not found" and is scored; with `auto_install` the node i
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from polar_mq.config import get_settings
 from polar_mq.harnesses import get_harness
@@ -25,32 +23,35 @@ from polar_mq.harnesses.presets.install import (
 from polar_mq.runtimes import LocalRuntime, Runtime
 from polar_mq.runtimes.identity import can_reach
 from polar_mq.runtimes.private_view import reachable_in_view
+from polar_mq.spec.model import HarnessSpec, RuntimeSpec
 
 IMAGE_HARNESS_ROOT = Path("/opt/polar_mq/harnesses")
 """Where scripts/build_preset_image.sh installs presets inside a docker image."""
 
 
-def harness_root_for(runtime_spec: Mapping[str, Any], node_root: Path) -> Path:
+def harness_root_for(runtime_spec: RuntimeSpec, node_root: Path) -> Path:
     """Where the agent finds installed presets: in the image for `docker`, else on the node."""
-    return IMAGE_HARNESS_ROOT if runtime_spec.get("kind") == "docker" else node_root
+    return IMAGE_HARNESS_ROOT if runtime_spec.kind == "docker" else node_root
 
 
-def preset_of(harness_spec: Mapping[str, Any]) -> PresetHarness | None:
-    harness = get_harness(harness_spec or {"type": "reference"})
+def preset_of(harness_spec: HarnessSpec) -> PresetHarness | None:
+    if not harness_spec.is_preset:
+        return None
+    harness = get_harness(harness_spec)
     return harness if isinstance(harness, PresetHarness) else None
 
 
-def runtime_spec_for(
-    runtime_spec: Mapping[str, Any], harness_spec: Mapping[str, Any], node_root: Path
-) -> dict[str, Any]:
-    """The runtime spec a sandbox is started with: a `bwrap` sandbox also sees (read-only) the
-    install of the job's preset, which lives outside the system directories it binds."""
-    spec = dict(runtime_spec)
+def sandbox_binds(
+    runtime_spec: RuntimeSpec, harness_spec: HarnessSpec, node_root: Path
+) -> tuple[str, ...]:
+    """What a sandbox mounts read-only beyond its own defaults: a `bwrap` sandbox also sees the
+    install of the job's preset, which lives outside the system directories it binds (the
+    runtime's `ro_binds`, see `polar_mq.runtimes.options.runtime_from_spec`)."""
     harness = preset_of(harness_spec)
-    if harness is not None and spec.get("kind") == "bwrap":
-        directory = install_dir(node_root, harness.preset.name, harness.version)
-        spec["ro"] = [*spec.get("ro", []), str(directory), *_venv_base(directory)]
-    return spec
+    if harness is None or runtime_spec.kind != "bwrap":
+        return ()
+    directory = install_dir(node_root, harness.preset.name, harness.version)
+    return (str(directory), *_venv_base(directory))
 
 
 def _venv_base(directory: Path) -> list[str]:
@@ -71,7 +72,7 @@ def _venv_base(directory: Path) -> list[str]:
     return []
 
 
-def check_in_image(runtime: Runtime, harness_spec: Mapping[str, Any], image: str) -> None:
+def check_in_image(runtime: Runtime, harness_spec: HarnessSpec, image: str) -> None:
     """Under `docker`, the preset must be baked into the image (HarnessMissing otherwise)."""
     harness = preset_of(harness_spec)
     if harness is None:
@@ -91,7 +92,7 @@ class HarnessMissing(RuntimeError):
     agent user cannot reach it."""
 
 
-def check_agent_reaches(runtime: Runtime, harness_spec: Mapping[str, Any], root: Path) -> None:
+def check_agent_reaches(runtime: Runtime, harness_spec: HarnessSpec, root: Path) -> None:
     """Under `local` the agent user runs the preset's install (or the reference agent's
     interpreter) by its node path: one below a private directory (root's 0700 home) would make
     every agent die with "permission denied" and be scored; refuse the rollout at prepare
@@ -103,7 +104,7 @@ def check_agent_reaches(runtime: Runtime, harness_spec: Mapping[str, Any], root:
     if harness is not None:
         needed = install_dir(root, harness.preset.name, harness.version)
         what = f"harness {harness.preset.name}@{harness.version} (installed in {needed})"
-    elif harness_spec.get("type", "reference") == "reference":
+    elif harness_spec.type == "reference":
         needed = Path(runtime.python).resolve().parent
         what = f"the reference agent's interpreter ({needed})"
     else:
@@ -118,7 +119,7 @@ def check_agent_reaches(runtime: Runtime, harness_spec: Mapping[str, Any], root:
         )
 
 
-def ensure_installed(harness_root: Path, harness_spec: Mapping[str, Any], node: str) -> str | None:
+def ensure_installed(harness_root: Path, harness_spec: HarnessSpec, node: str) -> str | None:
     """None for non-preset harnesses; else `name@version` once it is installed on this node.
 
     (Under `docker` the image holds the install: see `check_in_image`.)"""

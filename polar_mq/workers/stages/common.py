@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,14 +49,20 @@ def pool_owner(rollout: RolloutRef) -> str:
     return runtime_id_for(rollout)
 
 
-def open_runtime(settings: Settings, runtime_spec: dict[str, Any], rollout: RolloutRef) -> Runtime:
-    """A handle on the rollout's runtime (any kind), built from the stored job spec.
+def open_runtime(
+    settings: Settings,
+    runtime_spec: RuntimeSpec,
+    rollout: RolloutRef,
+    ro_binds: Sequence[str] = (),
+) -> Runtime:
+    """A handle on the rollout's runtime (any kind), built from the job's runtime spec.
 
     The runtime the rollout actually got is stored on it by prepare (a warm one has a pool id);
-    rollouts prepared before that have the deterministic id.
+    rollouts prepared before that have the deterministic id. `ro_binds` matter to the one that
+    starts it (prepare): a started sandbox keeps what it was started with.
     """
     runtime_id = rollout.runtime_id or runtime_id_for(rollout)
-    return runtime_from_spec(runtime_spec, runtime_id, settings.runtime_root)
+    return runtime_from_spec(runtime_spec, runtime_id, settings.runtime_root, ro_binds)
 
 
 def release_runtime(
@@ -76,10 +83,10 @@ def release_runtime(
     runtime_id = rollout.runtime_id or pool.taken_by(pool_owner(rollout))
     if is_pooled(runtime_id):
         assert runtime_id is not None
-        handle = pool.handle(runtime_spec.as_dict(), runtime_id)
+        handle = pool.handle(runtime_spec, runtime_id)
         reuse = reusable and runtime_spec.reuse
         return pool.release(handle, pool_owner(rollout), reuse)
-    runtime = open_runtime(settings, runtime_spec.as_dict(), rollout)
+    runtime = open_runtime(settings, runtime_spec, rollout)
     started = time.monotonic()
     runtime.stop()
     return {

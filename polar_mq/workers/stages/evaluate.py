@@ -56,7 +56,7 @@ def _last_assistant_text(ctx: WorkerContext, claimed: Claimed) -> str | None:
 def final_text(ctx: WorkerContext, claimed: Claimed, runtime: Runtime) -> str | None:
     """The agent's answer from its harness's answer source: the declared file if the agent wrote
     it, else the last assistant message of its main loop (auxiliary calls are not the answer)."""
-    answer = get_harness(claimed.spec.harness.as_dict()).answer
+    answer = get_harness(claimed.spec.harness).answer
     if answer.file is not None:
         try:
             return runtime.download(answer.file).decode(errors="replace")
@@ -81,7 +81,7 @@ def judge_endpoint(ctx: WorkerContext, claimed: Claimed) -> LlmEndpoint:
 def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
     spec = claimed.spec
     rollout = claimed.rollout
-    agent_runtime = open_runtime(ctx.settings, spec.runtime.as_dict(), rollout)
+    agent_runtime = open_runtime(ctx.settings, spec.runtime, rollout)
     evaluator = get_evaluator(spec.evaluator)
     name = spec.evaluator_name
     prepare_s = spec.timeouts.prepare_s

@@ -42,12 +42,10 @@ def grading_recipe(runtime_spec: RuntimeSpec) -> PrepareRecipe | None:
 def open_grading_runtime(
     settings: Settings, runtime_spec: RuntimeSpec, rollout: RolloutRef
 ) -> Runtime:
-    """A handle on the rollout's evaluation runtime: the agent runtime's spec, its own id."""
-    sandbox = runtime_spec.model_dump(
-        mode="json", exclude_none=True, exclude={"prepare", "evaluation"}
-    )
+    """A handle on the rollout's evaluation runtime: the agent runtime's sandbox (kind, image,
+    network, limits; not its recipe, which `prepare_grader` replaces), its own id."""
     runtime_id = runtime_id_for(rollout) + EVAL_SUFFIX
-    return runtime_from_spec(sandbox, runtime_id, settings.runtime_root)
+    return runtime_from_spec(runtime_spec, runtime_id, settings.runtime_root)
 
 
 def is_ready(runtime: Runtime) -> bool:

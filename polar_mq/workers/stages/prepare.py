@@ -34,7 +34,7 @@ from polar_mq.harnesses.presets.setup import (
     check_agent_reaches,
     check_in_image,
     ensure_installed,
-    runtime_spec_for,
+    sandbox_binds,
 )
 from polar_mq.lifecycle.transitions import Claimed
 from polar_mq.models import TerminationReason
@@ -70,24 +70,23 @@ def _install_task(runtime: Runtime, instance: dict[str, Any], timeout: float) ->
 
 def _cold(ctx: WorkerContext, claimed: Claimed, timeout: float) -> tuple[Runtime, dict[str, Any]]:
     spec = claimed.spec
-    runtime_spec = runtime_spec_for(
-        spec.runtime.as_dict(), spec.harness.as_dict(), ctx.settings.harness_root
-    )  # a bwrap sandbox also sees the preset's install
-    runtime = open_runtime(ctx.settings, runtime_spec, claimed.rollout)
+    binds = sandbox_binds(spec.runtime, spec.harness, ctx.settings.harness_root)
+    runtime = open_runtime(ctx.settings, spec.runtime, claimed.rollout, binds)
     t0 = time.monotonic()
     runtime.start()
     t1 = time.monotonic()
     task = _install_task(runtime, claimed.instance, timeout)
-    recipe_s = apply_recipe(runtime, spec.runtime.prepare.model_dump(), timeout)
+    recipe_s = apply_recipe(runtime, spec.runtime.prepare, timeout)
     detail = {"source": "cold", "warm": False, "start_s": round(t1 - t0, 4)}
     return runtime, {**detail, "recipe_s": round(recipe_s, 4), **task}
 
 
 def _warm(ctx: WorkerContext, claimed: Claimed, timeout: float) -> tuple[Runtime, dict[str, Any]]:
-    runtime_spec = claimed.spec.runtime.as_dict()
+    spec = claimed.spec
+    binds = sandbox_binds(spec.runtime, spec.harness, ctx.settings.harness_root)
     owner = pool_owner(claimed.rollout)
-    got = ctx.warm_pool.take(runtime_spec, owner) or ctx.warm_pool.cold(
-        runtime_spec, owner, timeout
+    got = ctx.warm_pool.take(spec.runtime, owner, binds) or ctx.warm_pool.cold(
+        spec.runtime, owner, timeout, binds
     )
     try:
         task = _install_task(got.runtime, claimed.instance, timeout)
@@ -100,7 +99,7 @@ def _warm(ctx: WorkerContext, claimed: Claimed, timeout: float) -> tuple[Runtime
 def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
     spec = claimed.spec
     timeout = spec.timeouts.prepare_s
-    harness_spec = spec.harness.as_dict()
+    harness_spec = spec.harness
     docker = spec.runtime.kind == "docker"
     try:  # a preset harness must be installed on this node before a runtime is spent on it
         if not docker:

@@ -99,9 +99,8 @@ def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
     spec = claimed.spec
     settings = ctx.settings
     timeouts = spec.timeouts
-    runtime_spec = spec.runtime.as_dict()
-    runtime = open_runtime(settings, runtime_spec, claimed.rollout)
-    harness = get_harness(spec.harness.as_dict())
+    runtime = open_runtime(settings, spec.runtime, claimed.rollout)
+    harness = get_harness(spec.harness)
     agent = AgentContext(
         rollout_id=str(claimed.rollout.id),
         instruction=claimed.instance["instruction"],
@@ -119,7 +118,7 @@ def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
         model=spec.model or settings.served_model or "default",
         python=runtime.python,
         extra_env=_sampling_env(spec.sampling),
-        harness_root=harness_root_for(runtime_spec, settings.harness_root),
+        harness_root=harness_root_for(spec.runtime, settings.harness_root),
     )
     for path, text in harness.files(agent).items():
         runtime.upload(text.encode(), path)  # the harness's config, inside the workspace
