@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from polar_mq.config import get_settings
+from polar_mq.harnesses import parse_harness_spec
 from polar_mq.harnesses.presets.setup import check_agent_reaches
 from polar_mq.runtimes import LocalRuntime, private_view
 from polar_mq.runtimes.identity import AgentIdentity
@@ -222,7 +223,9 @@ def test_prepare_accepts_an_interpreter_the_view_makes_reachable(node: Node) -> 
     rt.start()
     try:
         interpreter = Path(rt.python).resolve().parent
-        check_agent_reaches(rt, {"type": "reference"}, get_settings().harness_root)
+        check_agent_reaches(
+            rt, parse_harness_spec({"type": "reference"}), get_settings().harness_root
+        )
         assert reachable_in_view(interpreter, rt.agent, get_settings())
         ran = rt.exec([rt.python, "-c", "import polar_mq.agents; print('ok')"], timeout=60)
         assert ran.ok and ran.stdout_tail.strip() == "ok", ran
