@@ -21,6 +21,7 @@ from starlette.types import Receive, Scope, Send
 
 from polar_mq.proxy.apis.base import StreamTranslator
 from polar_mq.proxy.backends import BackendUnavailable, send_call
+from polar_mq.proxy.backends.send import UpstreamResponse
 from polar_mq.proxy.errors import bad_gateway
 from polar_mq.proxy.record import CallContext, call_row
 from polar_mq.proxy.sse import SseRelay
@@ -156,7 +157,7 @@ class CapturedStream(Response):
         self,
         state: ProxyState,
         call: CallContext,
-        upstream: httpx.Response,
+        upstream: UpstreamResponse,
         added_s: float | None = None,
     ) -> None:
         self.status_code = upstream.status_code
