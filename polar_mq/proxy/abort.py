@@ -11,7 +11,6 @@ the call is logged once, `complete=False` with status 499, like an abandoned str
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Coroutine
 from typing import Any
 
@@ -35,20 +34,39 @@ async def unless_client_leaves(
     receive: Receive,
     forward: Coroutine[Any, Any, Response],
 ) -> Response:
-    """Run `forward` (which logs its own call) unless the client disconnects first."""
-    work = asyncio.ensure_future(forward)
+    """Run `forward` (which logs its own call) unless the client disconnects first.
+
+    `forward` runs in this task; only the watch is a task of its own, which cancels this one
+    when the client leaves (one task per call, no `asyncio.wait`, on the hot path).
+    """
+    task = asyncio.current_task()
+    assert task is not None
+    left = False
+    forwarding = True
+
+    def hung_up(watch: asyncio.Future[None]) -> None:
+        nonlocal left
+        if forwarding and not watch.cancelled() and watch.exception() is None:
+            left = True
+            task.cancel()
+
     watch = asyncio.ensure_future(_disconnected(receive))
+    watch.add_done_callback(hung_up)
     try:
-        await asyncio.wait((work, watch), return_when=asyncio.FIRST_COMPLETED)
+        response = await forward
+    except asyncio.CancelledError:
+        if not left:
+            raise
+        task.uncancel()  # our own cancellation, handled here
+    else:
+        if left:  # the answer was ready first (forward swallowed the cancellation)
+            task.uncancel()
+        return response
     finally:
+        forwarding = False  # a disconnect seen from now on is the response's business
         watch.cancel()
-    if work.done():
-        return work.result()
     # The forward coroutine logs its row only after the upstream answered, with no await in
-    # between, so cancelling it now means the call was not logged: log it here, once.
-    work.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await work
+    # between, so cancelling it means the call was not logged: log it here, once.
     row = call_row(
         call,
         call.backend,

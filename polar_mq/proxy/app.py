@@ -28,6 +28,7 @@ from polar_mq.proxy.engines.base import RETOKENIZED
 from polar_mq.proxy.engines.retokenize import RetokenizingSink
 from polar_mq.proxy.errors import request_timeout
 from polar_mq.proxy.fanout import Siblings, fanned_out, flushed, replay
+from polar_mq.proxy.fast_path import FastPathApp
 from polar_mq.proxy.metrics import ProxyMetrics, metrics_endpoint
 from polar_mq.proxy.policy_sync import PolicySync, db_reader
 from polar_mq.proxy.rollout_states import RolloutStates, StateReader, db_state_reader
@@ -114,6 +115,7 @@ def create_proxy_app(
             rollouts=rollouts,
             budgets=budgets,
             siblings=Siblings(worker) if worker is not None else None,
+            body_read_timeout_s=settings.body_read_timeout_s,
         )
         if worker is not None:
             await replay(app, worker, CHANGES)
@@ -156,7 +158,8 @@ def create_proxy_app(
     timeout = Middleware(
         BodyTimeoutMiddleware, timeout_s=settings.body_read_timeout_s, refuse=_timed_out
     )
-    return Starlette(
+    return FastPathApp(
+        hot={path: fn for path, fn, method in api if method == "POST" and "{" not in path},
         routes=app_routes,
         lifespan=lifespan,
         middleware=[timeout],

@@ -21,6 +21,7 @@ from starlette.types import Receive, Scope, Send
 
 from polar_mq.proxy.apis.base import StreamTranslator
 from polar_mq.proxy.backends import BackendUnavailable, send_call
+from polar_mq.proxy.backends.send import UpstreamResponse
 from polar_mq.proxy.errors import bad_gateway
 from polar_mq.proxy.record import CallContext, call_row
 from polar_mq.proxy.sse import SseRelay
@@ -156,7 +157,7 @@ class CapturedStream(Response):
         self,
         state: ProxyState,
         call: CallContext,
-        upstream: httpx.Response,
+        upstream: UpstreamResponse,
         added_s: float | None = None,
     ) -> None:
         self.status_code = upstream.status_code
@@ -200,26 +201,53 @@ class CapturedStream(Response):
             self._strip(chunk, self._call.view, False)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        pump = asyncio.ensure_future(self._pump(send))
+        """Relay in this task; a watch task cancels it when the agent hangs up (one task per
+        stream and no `asyncio.wait` on the hot path)."""
+        task = asyncio.current_task()
+        assert task is not None
+        left = False
+        relaying = True
+
+        def hung_up(watch: asyncio.Future[None]) -> None:
+            nonlocal left
+            if relaying and not watch.cancelled() and watch.exception() is None:
+                left = True
+                task.cancel()
+
         watch = asyncio.ensure_future(_wait_for_disconnect(receive))
+        watch.add_done_callback(hung_up)
+        cancelled: asyncio.CancelledError | None = None
         try:
-            await asyncio.wait((pump, watch), return_when=asyncio.FIRST_COMPLETED)
-        finally:
             try:
-                watch.cancel()
-                if not pump.done():
-                    if not self._delivered:  # after the whole answer, hanging up is normal
-                        self._status = STATUS_CLIENT_GONE
-                    pump.cancel()
-                    await asyncio.wait((pump,))
-                self._check(pump)
-                with contextlib.suppress(httpx.HTTPError):  # hanging up is all we need here
-                    await self._upstream.aclose()
-                if self._started and not self._ended and self._status != STATUS_CLIENT_GONE:
-                    with contextlib.suppress(Exception):  # end the body after a relay failure
-                        await send({"type": "http.response.body", "body": b"", "more_body": False})
+                await self._pump(send)
+            except asyncio.CancelledError as exc:
+                if not self._delivered:  # after the whole answer, hanging up is normal
+                    self._status = STATUS_CLIENT_GONE
+                if left:
+                    task.uncancel()  # our own cancellation, handled here
+                else:
+                    cancelled = exc  # the server's: clean up, log, then let it through
+            except OSError:  # ASGI 2.4 servers raise on send after a disconnect
+                if not self._delivered:
+                    self._status = STATUS_CLIENT_GONE
+            except Exception as exc:
+                self._status = 500
+                logger.error("stream relay failed", exc_info=exc)
+            else:
+                if left:  # the relay ended before the hang-up was delivered
+                    task.uncancel()
             finally:
-                self._record()
+                relaying = False
+                watch.cancel()
+            with contextlib.suppress(httpx.HTTPError):  # hanging up is all we need here
+                await self._upstream.aclose()
+            if self._started and not self._ended and self._status != STATUS_CLIENT_GONE:
+                with contextlib.suppress(Exception):  # end the body after a relay failure
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            self._record()
+        if cancelled is not None:
+            raise cancelled
 
     async def _pump(self, send: Send) -> None:
         self._started = True
@@ -246,17 +274,6 @@ class CapturedStream(Response):
                 tail = self._relay.flush() + b"data: " + orjson.dumps({"error": error}) + b"\n\n"
         self._ended = True
         await send({"type": "http.response.body", "body": tail, "more_body": False})
-
-    def _check(self, pump: asyncio.Future[None]) -> None:
-        if pump.cancelled():
-            return
-        exc = pump.exception()
-        if isinstance(exc, OSError):  # ASGI 2.4 servers raise on send after a disconnect
-            if not self._delivered:
-                self._status = STATUS_CLIENT_GONE
-        elif exc is not None:
-            self._status = 500
-            logger.error("stream relay failed", exc_info=exc)
 
     def _record(self) -> None:
         capture = self._capture

@@ -6,6 +6,7 @@ multi-row INSERT. Timings are measured from the moment the agent's body was read
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from dataclasses import dataclass
@@ -75,6 +76,31 @@ def new_call(
     )
 
 
+_ID_BATCH = 256
+_id_bytes = b""
+_id_at = 0
+
+
+def new_call_id() -> uuid.UUID:
+    """A random (version 4) UUID, as `uuid.uuid4()`, from 4 KiB of `os.urandom` read at a time
+    instead of one system call per call (uuid4's was ~5 % of the proxy's CPU per call)."""
+    global _id_bytes, _id_at
+    if _id_at >= len(_id_bytes):
+        _id_bytes, _id_at = os.urandom(16 * _ID_BATCH), 0
+    at = _id_at
+    _id_at = at + 16
+    return uuid.UUID(bytes=_id_bytes[at : at + 16], version=4)
+
+
+def _forget_ids() -> None:
+    """A forked child must not hand out the ids its parent still holds."""
+    global _id_bytes, _id_at
+    _id_bytes, _id_at = b"", 0
+
+
+os.register_at_fork(after_in_child=_forget_ids)
+
+
 def call_row(
     call: CallContext,
     backend: str,
@@ -89,7 +115,7 @@ def call_row(
     capture = capture or Capture()
     finish = capture.finish_reason
     return {
-        "id": uuid.uuid4(),
+        "id": new_call_id(),
         "rollout_id": call.rollout_id,
         "seq": call.seq,
         "backend": backend,

@@ -38,7 +38,7 @@ async def _generate(request: Request, api_type: str, path: str) -> Response:
     claim = await admit(request)
     if isinstance(claim, Refusal):
         return state.metrics.refused(api_type, openai_refusal(claim))
-    body = await read_json_object(request, state.max_body_bytes)
+    body = await read_json_object(request, state.max_body_bytes, state.body_read_timeout_s)
     if isinstance(body, Response):
         return state.metrics.refused(api_type, body)
     enforced = enforce(claim.sampling, body)  # the job's sampling policy, from the token

@@ -43,3 +43,5 @@ class ProxyState:
     """Each rollout attempt's completion-token budget (None: not enforced, no database)."""
     siblings: Siblings | None = None
     """The other processes of a `--workers N` proxy, which admin calls reach too (`fanout`)."""
+    body_read_timeout_s: float | None = None
+    """The deadline of an agent's request body (`body.read_json_object`); None: none (tests)."""

@@ -30,7 +30,7 @@ async def _forward(request: Request, upstream_path: str) -> Response:
     claim = await admit(request)
     if isinstance(claim, Refusal):
         return openai_refusal(claim)
-    body = await read_json_object(request, state.max_body_bytes)
+    body = await read_json_object(request, state.max_body_bytes, state.body_read_timeout_s)
     if isinstance(body, Response):
         return body
     if state.served_model is not None and "model" in body:

@@ -3,7 +3,10 @@
 `DbCallWriter` keeps a bounded queue (a full queue drops and counts, it never blocks a request),
 and one background thread with its own engine turns up to `batch_size` rows, or whatever arrived
 within `flush_interval_s`, into one multi-row `INSERT ... ON CONFLICT (id) DO NOTHING`
-(`call_insert`). Where a batch goes when the database is down is `call_store`'s business: with a
+(`call_insert`). The queue is a deque: `submit` appends without a lock and wakes the thread only
+when it sleeps for lack of rows; the thread then waits once per batch (the interval, cut short by
+a flush or close), not once per row, so the serving thread does not hand it the GIL per call
+. Where a batch goes when the database is down is `call_store`'s business: with a
 spill directory it lands in a local durable buffer (`spill`) and is replayed exactly once when the
 database is back, also after a restart; without one it is retried in place.
 
@@ -18,9 +21,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -43,6 +46,7 @@ __all__ = ["CallSink", "CallsNotStored", "DbCallWriter", "MemoryCallSink"]
 
 _WAKE = object()
 _STOP = object()
+_ENDS = (_WAKE, _STOP)
 _Waiter = tuple[int, asyncio.AbstractEventLoop, "asyncio.Future[None]"]
 """A flush() waiting for the writer to have stored that many rows."""
 PG_CONNECT_ARGS = {"connect_timeout": 5, "keepalives_idle": 5, "keepalives_interval": 2}
@@ -87,7 +91,12 @@ class DbCallWriter:
             if spill_dir is not None
             else None
         )
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=queue_max)
+        self._queue: deque[Any] = deque()
+        self._queue_max = queue_max
+        self._signal = threading.Event()
+        """Wakes the thread: from `submit` only while it waits for a first row (`_idle`), from a
+        flush or close always."""
+        self._idle = False
         self._lock = threading.Lock()
         self._waiters: list[_Waiter] = []
         self._thread: threading.Thread | None = None
@@ -133,14 +142,15 @@ class DbCallWriter:
         if self._closing:
             self._dropped += 1
             return
-        try:
-            self._queue.put_nowait(row)
-        except queue.Full:
+        if len(self._queue) >= self._queue_max:
             self._dropped += 1
             if self._dropped & (self._dropped - 1) == 0:  # log at 1, 2, 4, 8, ... drops
                 logger.error("call log queue full: %d calls dropped so far", self._dropped)
             return
+        self._queue.append(row)
         self._submitted += 1
+        if self._idle:
+            self._signal.set()
 
     async def flush(self) -> int:
         """Wait until the rows submitted so far are committed; `CallsNotStored` on timeout."""
@@ -176,7 +186,8 @@ class DbCallWriter:
         thread = self._thread
         if thread is None:
             return
-        await asyncio.to_thread(self._queue.put, _STOP)
+        self._queue.append(_STOP)
+        self._signal.set()
         await asyncio.to_thread(thread.join, self._close_timeout + self._retry_max_wait + 1.0)
         if thread.is_alive():
             logger.error("call writer did not stop in time; %d rows pending", self.pending)
@@ -221,8 +232,8 @@ class DbCallWriter:
 
     def _poke(self) -> None:
         """Cut the current batch's wait short so a flush does not wait for the interval."""
-        with contextlib.suppress(queue.Full):  # a full queue makes full batches: no wait
-            self._queue.put_nowait(_WAKE)
+        self._queue.append(_WAKE)
+        self._signal.set()
 
     # --- writer thread ---------------------------------------------------------------------
 
@@ -269,38 +280,31 @@ class DbCallWriter:
     def _collect(self, first_wait: float | None) -> tuple[list[dict[str, Any]], bool]:
         """The next batch, and whether the writer was asked to stop after it.
 
-        Blocks up to `first_wait` for a first row (None: until one comes); while spilled rows
-        wait for replay it never lingers for more rows, so the replay is not held up.
+        Blocks up to `first_wait` for a first row (None: until one comes), then waits once for
+        `flush_interval_s` (cut short by a flush or close) unless a batch is already queued;
+        while spilled rows wait for replay it never lingers, so the replay is not held up.
         """
+        rows = self._queue
+        if not rows:
+            self._idle = True
+            if not rows:  # re-checked after `_idle` is published: no row can slip past
+                self._signal.wait(first_wait)
+            self._idle = False
+            self._signal.clear()
+            if not rows:
+                return [], False
+        if first_wait is None and len(rows) < self._batch_size and rows[-1] not in _ENDS:
+            self._signal.wait(self._interval)  # more rows come meanwhile: one batch, one wait
+            self._signal.clear()
         batch: list[dict[str, Any]] = []
-        try:
-            item = self._queue.get() if first_wait is None else self._queue.get(timeout=first_wait)
-        except queue.Empty:
-            return batch, False
-        linger = self._interval if first_wait is None else 0.0
-        deadline: float | None = None
-        while True:
+        while rows and len(batch) < self._batch_size:
+            item = rows.popleft()
             if item is _STOP:
                 return batch, True
             if item is _WAKE:
                 return batch, False
             batch.append(item)
-            if len(batch) >= self._batch_size:
-                return batch, False
-            try:
-                item = self._queue.get_nowait()
-                continue
-            except queue.Empty:
-                pass
-            if deadline is None:
-                deadline = time.monotonic() + linger
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return batch, False
-            try:
-                item = self._queue.get(timeout=remaining)
-            except queue.Empty:
-                return batch, False
+        return batch, False
 
     def _should_give_up(self) -> bool:
         return self._give_up_at is not None and time.monotonic() >= self._give_up_at

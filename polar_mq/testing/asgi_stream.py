@@ -54,8 +54,11 @@ class StreamingASGITransport(httpx.AsyncBaseTransport):
         except asyncio.CancelledError:
             # The caller gave up before the response started: hang up, and cancel the app the way
             # vLLM's API server cancels a request handler whose client disconnected.
+            # Like closing a socket, this takes effect before the caller goes on: the app has
+            # seen its cancellation when this returns.
             disconnected.set()
             task.cancel()
+            await asyncio.wait((task,), timeout=self.close_timeout_s)
             raise
         if start["type"] != "http.response.start":
             await task  # raises the app's exception, if any

@@ -343,7 +343,7 @@ async def count_tokens(request: Request) -> Response:
     claim = await admit(request)
     if isinstance(claim, Refusal):
         return error_response(claim.status, kind_of(claim), claim.message)
-    body = await read_json_object(request, state.max_body_bytes)
+    body = await read_json_object(request, state.max_body_bytes, state.body_read_timeout_s)
     if isinstance(body, Response):
         return reshape_error(body, sys.modules[__name__])
     try:

@@ -122,7 +122,7 @@ async def count_tokens(request: Request) -> Response:
     if isinstance(claim, Refusal):
         refusal = error_response(claim.status, kind_of(claim), claim.message)
         return state.metrics.refused(NAME, refusal)
-    body = await read_json_object(request, state.max_body_bytes)
+    body = await read_json_object(request, state.max_body_bytes, state.body_read_timeout_s)
     if isinstance(body, Response):
         return state.metrics.refused(NAME, reshape_error(body, _family()))
     inner = get(body, "generateContentRequest")

@@ -86,7 +86,7 @@ async def forward_family(request: Request, family: ApiFamily) -> Response:
     if isinstance(claim, Refusal):
         refusal = family.error_response(claim.status, kind_of(claim), claim.message)
         return state.metrics.refused(family.NAME, refusal)
-    body = await read_json_object(request, state.max_body_bytes)
+    body = await read_json_object(request, state.max_body_bytes, state.body_read_timeout_s)
     if isinstance(body, Response):
         return state.metrics.refused(family.NAME, reshape_error(body, family))
     asked = FamilyRequest(

@@ -3,25 +3,20 @@
 from __future__ import annotations
 
 import asyncio
-import itertools
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 import httpx
+from yarl import URL
 
+from polar_mq.proxy.backends import aio
 from polar_mq.proxy.backends.breaker import CircuitBreaker
 from polar_mq.proxy.backends.rendezvous import hash_key
 
-UPSTREAM_SHARDS = 32
-"""Connection pools per backend, taken in turn by the calls. httpcore's pool walks every
-connection it holds on each request and each response close (a `poll()` per idle one to see
-whether the engine closed it), so a pool's cost per call grows with its connections: at 64
-concurrent calls that walk was the proxy's largest CPU cost (CPU per call about halved with 8
-pools, a little less again with 32; `bench/proxy`)."""
-UPSTREAM_LIMITS = httpx.Limits(
-    max_connections=4096 // UPSTREAM_SHARDS, max_keepalive_connections=1024 // UPSTREAM_SHARDS
-)
-"""Per pool; per backend, room for well over 1,000 concurrent streams (one connection each)."""
+UPSTREAM_LIMITS = httpx.Limits(max_connections=64, max_keepalive_connections=16)
+"""The httpx client's pool: health checks, `/tokenize`, `/v1/models` (generate calls go through
+the backend's aiohttp session, `aio`)."""
 UPSTREAM_TIMEOUT = httpx.Timeout(connect=10.0, read=1800.0, write=60.0, pool=None)
 """No pool timeout (calls queue for a connection); a generous read timeout for long generations."""
 NAME_MAX = 200
@@ -77,22 +72,18 @@ class Backend:
         self.policy_version = policy_version
         policy = breaker or BreakerPolicy()
         self.breaker = CircuitBreaker(policy.failure_threshold, policy.cooldown_s)
-        self.transports: list[httpx.AsyncBaseTransport] = (
-            [transport]
-            if transport is not None
-            else [
-                httpx.AsyncHTTPTransport(limits=UPSTREAM_LIMITS, trust_env=False)
-                for _ in range(UPSTREAM_SHARDS)
-            ]
+        self.transport: httpx.AsyncBaseTransport = transport or httpx.AsyncHTTPTransport(
+            limits=UPSTREAM_LIMITS, trust_env=False
         )
-        self.transport = self.transports[0]
-        """The first pool, also the admin client's (health checks, /tokenize, /v1/models)."""
-        self._turns = itertools.cycle(self.transports)
+        self.injected = transport is not None
+        """A transport given by the caller (tests): generate calls go through it too."""
         self.client = httpx.AsyncClient(
             base_url=self.url, transport=self.transport, timeout=UPSTREAM_TIMEOUT, trust_env=False
         )
         self.urls = {path: httpx.URL(self.url + path) for path in paths}
-        """Upstream URL per forwarded API path, parsed once (URL parsing is costly in httpx)."""
+        """Upstream URL per forwarded API path, parsed once (for an injected transport)."""
+        self.aio_urls = {path: URL(self.url + path) for path in paths}
+        self._session: aiohttp.ClientSession | None = None
         self.in_flight = 0
         self.waiting = 0
         """Calls held by a pause."""
@@ -140,14 +131,16 @@ class Backend:
     async def wait_idle(self) -> None:
         await self._idle.wait()
 
-    def next_transport(self) -> httpx.AsyncBaseTransport:
-        """The pool for the next call (in turn)."""
-        return next(self._turns)
+    def session(self) -> aiohttp.ClientSession:
+        """The generate calls' keep-alive pool, opened on first use (inside the event loop)."""
+        if self._session is None:
+            self._session = aio.new_session()
+        return self._session
 
     async def aclose(self) -> None:
-        await self.client.aclose()  # closes the first pool
-        for transport in self.transports[1:]:
-            await transport.aclose()
+        await self.client.aclose()
+        if self._session is not None:
+            await self._session.close()
 
     def snapshot(self) -> dict[str, Any]:
         """The admin view of this backend."""

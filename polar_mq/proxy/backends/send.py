@@ -15,12 +15,13 @@ The call is stamped with the name and policy version of the backend that served 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Mapping
+from typing import Any, Protocol
 
 import httpx
 import orjson
 
+from polar_mq.proxy.backends import aio
 from polar_mq.proxy.backends.backend import Backend
 from polar_mq.proxy.backends.pool import BackendPool, BackendUnavailable
 from polar_mq.proxy.record import CallContext
@@ -34,6 +35,24 @@ it counts as that backend's failure (the engine may see the request twice; nothi
 reached the agent)."""
 
 UPSTREAM_HEADERS = {"content-type": "application/json", "accept-encoding": "identity"}
+
+
+class UpstreamResponse(Protocol):
+    """What the relay reads of an upstream answer: an `httpx.Response` or an `aio.AioResponse`."""
+
+    status_code: int
+
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+
+    @property
+    def content(self) -> bytes: ...
+
+    async def aread(self) -> bytes: ...
+
+    def aiter_bytes(self) -> AsyncIterator[bytes]: ...
+
+    async def aclose(self) -> None: ...
 
 
 class _LeasedStream(httpx.AsyncByteStream):
@@ -59,8 +78,30 @@ class _LeasedStream(httpx.AsyncByteStream):
 
 async def _attempt(
     pool: BackendPool, backend: Backend, path: str, content: bytes, read: bool
-) -> httpx.Response:
+) -> UpstreamResponse:
     """One exchange with `backend`; its in-flight slot is held until the response is closed."""
+    if backend.injected:
+        return await _attempt_httpx(pool, backend, path, content, read)
+    backend.acquire()
+    try:
+        response = await aio.post(
+            backend.session(), backend.aio_urls[path], content, backend.release
+        )
+    except BaseException:
+        backend.release()
+        raise
+    if read or response.status_code >= 500:
+        try:
+            await response.aread()
+        finally:
+            await response.aclose()
+    return response
+
+
+async def _attempt_httpx(
+    pool: BackendPool, backend: Backend, path: str, content: bytes, read: bool
+) -> httpx.Response:
+    """`_attempt` through an injected httpx transport (tests run the fake engine in-process)."""
     request = httpx.Request(
         "POST",
         backend.urls[path],
@@ -70,7 +111,7 @@ async def _attempt(
     )
     backend.acquire()
     try:
-        response = await backend.next_transport().handle_async_request(request)
+        response = await backend.transport.handle_async_request(request)
     except BaseException:
         backend.release()
         raise
@@ -89,7 +130,7 @@ async def _attempt(
 
 async def send_call(
     pool: BackendPool, call: CallContext, path: str, body: dict[str, Any], *, read: bool
-) -> httpx.Response:
+) -> UpstreamResponse:
     """POST `body` for `call`; `read` reads the whole body before returning (non-streaming).
 
     Raises `BackendUnavailable` (a 503 to give the agent) when no backend can take the call, and
@@ -97,7 +138,7 @@ async def send_call(
     """
     content = orjson.dumps(body)
     tried: tuple[Backend, ...] = ()
-    last: httpx.Response | httpx.HTTPError | None = None
+    last: UpstreamResponse | httpx.HTTPError | None = None
     stale_retried = False
     for _ in range(pool.max_attempts + 1):
         try:
@@ -131,7 +172,7 @@ async def send_call(
         backend.breaker.record_failure()
         logger.warning("backend %s failed a call before its first byte: %r", backend.name, last)
         tried += (backend,)
-    if isinstance(last, httpx.Response):
-        return last
+    if isinstance(last, httpx.HTTPError):
+        raise last
     assert last is not None
-    raise last
+    return last
