@@ -181,6 +181,10 @@ def _terminal_count(engine: Engine, job_id: uuid.UUID) -> int:
         )
 
 
+AGENT_OWN = "  of which the agent's own run (agent_s)"
+"""The in-stage key of the agent's own run time; run_agent minus this is what the stage adds."""
+
+
 def _check_job(
     engine: Engine, job_id: uuid.UUID, n: int, expect_calls: int | None
 ) -> tuple[dict[str, int], dict[str, float], list[str]]:
@@ -223,6 +227,8 @@ def _check_job(
         ):
             if isinstance(detail, dict) and "duration_s" in detail:
                 durations.setdefault(str(stage), []).append(1000.0 * float(detail["duration_s"]))
+                if "agent_s" in detail:  # the agent's own run time, inside run_agent's
+                    durations.setdefault(AGENT_OWN, []).append(1000.0 * float(detail["agent_s"]))
     stage_ms = {stage: statistics.median(values) for stage, values in durations.items()}
     return dict(statuses), stage_ms, warnings
 
