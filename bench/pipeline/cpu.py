@@ -92,6 +92,9 @@ def delta(before: CpuSnapshot, after: CpuSnapshot) -> CpuDelta:
     lost: dict[str, list[int]] = {}
     for name, end in after.by_name.items():
         start = before.by_name.get(name, {})
+        if name == OTHERS:  # own + reaped time is conserved when a process is reaped
+            seconds[name] = sum(end.values()) - sum(start.values())
+            continue
         seconds[name] = sum(value - start.get(pid, 0.0) for pid, value in end.items())
         gone = sorted(set(start) - set(end))
         if gone:
@@ -150,11 +153,13 @@ def reaped_in_trees(pids: list[int]) -> dict[int, float]:
 def other_processes(exclude: Callable[[], set[int]]) -> dict[int, float]:
     """CPU seconds of every other process of the machine (other jobs, kernel threads), own time
     plus the time of the children they reaped, so a short-lived process that started and ended
-    inside the window is found through its parent."""
+    inside the window is found through its parent. The group's delta is the difference of its
+    sums (`delta`): reaping moves a child's whole time to its parent, so the sum is conserved,
+    whereas per-pid differences would bill a reaped child's earlier life to the window."""
     skip = exclude()
     result: dict[int, float] = {}
     for proc in psutil.process_iter():
-        if proc.pid in skip:
+        if proc.pid in skip or _is_agent(proc.pid):  # agents: billed to the worker reaping them
             continue
         try:
             t = proc.cpu_times()

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bench.pipeline import cpu
-from bench.pipeline.measure import AGENT_CALLS, AGENT_OWN, Measurement
+from bench.pipeline.measure import AGENT_CALLS, AGENT_OWN, AGENT_PHASES, Measurement
 from polar_mq.lifecycle.stages import Stage
 
 if TYPE_CHECKING:
@@ -230,6 +230,10 @@ def _breakdown(
         if stage == "run_agent":
             own = _stage_ms(AGENT_OWN)
             lines.append(f"  {AGENT_OWN:<68}{cell(noop, own):>13}{cell(agent, own):>13}")
+            for key in AGENT_PHASES:
+                phase = _stage_ms(f"    {key}")
+                label = f"  stage's own: {key}"
+                lines.append(f"  {label:<68}{cell(noop, phase):>13}{cell(agent, phase):>13}")
     return lines
 
 
