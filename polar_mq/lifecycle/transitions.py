@@ -84,16 +84,15 @@ _RETURNED = [R[f.name] for f in fields(RolloutRef)]
 
 def load_spec_and_task(session: Session, rollout: RolloutRef) -> tuple[JobSpec, dict[str, Any]]:
     """The typed job spec and the task instance of a rollout (both immutable once submitted)."""
-    row = (
-        session.connection()
-        .execute(
-            select(Job.spec, JobTask.instance)
-            .join(JobTask, JobTask.job_id == Job.id)
-            .where(JobTask.id == rollout.task_id)
-        )
-        .one()
-    )
+    row = session.connection().execute(_SPEC_AND_TASK, {"b_task": rollout.task_id}).one()
     return load_spec(row.spec), row.instance
+
+
+_SPEC_AND_TASK = (
+    select(Job.spec, JobTask.instance)
+    .join(JobTask, JobTask.job_id == Job.id)
+    .where(JobTask.id == bindparam("b_task"))
+)
 
 
 _INSERT_EVENT = insert(EVENTS)
@@ -198,13 +197,13 @@ def claim(
         ).one_or_none()
         if status_row is None:
             return "missing"
-        lost = RolloutRef(*status_row.tuple()[:-1])
+        lost = RolloutRef(*status_row._tuple()[:-1])
         found = str(status_row.status)
         if attempt is not None and lost.attempt != attempt:
             found = "stale_attempt"
         _event(session, lost, stage, EventKind.SKIPPED, owner, status=found, attempt=attempt)
         return found
-    rollout = RolloutRef(*row.tuple())
+    rollout = RolloutRef(*row._tuple())  # Row.tuple() is deprecated: a warning per call
     if not fused:
         _event(session, rollout, stage, EventKind.STARTED, owner)
     spec, instance = load(session, rollout)
