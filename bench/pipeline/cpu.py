@@ -9,6 +9,7 @@ window); one that vanished before the end is reported as lost (its CPU cannot be
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -17,6 +18,11 @@ import psutil
 from polar_mq.runtimes.local import RUNTIME_TAG
 
 _AGENT_NEEDLE = f"\0{RUNTIME_TAG}=".encode()
+BENCH = "bench process (submit, polling, these scans)"
+OTHERS = "other processes (other jobs, kernel threads)"
+KERNEL = "kernel interrupts (irq + softirq)"
+GLOBAL = (BENCH, OTHERS, KERNEL)
+"""Groups every snapshot adds, so the machine's busy time is attributed to named processes."""
 
 
 def _is_agent(pid: int) -> bool:
@@ -73,6 +79,11 @@ def snapshot(
     by_name = {name: tree_cpu(pid) for name, pid in pids.items()}
     for name, scan in (extra or {}).items():
         by_name[name] = scan()
+    me = os.getpid()
+    by_name[BENCH] = {me: _cpu(psutil.Process(me)) or 0.0}
+    named = {pid for group in by_name.values() for pid in group}
+    by_name[OTHERS] = other_processes(lambda: named)
+    by_name[KERNEL] = kernel_irq_s()
     return CpuSnapshot(by_name)
 
 
@@ -81,6 +92,9 @@ def delta(before: CpuSnapshot, after: CpuSnapshot) -> CpuDelta:
     lost: dict[str, list[int]] = {}
     for name, end in after.by_name.items():
         start = before.by_name.get(name, {})
+        if name == OTHERS:  # own + reaped time is conserved when a process is reaped
+            seconds[name] = sum(end.values()) - sum(start.values())
+            continue
         seconds[name] = sum(value - start.get(pid, 0.0) for pid, value in end.items())
         gone = sorted(set(start) - set(end))
         if gone:
@@ -117,3 +131,45 @@ def reaped_children_cpu(pids: list[int]) -> dict[int, float]:
             continue
         result[pid] = float(times.children_user + times.children_system)
     return result
+
+
+def tree_pids(pids: list[int]) -> set[int]:
+    """`pids` and every live descendant of them."""
+    found = set(pids)
+    for pid in pids:
+        try:
+            found.update(p.pid for p in psutil.Process(pid).children(recursive=True))
+        except psutil.Error:
+            continue
+    return found
+
+
+def reaped_in_trees(pids: list[int]) -> dict[int, float]:
+    """CPU seconds of the waited-for children of every non-agent process in the trees of
+    `pids`: `polar-mq worker` supervises the Celery process that spawns (and reaps) the agents."""
+    return reaped_children_cpu([p for p in tree_pids(pids) if not _is_agent(p)])
+
+
+def other_processes(exclude: Callable[[], set[int]]) -> dict[int, float]:
+    """CPU seconds of every other process of the machine (other jobs, kernel threads), own time
+    plus the time of the children they reaped, so a short-lived process that started and ended
+    inside the window is found through its parent. The group's delta is the difference of its
+    sums (`delta`): reaping moves a child's whole time to its parent, so the sum is conserved,
+    whereas per-pid differences would bill a reaped child's earlier life to the window."""
+    skip = exclude()
+    result: dict[int, float] = {}
+    for proc in psutil.process_iter():
+        if proc.pid in skip or _is_agent(proc.pid):  # agents: billed to the worker reaping them
+            continue
+        try:
+            t = proc.cpu_times()
+        except psutil.Error:
+            continue
+        result[proc.pid] = float(t.user + t.system + t.children_user + t.children_system)
+    return result
+
+
+def kernel_irq_s() -> dict[int, float]:
+    """The machine's interrupt time (irq + softirq): kernel work no process is charged for."""
+    t = psutil.cpu_times()
+    return {0: float(getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0))}

@@ -181,6 +181,12 @@ def _terminal_count(engine: Engine, job_id: uuid.UUID) -> int:
         )
 
 
+AGENT_OWN = "  of which the agent's own run (agent_s)"
+"""The in-stage key of the agent's own run time; run_agent minus this is what the stage adds."""
+AGENT_PHASES = ("setup_s", "reap_s", "flush_s", "collect_s")
+"""The run-agent stage's own phases (its `finished` event), shown under the agent's run."""
+
+
 def _check_job(
     engine: Engine, job_id: uuid.UUID, n: int, expect_calls: int | None
 ) -> tuple[dict[str, int], dict[str, float], list[str]]:
@@ -223,6 +229,11 @@ def _check_job(
         ):
             if isinstance(detail, dict) and "duration_s" in detail:
                 durations.setdefault(str(stage), []).append(1000.0 * float(detail["duration_s"]))
+                if "agent_s" in detail:  # the agent's own run time, inside run_agent's
+                    durations.setdefault(AGENT_OWN, []).append(1000.0 * float(detail["agent_s"]))
+                for key in AGENT_PHASES:
+                    if key in detail:
+                        durations.setdefault(f"    {key}", []).append(1000.0 * float(detail[key]))
     stage_ms = {stage: statistics.median(values) for stage, values in durations.items()}
     return dict(statuses), stage_ms, warnings
 

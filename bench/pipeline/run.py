@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
                 polar_pids,
                 {
                     "fake-upstream": lambda: cpu.tree_cpu(upstream.pid),
-                    "agent processes (reaped by the workers)": lambda: cpu.reaped_children_cpu(
+                    "agent processes (reaped by the workers)": lambda: cpu.reaped_in_trees(
                         [w.pid for w in workers]
                     ),
                     "postgres backends (bench db, approx.)": lambda: cpu.find_processes(

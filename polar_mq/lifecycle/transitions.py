@@ -6,7 +6,8 @@ result only while the same owner still holds the rollout in the busy state, so a
 or a worker whose lease was taken over, cannot write a second effect.
 
 These run once per stage of every rollout, so they are single Core statements (UPDATE … RETURNING,
-multi-row INSERT) rather than ORM loads and flushes: a stage costs two short transactions.
+multi-row INSERT) rather than ORM loads and flushes; on PostgreSQL the transition and its event are
+one statement (`fused`), so a claim, and a finish without rows, is one round trip in autocommit.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from datetime import datetime, timedelta
 from typing import Any, cast
 
 from sqlalchemy import (
+    Connection,
     CursorResult,
     Integer,
     Table,
@@ -30,6 +32,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Session
 
+from polar_mq.lifecycle.fused import finish_statement, with_event
 from polar_mq.lifecycle.messages import StageMessage
 from polar_mq.lifecycle.outbox import defer_publish
 from polar_mq.lifecycle.stages import STAGE_STATES, Stage
@@ -81,16 +84,15 @@ _RETURNED = [R[f.name] for f in fields(RolloutRef)]
 
 def load_spec_and_task(session: Session, rollout: RolloutRef) -> tuple[JobSpec, dict[str, Any]]:
     """The typed job spec and the task instance of a rollout (both immutable once submitted)."""
-    row = (
-        session.connection()
-        .execute(
-            select(Job.spec, JobTask.instance)
-            .join(JobTask, JobTask.job_id == Job.id)
-            .where(JobTask.id == rollout.task_id)
-        )
-        .one()
-    )
+    row = session.connection().execute(_SPEC_AND_TASK, {"b_task": rollout.task_id}).one()
     return load_spec(row.spec), row.instance
+
+
+_SPEC_AND_TASK = (
+    select(Job.spec, JobTask.instance)
+    .join(JobTask, JobTask.job_id == Job.id)
+    .where(JobTask.id == bindparam("b_task"))
+)
 
 
 _INSERT_EVENT = insert(EVENTS)
@@ -119,6 +121,9 @@ def _claim_statement(stage: Stage) -> Update:
 
 
 _CLAIM = {stage: _claim_statement(stage) for stage in Stage}
+_CLAIM_FUSED = {
+    stage: with_event(_CLAIM[stage], EVENTS, stage, EventKind.STARTED) for stage in Stage
+}
 _FENCED = update(ROLLOUTS).where(
     R.id == bindparam("b_id"),
     R.status == bindparam("b_busy"),
@@ -182,23 +187,54 @@ def claim(
     if stage is Stage.PREPARE:
         params["b_now"] = now
     conn = session.connection()
-    row = conn.execute(_CLAIM[stage], params).one_or_none()
+    fused = _fused(conn)
+    if fused:  # the started event comes with the claim, in the same statement
+        params.update(b_at=now, b_detail={})
+    row = conn.execute(_CLAIM_FUSED[stage] if fused else _CLAIM[stage], params).one_or_none()
     if row is None:
         status_row = conn.execute(
             select(*_RETURNED, R.status).where(R.id == rollout_id)
         ).one_or_none()
         if status_row is None:
             return "missing"
-        lost = RolloutRef(*status_row.tuple()[:-1])
+        lost = RolloutRef(*status_row._tuple()[:-1])
         found = str(status_row.status)
         if attempt is not None and lost.attempt != attempt:
             found = "stale_attempt"
         _event(session, lost, stage, EventKind.SKIPPED, owner, status=found, attempt=attempt)
         return found
-    rollout = RolloutRef(*row.tuple())
-    _event(session, rollout, stage, EventKind.STARTED, owner)
+    rollout = RolloutRef(*row._tuple())  # Row.tuple() is deprecated: a warning per call
+    if not fused:
+        _event(session, rollout, stage, EventKind.STARTED, owner)
     spec, instance = load(session, rollout)
     return Claimed(rollout, spec, instance, owner, stage)
+
+
+def _fused(conn: Connection) -> bool:
+    """Whether the transition and its event go in one statement (`fused`: PostgreSQL)."""
+    return conn.dialect.name == "postgresql"
+
+
+def _fenced_with_event(
+    session: Session, claimed: Claimed, values: Mapping[str, Any], kind: str, detail: Any
+) -> bool:
+    """The fenced update plus its event, in one statement where the dialect allows (True), or
+    nothing done (False: the caller runs `_fenced_update` and `_event`)."""
+    conn = session.connection()
+    if not _fused(conn):
+        return False
+    values = {"lease_owner": None, "lease_expires_at": None, **values}
+    keys = tuple(sorted(values))
+    statement = finish_statement(ROLLOUTS, EVENTS, claimed.stage, kind, keys)
+    _, busy, _ = STAGE_STATES[claimed.stage]
+    params = {f"v_{key}": values[key] for key in keys}
+    params.update(
+        b_id=claimed.rollout.id, b_busy=busy, b_owner=claimed.owner, b_at=utcnow(),
+        b_detail=detail,
+    )  # fmt: skip
+    if conn.execute(statement, params).first() is None:
+        raise LeaseLost(f"rollout {claimed.rollout.id} left {claimed.stage} under another owner")
+    return True
 
 
 def _fenced_update(session: Session, claimed: Claimed, values: Mapping[str, Any]) -> None:
@@ -228,32 +264,30 @@ def finish(
     _, _, done = STAGE_STATES[claimed.stage]
     if done in RolloutStatus.TERMINAL:
         values = {**values, "finished_at": utcnow()}
-    _fenced_update(session, claimed, {"status": done, **values})
+    values = {"status": done, **values}
+    if not _fenced_with_event(session, claimed, values, EventKind.FINISHED, detail):
+        _fenced_update(session, claimed, values)
+        _event(session, claimed.rollout, claimed.stage, EventKind.FINISHED, claimed.owner, **detail)
     for table, table_rows in rows.items():
         if table_rows:
             session.connection().execute(insert(table), table_rows)
-    _event(session, claimed.rollout, claimed.stage, EventKind.FINISHED, claimed.owner, **detail)
     if next_message is not None:
         defer_publish(session, next_message)
 
 
 def fail(session: Session, claimed: Claimed, reason: str, error: str) -> None:
     """End the rollout as failed (an infrastructure failure: no reward)."""
-    _fenced_update(
-        session,
-        claimed,
-        {
-            "status": RolloutStatus.FAILED,
-            "termination_reason": reason,
-            "error": error[-4000:],
-            "reward": None,
-            "finished_at": utcnow(),
-        },
-    )
-    _event(
-        session, claimed.rollout, claimed.stage, EventKind.FAILED, claimed.owner,
-        reason=reason, error=error[-1000:],
-    )  # fmt: skip
+    values = {
+        "status": RolloutStatus.FAILED,
+        "termination_reason": reason,
+        "error": error[-4000:],
+        "reward": None,
+        "finished_at": utcnow(),
+    }
+    detail = {"reason": reason, "error": error[-1000:]}
+    if not _fenced_with_event(session, claimed, values, EventKind.FAILED, detail):
+        _fenced_update(session, claimed, values)
+        _event(session, claimed.rollout, claimed.stage, EventKind.FAILED, claimed.owner, **detail)
 
 
 def runtime_released(session: Session, claimed: Claimed, detail: dict[str, Any]) -> None:

@@ -7,6 +7,7 @@ that is retried or lost writes them once. Every artifact is capped; a longer fil
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
@@ -46,8 +47,22 @@ def diff_command() -> str:
     return _DIFF_SCRIPT.replace("EXCLUDES", excludes)
 
 
+def may_be_work_tree(workdir: Path) -> bool:
+    """Whether git could find a repository for `workdir`: a `.git` entry (a directory, a
+    worktree's file, or a link) in it or in one of its parents.
+
+    Without one `git rev-parse` can only say "not a work tree", so the diff script is not run:
+    it is a process spawn (a fork of the worker, a shell and git) on every rollout whose
+    workspace is no repository. Every runtime kind mounts the workspace at the same path as on
+    the node, so the node's view of the path is the sandbox's.
+    """
+    return any(os.path.lexists(folder / ".git") for folder in (workdir, *workdir.parents))
+
+
 def workspace_diff(runtime: Runtime, timeout: float = 60.0) -> bytes | None:
     """`git diff` of the workspace (with new files), or None when it is not a git repository."""
+    if not may_be_work_tree(runtime.workdir):
+        return None
     result = runtime.exec(diff_command(), timeout=timeout)
     if result.exit_code != 0:
         return None

@@ -39,6 +39,18 @@ class WorkerContext:
         return factory
 
     @cached_property
+    def autocommit_factory(self) -> sessionmaker[Session]:
+        """Sessions for writes that are one statement (a claim, a row-less finish, an event):
+        on PostgreSQL in autocommit mode, which saves the BEGIN and COMMIT round trips; the
+        same pool as `session_factory`, the same publish after commit."""
+        engine = self.session_factory.kw["bind"]
+        if engine.dialect.name != "postgresql":
+            return self.session_factory
+        factory = make_session_factory(engine.execution_options(isolation_level="AUTOCOMMIT"))
+        attach_publisher(factory, self.publisher)
+        return factory
+
+    @cached_property
     def leases(self) -> LeaseKeeper:
         return LeaseKeeper(self.session_factory, self.settings.lease_s)
 

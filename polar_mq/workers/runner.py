@@ -63,7 +63,7 @@ def _release_runtime(ctx: WorkerContext, claimed: Claimed, reusable: bool = Fals
         detail = release_runtime(
             ctx.settings, ctx.warm_pool, runtime_spec, claimed.rollout, reusable=reusable
         )
-        _commit(ctx, lambda session: runtime_released(session, claimed, detail))
+        _commit(ctx, lambda session: runtime_released(session, claimed, detail), atomic=False)
     except Exception:
         log.exception("releasing the runtime of rollout %s failed", claimed.rollout.id)
     try:  # on its own: a failed release above must not keep the grader alive
@@ -99,7 +99,7 @@ _retry_db = retry(
 def _claim(
     ctx: WorkerContext, stage: Stage, rollout_id: str, owner: str, attempt: int | None
 ) -> Claimed | str:
-    with unit_of_work(ctx.session_factory) as session:
+    with unit_of_work(ctx.autocommit_factory) as session:  # one statement: see lifecycle.fused
         return claim(
             session, stage, uuid.UUID(rollout_id), owner, ctx.settings.lease_s,
             ctx.spec_cache, attempt,
@@ -107,8 +107,11 @@ def _claim(
 
 
 @_retry_db
-def _commit(ctx: WorkerContext, write: Callable[[Session], T]) -> T:
-    with unit_of_work(ctx.session_factory) as session:
+def _commit(ctx: WorkerContext, write: Callable[[Session], T], atomic: bool = True) -> T:
+    """Run `write` in a transaction, or (`atomic=False`, for a write that is one statement) in
+    autocommit mode, which spares the BEGIN and COMMIT round trips."""
+    factory = ctx.session_factory if atomic else ctx.autocommit_factory
+    with unit_of_work(factory) as session:
         return write(session)
 
 
@@ -154,6 +157,7 @@ def run_stage(
                 lambda session: finish(
                     session, claimed, outcome.values, outcome.rows, outcome.detail, next_message
                 ),
+                atomic=any(outcome.rows.values()),  # without rows: one fused statement
             )
         except LeaseLost:
             log.warning("%s of %s: lease lost, result discarded", stage, rollout_id)
@@ -200,7 +204,7 @@ def _failed(ctx: WorkerContext, claimed: Claimed, reason: str, message: str) -> 
         "%s of %s failed (%s): %s", claimed.stage, claimed.rollout.id, reason, message[-500:]
     )
     try:
-        _commit(ctx, lambda session: fail(session, claimed, reason, message))
+        _commit(ctx, lambda session: fail(session, claimed, reason, message), atomic=False)
     except LeaseLost:
         log.warning("%s of %s: lease lost before recording the failure", *_ids(claimed))
     if claimed.stage in RUNTIME_STAGES:

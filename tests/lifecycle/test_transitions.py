@@ -8,10 +8,11 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from polar_mq.db import unit_of_work
+from polar_mq.db import make_session_factory, unit_of_work
 from polar_mq.jobs.schemas import JobCreate
 from polar_mq.jobs.service import create_job
 from polar_mq.lifecycle.messages import StageMessage
+from polar_mq.lifecycle.outbox import attach_publisher
 from polar_mq.lifecycle.stages import Stage
 from polar_mq.lifecycle.transitions import Claimed, LeaseLost, claim, fail, finish
 from polar_mq.models import Event, Rollout, RolloutStatus
@@ -69,3 +70,38 @@ def test_fail_marks_terminal_without_reward(db_session_factory: sessionmaker[Ses
         assert rollout.status == RolloutStatus.FAILED
         assert rollout.termination_reason == "runtime_error"
         assert rollout.reward is None and rollout.finished_at is not None
+
+
+def test_in_autocommit_a_fenced_out_finish_writes_and_sends_nothing(
+    db_session_factory: sessionmaker[Session],
+) -> None:
+    """The worker sends a claim and a row-less finish in autocommit (one fused statement each):
+    a finish that lost its lease must leave neither an update nor an event nor a message."""
+    engine = db_session_factory.kw["bind"]
+    sent: list[StageMessage] = []
+    auto = make_session_factory(engine.execution_options(isolation_level="AUTOCOMMIT"))
+    attach_publisher(auto, sent.extend)
+    rid = _one_rollout(db_session_factory)
+    with unit_of_work(auto) as session:
+        won = claim(session, Stage.PREPARE, rid, "w1", 60)
+    assert isinstance(won, Claimed)
+    impostor = Claimed(won.rollout, won.spec, won.instance, "w2", Stage.PREPARE)
+    nxt = StageMessage(Stage.RUN_AGENT, rid, "p", "n1")
+    with pytest.raises(LeaseLost), unit_of_work(auto) as session:
+        finish(session, impostor, {"node": "bad"}, {}, {}, nxt)
+    assert sent == []
+    with unit_of_work(auto) as session:
+        finish(session, won, {"node": "n1"}, {}, {"ok": True}, nxt)
+    assert sent == [nxt]
+    with db_session_factory() as session:
+        rollout = session.get_one(Rollout, rid)
+        assert (rollout.status, rollout.node, rollout.lease_owner) == ("prepared", "n1", None)
+        events = session.execute(
+            select(Event.kind, Event.worker, Event.detail).where(Event.rollout_id == rid)
+        ).all()
+        assert sorted((k, w) for k, w, _ in events) == [
+            ("finished", "w1"),
+            ("started", "w1"),
+            ("submitted", None),
+        ]
+        assert [d for k, _, d in events if k == "finished"] == [{"ok": True}]

@@ -96,6 +96,7 @@ def _error_text(result: ExecResult, limit: int = 2000) -> str:
 
 
 def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
+    began = time.monotonic()
     spec = claimed.spec
     settings = ctx.settings
     timeouts = spec.timeouts
@@ -135,6 +136,7 @@ def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
     # the evaluation runtime, when the job grades in its own, is prepared while the agent runs
     prewarm = start_prewarm(settings, spec.runtime, claimed.rollout, timeouts.prepare_s)
     agent_started = utcnow()
+    exec_at = time.monotonic()
     try:
         result = runtime.exec(
             harness.command(agent),
@@ -150,12 +152,14 @@ def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
         )
     finally:
         grading = prewarm.join() if prewarm is not None else {}
+    flush_at = time.monotonic()
     try:
         flushed = _flush_proxy(ctx)
     except Exception as exc:  # the attempt's calls may be lost with the proxy: start over
         raise StageRestart(
             TerminationReason.BACKEND_ERROR, f"proxy log flush failed: {exc!r}"
         ) from exc
+    flushed_at = time.monotonic()
     rollout = claimed.rollout
     calls = summarize_calls(ctx.session_factory, rollout.id, rollout.attempt, rollout.created_at)
     budget = spec.max_tokens_per_rollout
@@ -188,6 +192,12 @@ def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
             "timed_out": result.timed_out,
             "inactive": result.inactive,
             "agent_s": round(result.duration_s, 4),
+            # where the stage's own time goes: before the agent, waiting for its exit to be
+            # seen, the proxy's log flush, and reading the calls and artifacts after it
+            "setup_s": round(exec_at - began, 4),
+            "reap_s": round(flush_at - exec_at - result.duration_s, 4),
+            "flush_s": round(flushed_at - flush_at, 4),
+            "collect_s": round(time.monotonic() - flushed_at, 4),
             "proxy_written_total": flushed.get("written", 0),
             "agent_calls": calls.calls,
             "auxiliary_calls": auxiliary,
