@@ -4,8 +4,9 @@
 every real-vLLM test (they share one server of 4.5 GB and a minute's start, `real_vllm`: one per
 machine, not one per worker), and the tests of a module that share a module- or class-scoped
 fixture (a stack started once for them; spread over two workers it starts twice, and interleaved
-with other modules on one worker it is torn down and started again). The other tests are handed
-out one by one.
+with other modules on one worker it is torn down and started again), unless the module marks its
+module fixtures as cheap (`pytestmark = pytest.mark.spread`: say, a database of its own). The
+other tests are handed out one by one.
 
 xdist's own `loadgroup` reads `xdist_group` marks through a suffix it writes into node ids, which
 pytest 9.2 no longer takes (pytest-xdist issue 1386: the marks are silently ignored). So the
@@ -35,6 +36,8 @@ def group_of(item: pytest.Item) -> str | None:
         return "_".join(marks)
     if item.get_closest_marker("vllm") is not None:
         return "vllm"
+    if item.get_closest_marker("spread") is not None:
+        return None
     info = getattr(item, "_fixtureinfo", None)
     chains = info.name2fixturedefs.values() if info is not None else ()
     if any(d.scope in ("module", "class", "package") for chain in chains for d in chain):
