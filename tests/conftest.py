@@ -21,6 +21,12 @@ from polar_mq.lifecycle.messages import StageMessage
 from polar_mq.lifecycle.outbox import attach_publisher
 from polar_mq.migrate import upgrade
 from polar_mq.models import Base
+from tests.distribution import (  # noqa: F401 (hooks of the xdist controller)
+    pytest_configure_node,
+    pytest_unconfigure,
+    pytest_xdist_make_scheduler,
+    record_groups,
+)
 
 # The tests' own evaluators and builders (`tests.…`, a module written to a temporary directory,
 # and `json:loads` standing in for a buggy scoring function) are import paths: allow them here, in
@@ -82,9 +88,11 @@ def db_session_factory(pg_engine: Engine) -> Iterator[sessionmaker[Session]]:
         conn.execute(text(f"TRUNCATE {names} CASCADE"))
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Run the real-vLLM tests last, together: they share one server (`real_vllm`)."""
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Run the real-vLLM tests last, together: they share one server (`real_vllm`). Under
+    pytest-xdist, tell the controller which tests must share a worker (tests/distribution.py)."""
     items.sort(key=lambda item: item.get_closest_marker("vllm") is not None)
+    record_groups(config, items)
 
 
 @pytest.fixture(scope="session")

@@ -17,6 +17,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from polar_mq.models import GroupDelivery
 from polar_mq.models.base import utcnow
 
+# A short lease that still outlives the next request on a loaded machine (parallel test workers).
+LEASE_S = 1.5
+
 
 def submit(client: TestClient, n_tasks: int, samples: int = 2) -> str:
     tasks = [{"instruction": f"task {i}"} for i in range(n_tasks)]
@@ -107,10 +110,10 @@ def test_an_expired_lease_is_handed_out_again_and_only_the_new_delivery_can_be_a
 ) -> None:
     job_id = submit(client, n_tasks=1)
     complete_group(db_session_factory, job_id, 0)
-    old = lease(client, job_id, "dead-trainer", lease_s=0.3)
+    old = lease(client, job_id, "dead-trainer", lease_s=LEASE_S)
     assert ids(old) == [f"{job_id}:0:1"]
     assert lease(client, job_id, "next-trainer")["groups"] == []  # still leased
-    time.sleep(0.4)
+    time.sleep(LEASE_S + 0.1)
     new = lease(client, job_id, "next-trainer")
     (group,) = new["groups"]
     assert group["delivery"]["delivery_count"] == 2 and group["delivery"]["redelivered"] is True
@@ -124,7 +127,7 @@ def test_an_expired_lease_is_handed_out_again_and_only_the_new_delivery_can_be_a
         "acked": [],
         "already_acked": ids(new),
     }
-    time.sleep(0.4)
+    time.sleep(LEASE_S + 0.1)
     assert lease(client, job_id, "third")["groups"] == []  # acked: never again
     with db_session_factory() as session:
         row = session.scalars(select(GroupDelivery)).one()

@@ -27,6 +27,9 @@ def e2e_settings(pg_url: str, tmp: Path, **overrides: object) -> Settings:
         "proxy_port": free_port(),
         "api_port": free_port(),
         "runtime_root": tmp / "runtimes",
+        # not the per-port default below ~/.cache: a later proxy on a reused port (another
+        # worker's, another run's) would replay this one's leftover rows into its own database
+        "proxy_spill_dir": tmp / "proxy-spill",
         "secret_key": "e2e-secret-" + uuid.uuid4().hex,
         "visibility_timeout_s": 7200,
         "max_agent_timeout_s": 600,

@@ -133,12 +133,13 @@ def test_group_deliveries_migration_and_claims(fresh_url: str) -> None:
                     )
                 )  # fmt: skip
         with unit_of_work(factory) as session:
-            first = deliveries.lease_groups(session, job_id, "a", 1, 0.2)
+            # long enough that "b" leases before it expires on a loaded machine
+            first = deliveries.lease_groups(session, job_id, "a", 1, 1.5)
         with unit_of_work(factory) as session:
             second = deliveries.lease_groups(session, job_id, "b", 5, 30.0)
         assert [g.task_index for g in first.groups] == [0]
         assert [g.task_index for g in second.groups] == [1]
-        time.sleep(0.3)
+        time.sleep(1.6)
         with unit_of_work(factory) as session:
             again = deliveries.lease_groups(session, job_id, "b", 5, 30.0)
         (group,) = again.groups

@@ -27,6 +27,9 @@ from polar_mq.proxy.backends.rendezvous import order_of
 from polar_mq.proxy.spill_layout import worker_spill_dir
 from tests.conftest import scratch_database
 
+# The module's fixtures are one database: each test starts its own proxy, so xdist may spread them.
+pytestmark = pytest.mark.spread
+
 
 @pytest.fixture(scope="module")
 def db_url() -> Iterator[str]:
