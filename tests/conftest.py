@@ -42,6 +42,12 @@ PG_ADMIN_URL = os.environ.get("POLAR_MQ_TEST_PG", "postgresql://postgres@127.0.0
 REDIS_URL = os.environ.get("POLAR_MQ_TEST_REDIS", "redis://127.0.0.1:6379")
 
 
+def runtime_id(name: str) -> str:
+    """A runtime id of this test process's own: a runtime's processes are found (and killed) by
+    the id they carry, machine-wide, so two pytest-xdist workers must never share one."""
+    return f"{name}-{os.getpid()}"
+
+
 @contextlib.contextmanager
 def empty_database(prefix: str) -> Iterator[str]:
     """A new, empty PostgreSQL database named `<prefix>_<pid>_<random>`, dropped after."""

@@ -19,6 +19,7 @@ import pytest
 from polar_mq.agents.tool_agent import calculate, format_number, parse_directive, run_calculator
 from polar_mq.harnesses import AgentContext, get_harness
 from polar_mq.runtimes import LocalRuntime
+from tests.conftest import runtime_id
 
 Reply = Callable[[dict[str, Any]], dict[str, Any]]  # request body -> assistant message
 MODEL = "stub-model"
@@ -244,7 +245,7 @@ def test_api_error_exits_1(serve: Callable[[Stub], Stub], tmp_path: Path) -> Non
 def test_reference_harness_in_local_runtime(serve: Callable[[Stub], Stub], tmp_path: Path) -> None:
     """The path the run-agent stage takes: harness spec -> command + env -> runtime exec."""
     stub = serve(Stub(calc_then_answer))
-    runtime = LocalRuntime("agent-rt", tmp_path / "runtimes")
+    runtime = LocalRuntime(runtime_id("agent-rt"), tmp_path / "runtimes")
     runtime.start()
     try:
         harness = get_harness({"type": "reference", "env": {"POLAR_AGENT_MAX_TURNS": "5"}})

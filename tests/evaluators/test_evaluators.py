@@ -21,6 +21,7 @@ from polar_mq.evaluators import (
     validate_evaluator_spec,
 )
 from polar_mq.runtimes import LocalRuntime, Runtime
+from tests.conftest import runtime_id
 
 
 def make_ctx(
@@ -43,7 +44,7 @@ def make_ctx(
 
 @pytest.fixture
 def runtime(tmp_path: Path) -> Iterator[LocalRuntime]:
-    rt = LocalRuntime("eval-rt", tmp_path)
+    rt = LocalRuntime(runtime_id("eval-rt"), tmp_path)
     rt.start()
     yield rt
     rt.stop()

@@ -21,6 +21,7 @@ from polar_mq.runtimes import LocalRuntime
 from polar_mq.runtimes.safe_files import UnsafePath
 from polar_mq.swe.checkout import checkout_repo
 from polar_mq.swe.spec import parse_repo
+from tests.conftest import runtime_id
 
 BUGGY = "def add(a, b):\n    return a - b\n\n\ndef mul(a, b):\n    return a * b\n"
 HIDDEN = (
@@ -36,7 +37,7 @@ def runtime(tmp_path: Path) -> Iterator[LocalRuntime]:
     source = tmp_path / "calc_repo"
     source.mkdir()
     (source / "calc.py").write_text(BUGGY)
-    rt = LocalRuntime("tests-eval", tmp_path / "runtimes")
+    rt = LocalRuntime(runtime_id("tests-eval"), tmp_path / "runtimes")
     rt.start()
     rt.upload(b"{}", "task.json")
     checkout_repo(parse_repo({"path": str(source)}), rt.workdir)

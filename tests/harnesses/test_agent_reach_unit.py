@@ -17,6 +17,7 @@ from polar_mq.harnesses.presets.setup import HarnessMissing, check_agent_reaches
 from polar_mq.runtimes import LocalRuntime
 from polar_mq.runtimes.identity import NOBODY, AgentIdentity
 from polar_mq.spec import HarnessSpec
+from tests.conftest import runtime_id
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs a root worker")
 
@@ -35,7 +36,7 @@ def open_dir() -> Iterator[Path]:
 
 @pytest.fixture
 def runtime(open_dir: Path) -> Iterator[LocalRuntime]:
-    rt = LocalRuntime("rt-reach", open_dir / "runtimes", agent=AGENT)
+    rt = LocalRuntime(runtime_id("rt-reach"), open_dir / "runtimes", agent=AGENT)
     rt.start()
     yield rt
     rt.stop()

@@ -15,6 +15,7 @@ from polar_mq.jobs.tasks_file import TasksFileError, load_job_file
 from polar_mq.runtimes import LocalRuntime
 from polar_mq.swe.checkout import checkout_repo
 from polar_mq.swe.spec import agent_task, parse_repo
+from tests.conftest import runtime_id
 
 TEST_SH = """#!/bin/bash
 mkdir -p /logs/verifier
@@ -97,7 +98,7 @@ def test_bad_folders_are_errors(tmp_path: Path) -> None:
 
 def test_the_verifier_runs_in_the_workspace_and_its_reward_counts(tmp_path: Path) -> None:
     _, greet = load_harbor_tasks(make_harbor(tmp_path / "harbor"))
-    runtime = LocalRuntime("harbor-1", tmp_path / "runtimes")
+    runtime = LocalRuntime(runtime_id("harbor-1"), tmp_path / "runtimes")
     runtime.start()
     try:
         checkout_repo(parse_repo(greet["repo"]), runtime.workdir)

@@ -7,10 +7,11 @@ from pathlib import Path
 
 from polar_mq.rollouts.artifacts import may_be_work_tree, workspace_diff
 from polar_mq.runtimes.local import LocalRuntime
+from tests.conftest import runtime_id
 
 
 def test_a_plain_workspace_is_no_work_tree_and_spawns_nothing(tmp_path: Path) -> None:
-    runtime = LocalRuntime("r1", tmp_path / "root")
+    runtime = LocalRuntime(runtime_id("r1"), tmp_path / "root")
     runtime.start()
     try:
         assert not may_be_work_tree(runtime.workdir)
@@ -23,7 +24,7 @@ def test_a_plain_workspace_is_no_work_tree_and_spawns_nothing(tmp_path: Path) ->
 
 
 def test_a_repository_in_the_workspace_or_above_it_is_diffed(tmp_path: Path) -> None:
-    runtime = LocalRuntime("r2", tmp_path / "root")
+    runtime = LocalRuntime(runtime_id("r2"), tmp_path / "root")
     runtime.start()
     try:
         work = runtime.workdir

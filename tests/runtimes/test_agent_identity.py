@@ -27,6 +27,7 @@ from polar_mq.runtimes.identity import (
     parse_agent_user,
     worker_identity,
 )
+from tests.conftest import runtime_id
 
 AGENT = AgentIdentity(NOBODY, NOBODY, "nobody")
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs a root worker")
@@ -68,7 +69,7 @@ def test_can_reach_follows_every_parent(tmp_path: Path) -> None:
 
 @as_root
 def test_local_runs_commands_as_the_agent_who_owns_the_workspace(open_root: Path) -> None:
-    rt = LocalRuntime("rt-agent", open_root, agent=AGENT)
+    rt = LocalRuntime(runtime_id("rt-agent"), open_root, agent=AGENT)
     rt.start()
     try:
         rt.upload(b"task", "deep/dir/task.json")
@@ -88,7 +89,7 @@ def test_local_runs_commands_as_the_agent_who_owns_the_workspace(open_root: Path
         ]
         assert (rt.workdir / "deep" / "dir" / "mine").stat().st_uid == NOBODY
         # a handle made later (another stage) runs as the identity recorded at start
-        again = LocalRuntime("rt-agent", open_root)
+        again = LocalRuntime(runtime_id("rt-agent"), open_root)
         assert again.agent == AGENT
         assert again.exec("id -u").stdout_tail.strip() == str(NOBODY)
     finally:
@@ -97,7 +98,7 @@ def test_local_runs_commands_as_the_agent_who_owns_the_workspace(open_root: Path
 
 @as_root
 def test_hand_over_gives_worker_files_to_the_agent(open_root: Path) -> None:
-    rt = LocalRuntime("rt-hand", open_root, agent=AGENT)
+    rt = LocalRuntime(runtime_id("rt-hand"), open_root, agent=AGENT)
     rt.start()
     try:
         (rt.workdir / "repo" / "src").mkdir(parents=True)
@@ -143,7 +144,7 @@ def test_bwrap_runs_commands_as_the_agent_without_capabilities(open_root: Path) 
     reason = bwrap_available()
     if reason is not None:
         pytest.skip(reason)
-    rt = BwrapRuntime("rt-bw-agent", open_root, agent=AGENT)
+    rt = BwrapRuntime(runtime_id("rt-bw-agent"), open_root, agent=AGENT)
     rt.start()
     try:
         rt.upload(b"task", "task.json")
@@ -162,7 +163,7 @@ def test_bwrap_runs_commands_as_the_agent_without_capabilities(open_root: Path) 
 def test_an_agent_link_never_hands_it_the_runtime_records(open_root: Path) -> None:
     """The worker writing through a link the agent planted must not give it `runtime.json`
     (which names the user commands run as)."""
-    rt = LocalRuntime("rt-link", open_root, agent=AGENT)
+    rt = LocalRuntime(runtime_id("rt-link"), open_root, agent=AGENT)
     rt.start()
     try:
         assert rt.exec("ln -s ../runtime.json planted").ok

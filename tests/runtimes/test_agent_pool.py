@@ -21,6 +21,7 @@ from polar_mq.evaluators import CommandEvaluator, EvalContext
 from polar_mq.runtimes import LocalRuntime
 from polar_mq.runtimes.agent_pool import AgentPool, pool_members
 from polar_mq.runtimes.identity import AgentIdentity
+from tests.conftest import runtime_id
 
 MEMBERS = [AgentIdentity(70001 + i, 70000, f"polar-agent-{i + 1}") for i in range(2)]
 
@@ -87,8 +88,8 @@ def open_root(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 
 @needs_pool
 def test_two_local_runtimes_cannot_read_each_other(open_root: Path) -> None:
-    first = LocalRuntime("rt-pool-a", open_root)
-    second = LocalRuntime("rt-pool-b", open_root)
+    first = LocalRuntime(runtime_id("rt-pool-a"), open_root)
+    second = LocalRuntime(runtime_id("rt-pool-b"), open_root)
     first.start()
     second.start()
     try:
@@ -127,7 +128,7 @@ def test_two_local_runtimes_cannot_read_each_other(open_root: Path) -> None:
         first.stop()
         second.stop()
     # the stopped runtimes' users go back to the pool: the next runtime takes the first again
-    third = LocalRuntime("rt-pool-c", open_root)
+    third = LocalRuntime(runtime_id("rt-pool-c"), open_root)
     third.start()
     try:
         assert third.agent == released
@@ -139,7 +140,7 @@ def test_two_local_runtimes_cannot_read_each_other(open_root: Path) -> None:
 def test_a_grading_command_runs_as_the_runtimes_agent_never_root(open_root: Path) -> None:
     """The command evaluator runs in the workspace the agent controlled: as the agent's user, a
     link the agent planted cannot make it write a file the agent could not write itself."""
-    rt = LocalRuntime("rt-pool-grade", open_root)
+    rt = LocalRuntime(runtime_id("rt-pool-grade"), open_root)
     rt.start()
     guarded = open_root.parent / "worker-only.txt"  # the worker's file, not a system one
     guarded.write_text("untouched")

@@ -14,6 +14,7 @@ from polar_mq.runtimes import ResourceLimits
 from polar_mq.runtimes.base import ExecResult
 from polar_mq.runtimes.bwrap import BwrapRuntime, StartedWith
 from polar_mq.runtimes.cgroups import CgroupUnavailable, create
+from tests.conftest import runtime_id
 
 
 @pytest.fixture
@@ -103,9 +104,9 @@ def test_stop_from_another_handle_kills_a_running_exec_with_a_scrubbed_environme
 
 def test_bad_options_and_missing_cgroup_support(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="network must be one of host, none"):
-        BwrapRuntime("rt-x", tmp_path, network="bridge")  # type: ignore[arg-type]
+        BwrapRuntime(runtime_id("rt-x"), tmp_path, network="bridge")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="pids_limit"):
-        BwrapRuntime("rt-x", tmp_path, pids_limit=0)
+        BwrapRuntime(runtime_id("rt-x"), tmp_path, pids_limit=0)
     fake_fs = tmp_path / "cgroup"
     fake_fs.mkdir()
     with pytest.raises(CgroupUnavailable, match="no cgroup v1 pids controller"):
@@ -142,11 +143,11 @@ def test_proxy_only_refuses_proxies_it_cannot_relay(bwrap: Backend) -> None:
 
 def test_started_options_are_recorded_typed_and_read_back(tmp_path: Path) -> None:
     """No bubblewrap needed: the record a later handle builds its command line from."""
-    unstarted = BwrapRuntime("rt-rec", tmp_path, network="none", ro_binds=["/srv/x"])
+    unstarted = BwrapRuntime(runtime_id("rt-rec"), tmp_path, network="none", ro_binds=["/srv/x"])
     assert unstarted._recorded() == StartedWith("none", None, ("/srv/x",))  # its own options
     record = StartedWith("proxy_only", 64, (str(tmp_path),))
     assert StartedWith.parse(record.to_json()) == record
-    later = BwrapRuntime("rt-rec", tmp_path)  # another stage's handle: default options
+    later = BwrapRuntime(runtime_id("rt-rec"), tmp_path)  # another stage's handle: default options
     later.path.mkdir(parents=True, exist_ok=True)
     (later.path / "bwrap.json").write_bytes(StartedWith("none", None, (str(tmp_path),)).to_json())
     argv = later._sandbox_argv(["true"], later.workdir)
@@ -155,4 +156,6 @@ def test_started_options_are_recorded_typed_and_read_back(tmp_path: Path) -> Non
     for bad in (b"{", b"[]", b'{"network": "bridge", "ro": []}', b'{"network": "none"}'):
         assert StartedWith.parse(bad) is None  # unreadable: the handle's own (the job's) options
     (later.path / "bwrap.json").write_bytes(b"{")
-    assert BwrapRuntime("rt-rec", tmp_path, network="none")._recorded().network == "none"
+    assert (
+        BwrapRuntime(runtime_id("rt-rec"), tmp_path, network="none")._recorded().network == "none"
+    )

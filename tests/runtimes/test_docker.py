@@ -23,6 +23,7 @@ from runtime_backends import (
 from polar_mq.runtimes import ResourceLimits
 from polar_mq.runtimes.docker import LABEL_ROOT, LABEL_RUNTIME, DockerRuntime
 from polar_mq.runtimes.janitor import sweep_orphans
+from tests.conftest import runtime_id
 
 
 @pytest.fixture
@@ -137,9 +138,9 @@ def test_janitor_only_touches_its_own_root(tmp_path: Path) -> None:
 
 def test_bad_options(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="network must be one of host, none, proxy_only"):
-        DockerRuntime("rt-x", tmp_path, image=TEST_IMAGE, network="bridge")  # type: ignore[arg-type]
+        DockerRuntime(runtime_id("rt-x"), tmp_path, image=TEST_IMAGE, network="bridge")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="cpus"):
-        DockerRuntime("rt-x", tmp_path, image=TEST_IMAGE, cpus=0)
+        DockerRuntime(runtime_id("rt-x"), tmp_path, image=TEST_IMAGE, cpus=0)
 
 
 def test_proxy_only_reaches_the_recorded_proxy_and_nothing_else(dock: Backend) -> None:

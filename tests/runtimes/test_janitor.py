@@ -6,6 +6,7 @@ from pathlib import Path
 
 from polar_mq.runtimes import LocalRuntime
 from polar_mq.runtimes.janitor import present_runtimes, sweep_orphans
+from tests.conftest import runtime_id
 
 
 def test_only_runtime_directories_count(tmp_path: Path) -> None:
@@ -14,17 +15,18 @@ def test_only_runtime_directories_count(tmp_path: Path) -> None:
     (root / "logs" / "agent.log").write_text("keep me")
     (root / ".hidden").mkdir()
     (root / "half-started" / "workspace").mkdir(parents=True)  # killed before its record
-    LocalRuntime("rt-kept", root).start()
-    LocalRuntime("rt-gone", root).start()
+    kept, gone = runtime_id("rt-kept"), runtime_id("rt-gone")
+    LocalRuntime(kept, root).start()
+    LocalRuntime(gone, root).start()
 
     found = present_runtimes(root)
-    assert found == {"half-started": "local", "rt-kept": "local", "rt-gone": "local"}
+    assert found == {"half-started": "local", kept: "local", gone: "local"}
 
-    report = sweep_orphans(root, keep=lambda runtime_id: runtime_id == "rt-kept")
-    assert report.removed == {"half-started": "local", "rt-gone": "local"}
-    assert sorted(p.name for p in root.iterdir()) == [".hidden", "logs", "rt-kept"]
+    report = sweep_orphans(root, keep=lambda name: name == kept)
+    assert report.removed == {"half-started": "local", gone: "local"}
+    assert sorted(p.name for p in root.iterdir()) == [".hidden", "logs", kept]
     assert (root / "logs" / "agent.log").read_text() == "keep me"
-    LocalRuntime("rt-kept", root).stop()
+    LocalRuntime(kept, root).stop()
 
 
 def test_missing_root_is_empty(tmp_path: Path) -> None:

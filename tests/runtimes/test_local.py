@@ -15,6 +15,7 @@ import pytest
 
 from polar_mq.runtimes import LocalRuntime, ResourceLimits, get_runtime
 from polar_mq.runtimes.safe_files import UnsafePath
+from tests.conftest import runtime_id
 
 # Forks twice and calls setsid, like a real daemon; keeps the inherited pipes open on purpose,
 # the harder case for exec(), which must still return.
@@ -55,7 +56,7 @@ def wait_for_file(path: Path, timeout: float = 10.0) -> str:
 
 @pytest.fixture
 def runtime(tmp_path: Path) -> Iterator[LocalRuntime]:
-    rt = LocalRuntime("rt-test", tmp_path / "runtimes", kill_grace_s=0.3)
+    rt = LocalRuntime(runtime_id("rt-test"), tmp_path / "runtimes", kill_grace_s=0.3)
     rt.start()
     yield rt
     rt.stop()
@@ -83,7 +84,7 @@ def test_exec_env_cwd_and_isolation(runtime: LocalRuntime, monkeypatch: pytest.M
         cwd="sub",
     )
     tag, greeting, secret, cwd = result.stdout_tail.strip().split("|")
-    assert (tag, greeting, secret) == ("rt-test", "hi", "unset")
+    assert (tag, greeting, secret) == (runtime_id("rt-test"), "hi", "unset")
     assert Path(cwd) == (runtime.workdir / "sub").resolve()
     assert runtime.exec("pwd").stdout_tail.strip() == str(runtime.workdir.resolve())
 
@@ -151,7 +152,7 @@ def test_background_child_holding_the_pipe_does_not_block(runtime: LocalRuntime)
 
 def test_setsid_daemon_is_killed_by_stop_from_another_process(tmp_path: Path) -> None:
     root = tmp_path / "runtimes"
-    creator = LocalRuntime("rt-daemon", root)
+    creator = LocalRuntime(runtime_id("rt-daemon"), root)
     creator.start()
     creator.upload(DAEMON.encode(), "daemon.py")
     try:
@@ -159,28 +160,29 @@ def test_setsid_daemon_is_killed_by_stop_from_another_process(tmp_path: Path) ->
         assert result.ok
         pid, exec_session = map(int, wait_for_file(creator.workdir / "daemon.pid").split())
         assert os.getsid(pid) != exec_session  # escaped the session the runtime gave it
-        assert pid in LocalRuntime("rt-daemon", root).alive_processes()
+        assert pid in LocalRuntime(runtime_id("rt-daemon"), root).alive_processes()
 
         stopper = (
             "import sys; from pathlib import Path; from polar_mq.runtimes import get_runtime; "
-            "get_runtime('local', 'rt-daemon', Path(sys.argv[1]), None).stop()"
+            "get_runtime('local', sys.argv[2], Path(sys.argv[1]), None).stop()"
         )
-        subprocess.run([sys.executable, "-c", stopper, str(root)], check=True, timeout=60)
+        argv = [sys.executable, "-c", stopper, str(root), creator.runtime_id]
+        subprocess.run(argv, check=True, timeout=60)
         assert gone(pid)
-        assert not (root / "rt-daemon").exists()
+        assert not (root / creator.runtime_id).exists()
     finally:
         creator.stop()
 
 
 def test_reset_kills_processes_and_empties_the_workspace(tmp_path: Path) -> None:
     root = tmp_path / "runtimes"
-    LocalRuntime("rt-reset", root).start()
-    first = LocalRuntime("rt-reset", root)
+    LocalRuntime(runtime_id("rt-reset"), root).start()
+    first = LocalRuntime(runtime_id("rt-reset"), root)
     first.upload(b"old", "old.txt")
     first.exec("setsid sleep 60 > /dev/null 2>&1 &")
     assert first.alive_processes()
 
-    LocalRuntime("rt-reset", root).reset()  # a fresh handle, as in another worker
+    LocalRuntime(runtime_id("rt-reset"), root).reset()  # a fresh handle, as in another worker
     assert first.alive_processes() == []
     assert list(first.workdir.iterdir()) == []
     assert first.exec("echo again").stdout_tail == "again\n"
@@ -188,7 +190,7 @@ def test_reset_kills_processes_and_empties_the_workspace(tmp_path: Path) -> None
 
 
 def test_stop_is_idempotent(tmp_path: Path) -> None:
-    rt = LocalRuntime("rt-stop", tmp_path)
+    rt = LocalRuntime(runtime_id("rt-stop"), tmp_path)
     rt.stop()  # never started
     rt.start()
     rt.exec("sleep 60 &")
@@ -236,10 +238,13 @@ def test_paths_cannot_escape_the_runtime(runtime: LocalRuntime, bad: str, why: s
 
 def test_limits_are_applied_and_persist_across_handles(tmp_path: Path) -> None:
     limits = ResourceLimits(memory_mb=512, cpu_seconds=20, max_open_files=64)
-    creator = LocalRuntime("rt-limits", tmp_path, limits)
+    creator = LocalRuntime(runtime_id("rt-limits"), tmp_path, limits)
     creator.start()
     try:
-        for handle in (creator, LocalRuntime("rt-limits", tmp_path)):  # recorded on disk
+        for handle in (
+            creator,
+            LocalRuntime(runtime_id("rt-limits"), tmp_path),
+        ):  # recorded on disk
             out = handle.exec("ulimit -n; ulimit -t; ulimit -v").stdout_tail.split()
             assert out == ["64", "20", str(512 * 1024)]
     finally:
@@ -247,7 +252,7 @@ def test_limits_are_applied_and_persist_across_handles(tmp_path: Path) -> None:
 
 
 def test_cpu_limit_kills_a_busy_loop(tmp_path: Path) -> None:
-    rt = LocalRuntime("rt-cpu", tmp_path, ResourceLimits(cpu_seconds=1))
+    rt = LocalRuntime(runtime_id("rt-cpu"), tmp_path, ResourceLimits(cpu_seconds=1))
     rt.start()
     try:
         result = rt.exec("while :; do :; done", timeout=30)
