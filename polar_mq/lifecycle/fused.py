@@ -43,22 +43,28 @@ def with_event(dml: Update, events: Table, stage: Stage, kind: str) -> Select[An
     return select(done).add_cte(event.cte("event"))
 
 
+def fenced_update(rollouts: Table) -> Update:
+    """An UPDATE of the rollout that still holds the lease: `b_id` in stage status `b_busy`,
+    leased by `b_owner` (a worker that lost its lease updates nothing)."""
+    r = rollouts.c
+    return update(rollouts).where(
+        r.id == bindparam("b_id"),
+        r.status == bindparam("b_busy"),
+        r.lease_owner == bindparam("b_owner"),
+    )
+
+
 def finish_statement(
     rollouts: Table, events: Table, stage: Stage, kind: str, keys: tuple[str, ...]
 ) -> Select[Any]:
     """The fenced UPDATE setting `keys` (parameters `v_<key>`) plus its event, built once per
-    stage and set of columns; `b_id`, `b_busy` and `b_owner` fence it as `_FENCED` does."""
+    stage and set of columns, fenced by `fenced_update`."""
     cache_key = (stage, kind, keys)
     statement = _finish_cache.get(cache_key)
     if statement is None:
         r = rollouts.c
         dml = (
-            update(rollouts)
-            .where(
-                r.id == bindparam("b_id"),
-                r.status == bindparam("b_busy"),
-                r.lease_owner == bindparam("b_owner"),
-            )
+            fenced_update(rollouts)
             .values({key: bindparam(f"v_{key}", type_=r[key].type) for key in keys})
             .returning(r.id, r.job_id, r.attempt)
         )

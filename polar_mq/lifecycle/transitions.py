@@ -32,7 +32,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Session
 
-from polar_mq.lifecycle.fused import finish_statement, with_event
+from polar_mq.lifecycle.fused import fenced_update, finish_statement, with_event
 from polar_mq.lifecycle.messages import StageMessage
 from polar_mq.lifecycle.outbox import defer_publish
 from polar_mq.lifecycle.stages import STAGE_STATES, Stage
@@ -124,21 +124,9 @@ _CLAIM = {stage: _claim_statement(stage) for stage in Stage}
 _CLAIM_FUSED = {
     stage: with_event(_CLAIM[stage], EVENTS, stage, EventKind.STARTED) for stage in Stage
 }
-_FENCED = update(ROLLOUTS).where(
-    R.id == bindparam("b_id"),
-    R.status == bindparam("b_busy"),
-    R.lease_owner == bindparam("b_owner"),
-)
+_FENCED = fenced_update(ROLLOUTS)
 """SET columns come from the parameters of each call (update() without values())."""
-_RENEW = (
-    update(ROLLOUTS)
-    .where(
-        R.id == bindparam("b_id"),
-        R.status == bindparam("b_busy"),
-        R.lease_owner == bindparam("b_owner"),
-    )
-    .values(lease_expires_at=bindparam("b_expires"))
-)
+_RENEW = fenced_update(ROLLOUTS).values(lease_expires_at=bindparam("b_expires"))
 
 
 def _rowcount(result: object) -> int:

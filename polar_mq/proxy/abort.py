@@ -28,6 +28,43 @@ async def _disconnected(receive: Receive) -> None:
         pass
 
 
+class HangUpWatch:
+    """Cancels the current task when the client hangs up while the call is being served.
+
+    Only the watch is a task of its own (one task per call, no `asyncio.wait` on the hot path).
+    After the served part ends — normally, or with a `CancelledError` — `settle()` tells whether
+    the client left, and if so takes back the cancellation this watch made (`uncancel`), so that
+    only a cancellation from elsewhere (the server shutting down) goes on; `stop()` always.
+    """
+
+    __slots__ = ("_task", "_watch", "active", "left")
+
+    def __init__(self, receive: Receive) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._task = task
+        self.left = False
+        self.active = True
+        self._watch = asyncio.ensure_future(_disconnected(receive))
+        self._watch.add_done_callback(self._hung_up)
+
+    def _hung_up(self, watch: asyncio.Future[None]) -> None:
+        if self.active and not watch.cancelled() and watch.exception() is None:
+            self.left = True
+            self._task.cancel()
+
+    def settle(self) -> bool:
+        """True when the client left (this watch's cancellation is taken back)."""
+        if self.left:
+            self._task.uncancel()
+        return self.left
+
+    def stop(self) -> None:
+        """A hang-up seen from now on is no longer this call's business."""
+        self.active = False
+        self._watch.cancel()
+
+
 async def unless_client_leaves(
     state: ProxyState,
     call: CallContext,
@@ -39,32 +76,17 @@ async def unless_client_leaves(
     `forward` runs in this task; only the watch is a task of its own, which cancels this one
     when the client leaves (one task per call, no `asyncio.wait`, on the hot path).
     """
-    task = asyncio.current_task()
-    assert task is not None
-    left = False
-    forwarding = True
-
-    def hung_up(watch: asyncio.Future[None]) -> None:
-        nonlocal left
-        if forwarding and not watch.cancelled() and watch.exception() is None:
-            left = True
-            task.cancel()
-
-    watch = asyncio.ensure_future(_disconnected(receive))
-    watch.add_done_callback(hung_up)
+    hang_up = HangUpWatch(receive)
     try:
         response = await forward
     except asyncio.CancelledError:
-        if not left:
+        if not hang_up.settle():
             raise
-        task.uncancel()  # our own cancellation, handled here
     else:
-        if left:  # the answer was ready first (forward swallowed the cancellation)
-            task.uncancel()
+        hang_up.settle()  # the answer was ready first (forward swallowed the cancellation)
         return response
     finally:
-        forwarding = False  # a disconnect seen from now on is the response's business
-        watch.cancel()
+        hang_up.stop()  # a disconnect seen from now on is the response's business
     # The forward coroutine logs its row only after the upstream answered, with no await in
     # between, so cancelling it means the call was not logged: log it here, once.
     row = call_row(

@@ -19,6 +19,7 @@ import orjson
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from polar_mq.proxy.abort import HangUpWatch
 from polar_mq.proxy.apis.base import StreamTranslator
 from polar_mq.proxy.backends import BackendUnavailable, send_call
 from polar_mq.proxy.backends.send import UpstreamResponse
@@ -145,11 +146,6 @@ async def forward_stream(
     return CapturedStream(state, call, upstream, added_s)
 
 
-async def _wait_for_disconnect(receive: Receive) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
-
-
 class CapturedStream(Response):
     """An ASGI response that relays an upstream SSE stream and logs the capture exactly once."""
 
@@ -203,19 +199,7 @@ class CapturedStream(Response):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Relay in this task; a watch task cancels it when the agent hangs up (one task per
         stream and no `asyncio.wait` on the hot path)."""
-        task = asyncio.current_task()
-        assert task is not None
-        left = False
-        relaying = True
-
-        def hung_up(watch: asyncio.Future[None]) -> None:
-            nonlocal left
-            if relaying and not watch.cancelled() and watch.exception() is None:
-                left = True
-                task.cancel()
-
-        watch = asyncio.ensure_future(_wait_for_disconnect(receive))
-        watch.add_done_callback(hung_up)
+        hang_up = HangUpWatch(receive)
         cancelled: asyncio.CancelledError | None = None
         try:
             try:
@@ -223,9 +207,7 @@ class CapturedStream(Response):
             except asyncio.CancelledError as exc:
                 if not self._delivered:  # after the whole answer, hanging up is normal
                     self._status = STATUS_CLIENT_GONE
-                if left:
-                    task.uncancel()  # our own cancellation, handled here
-                else:
+                if not hang_up.settle():
                     cancelled = exc  # the server's: clean up, log, then let it through
             except OSError:  # ASGI 2.4 servers raise on send after a disconnect
                 if not self._delivered:
@@ -234,11 +216,9 @@ class CapturedStream(Response):
                 self._status = 500
                 logger.error("stream relay failed", exc_info=exc)
             else:
-                if left:  # the relay ended before the hang-up was delivered
-                    task.uncancel()
+                hang_up.settle()  # the relay may have ended before the hang-up was delivered
             finally:
-                relaying = False
-                watch.cancel()
+                hang_up.stop()
             with contextlib.suppress(httpx.HTTPError):  # hanging up is all we need here
                 await self._upstream.aclose()
             if self._started and not self._ended and self._status != STATUS_CLIENT_GONE:
