@@ -15,6 +15,17 @@ if ! pg_isready -h 127.0.0.1 -p 5432 >/dev/null 2>&1; then
   pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -n1)" main start || true
   wait_for PostgreSQL "pg_isready -h 127.0.0.1 -p 5432"
 fi
+# The parallel suite (scripts/test: several xdist workers, each with end-to-end stacks whose
+# processes hold pools) needs more than PostgreSQL's default 100 connections. Raise it, once, with
+# a restart: only when the current value is lower, so a machine already set up is left alone.
+pg_min_connections=400
+pg_connections=$(psql -h 127.0.0.1 -p 5432 -U postgres -tAc "SHOW max_connections" 2>/dev/null || echo "")
+if [ -n "$pg_connections" ] && [ "$pg_connections" -lt "$pg_min_connections" ]; then
+  echo "raising PostgreSQL max_connections from $pg_connections to $pg_min_connections (restart)"
+  psql -h 127.0.0.1 -p 5432 -U postgres -qc "ALTER SYSTEM SET max_connections = $pg_min_connections"
+  pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -n1)" main restart
+  wait_for PostgreSQL "pg_isready -h 127.0.0.1 -p 5432"
+fi
 if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
   echo "starting Redis"
   mkdir -p /var/lib/redis /var/log/redis
