@@ -17,7 +17,7 @@ from typing import Any
 
 from polar_mq.config import Settings
 from polar_mq.lifecycle.stages import Stage
-from polar_mq.processes import ManagedProcess
+from polar_mq.processes import ManagedProcess, stop_all
 from polar_mq.workers.launcher import DEFAULT_CONCURRENCY
 
 
@@ -42,6 +42,7 @@ class LocalStack:
         self.log_dir = log_dir
         self.env = {**os.environ, **settings_env(settings), **(extra_env or {})}
         self.processes: list[ManagedProcess] = []
+        self._starting: list[tuple[ManagedProcess, str]] = []
 
     def _spawn(
         self, name: str, argv: Sequence[str], env: Mapping[str, str] | None = None
@@ -50,23 +51,36 @@ class LocalStack:
         self.processes.append(proc)
         return proc
 
-    def fake_upstream(self, port: int, **latency: Any) -> ManagedProcess:
+    def _ready(self, proc: ManagedProcess, health_url: str, wait: bool) -> ManagedProcess:
+        """Wait for `proc` to answer at `health_url` now, or (`wait=False`) in `wait_ready()`."""
+        if wait:
+            proc.wait_http(health_url)
+        else:
+            self._starting.append((proc, health_url))
+        return proc
+
+    def wait_ready(self) -> None:
+        """Wait for every service started with `wait=False`: services that do not need each
+        other at start-up boot side by side instead of one after another."""
+        starting, self._starting = self._starting, []
+        for proc, health_url in starting:
+            proc.wait_http(health_url)
+
+    def fake_upstream(self, port: int, *, wait: bool = True, **latency: Any) -> ManagedProcess:
         argv = [sys.executable, "-m", "polar_mq.testing.fake_vllm", "--port", str(port)]
         for key, value in latency.items():
             argv += [f"--{key.replace('_', '-')}", str(value)]
         proc = self._spawn("fake-upstream", argv)
-        proc.wait_http(f"http://127.0.0.1:{port}/health")
-        return proc
+        return self._ready(proc, f"http://127.0.0.1:{port}/health", wait)
 
-    def proxy(self) -> ManagedProcess:
+    def proxy(self, *, wait: bool = True) -> ManagedProcess:
         proc = self._spawn("proxy", [sys.executable, "-m", "polar_mq.cli", "proxy"])
-        proc.wait_http(f"{self.settings.proxy_base_url}/healthz")
-        return proc
+        return self._ready(proc, f"{self.settings.proxy_base_url}/healthz", wait)
 
-    def api(self) -> ManagedProcess:
+    def api(self, *, wait: bool = True) -> ManagedProcess:
         proc = self._spawn("api", [sys.executable, "-m", "polar_mq.cli", "api"])
-        proc.wait_http(f"http://{self.settings.api_host}:{self.settings.api_port}/healthz")
-        return proc
+        health = f"http://{self.settings.api_host}:{self.settings.api_port}/healthz"
+        return self._ready(proc, health, wait)
 
     def workers(
         self,
@@ -147,8 +161,9 @@ class LocalStack:
         return proc
 
     def stop(self) -> None:
-        for proc in reversed(self.processes):
-            proc.stop()
+        """Stop every service at once (a stack's teardown takes its slowest warm shutdown, not
+        the sum of them)."""
+        stop_all(self.processes)
 
     def __enter__(self) -> LocalStack:
         return self

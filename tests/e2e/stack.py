@@ -56,10 +56,11 @@ def fake_upstream_stack(
         **overrides,
     )  # fmt: skip
     with LocalStack(settings, tmp / "logs") as stack:
-        stack.fake_upstream(upstream_port, **(latency or {}))
-        stack.proxy()
+        stack.fake_upstream(upstream_port, wait=False, **(latency or {}))
+        stack.proxy(wait=False)
         stack.workers(concurrency=concurrency)
-        stack.api()
+        stack.api(wait=False)
+        stack.wait_ready()  # the services boot side by side
         yield stack
 
 
@@ -70,9 +71,10 @@ def real_vllm_stack(pg_url: str, tmp: Path, base_url: str) -> Iterator[LocalStac
         pg_url, tmp, upstream_url=base_url, served_model=local_vllm.SERVED_MODEL
     )
     with LocalStack(settings, tmp / "logs") as stack:
-        stack.proxy()
+        stack.proxy(wait=False)
         stack.workers()
-        stack.api()
+        stack.api(wait=False)
+        stack.wait_ready()
         yield stack
 
 

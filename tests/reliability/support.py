@@ -121,15 +121,16 @@ def rel_stack(
     call_log = tmp / "calls"
     call_log.mkdir(parents=True, exist_ok=True)
     with LocalStack(settings, tmp / "logs", extra_env={"PYTHONPATH": str(REPO)}) as stack:
-        stack.fake_upstream(upstream, **(fake or {}))
-        stack.proxy()
-        stack.api()
+        stack.fake_upstream(upstream, wait=False, **(fake or {}))
+        stack.proxy(wait=False)
+        stack.api(wait=False)
         stack.sweeper()
         stack.janitor(interval_s=0.5)
         client = Client(f"http://{settings.api_host}:{settings.api_port}")
         rel = RelStack(stack, client, call_log, {})
         if workers:
             rel.start_workers()
+        stack.wait_ready()  # the services boot side by side
         yield rel
 
 
