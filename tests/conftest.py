@@ -27,6 +27,7 @@ from tests.distribution import (  # noqa: F401 (hooks of the xdist controller)
     pytest_xdist_make_scheduler,
     record_groups,
 )
+from tests.reaper import mark_owner, reap_orphans
 
 # The tests' own evaluators and builders (`tests.…`, a module written to a temporary directory,
 # and `json:loads` standing in for a buggy scoring function) are import paths: allow them here, in
@@ -37,6 +38,10 @@ os.environ.setdefault("POLAR_MQ_IMPORT_ALLOWLIST", "polar_mq,tests,polar_user_ev
 # into explicitly (a real node refuses). The isolation tests put runtimes below open directories,
 # where agents run as pool users (tests/security, tests/runtimes/test_agent_identity.py).
 os.environ.setdefault("POLAR_MQ_UNSAFE_ROOT_AGENTS", "1")
+
+# Every process this session starts carries its owner's tag: the next session kills the stacks a
+# killed pytest left behind (tests/reaper.py).
+mark_owner()
 
 PG_ADMIN_URL = os.environ.get("POLAR_MQ_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 REDIS_URL = os.environ.get("POLAR_MQ_TEST_REDIS", "redis://127.0.0.1:6379")
@@ -92,6 +97,12 @@ def db_session_factory(pg_engine: Engine) -> Iterator[sessionmaker[Session]]:
     with pg_engine.begin() as conn:
         names = ", ".join(t.name for t in Base.metadata.sorted_tables)
         conn.execute(text(f"TRUNCATE {names} CASCADE"))
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """On the controller (or a run without xdist): stop what killed runs left behind."""
+    if not hasattr(session.config, "workerinput"):
+        reap_orphans()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -1,0 +1,53 @@
+"""The reaper stops the groups of a dead pytest's processes, and nothing else."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import psutil
+
+from tests.reaper import OWNER_VAR, owner_alive, owner_tag, reap_orphans
+
+
+def _sleeper(tag: str) -> subprocess.Popen[bytes]:
+    """A process in a group of its own, tagged as started by `tag`'s owner (like a stack's)."""
+    env = {**os.environ, OWNER_VAR: tag}
+    argv = [sys.executable, "-c", "import time; time.sleep(60)"]
+    proc = subprocess.Popen(argv, env=env, start_new_session=True)
+    deadline = time.monotonic() + 10
+    while psutil.Process(proc.pid).environ().get(OWNER_VAR) != tag:  # until it has exec'd
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    return proc
+
+
+def test_orphans_of_a_dead_owner_are_killed_and_a_live_owners_are_kept() -> None:
+    dead_owner = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead_tag = owner_tag(dead_owner.pid)
+    dead_owner.wait()
+    assert not owner_alive(dead_tag) and owner_alive(owner_tag())
+    orphan, kept = _sleeper(dead_tag), _sleeper(owner_tag())
+    try:
+        assert orphan.pid in reap_orphans()
+        assert orphan.wait(10) == -9
+        assert kept.poll() is None
+    finally:
+        for proc in (orphan, kept):
+            proc.kill()
+            proc.wait()
+
+
+def test_another_checkouts_orphans_are_left_alone() -> None:
+    dead_owner = subprocess.Popen([sys.executable, "-c", "pass"])
+    tag = "/elsewhere|" + owner_tag(dead_owner.pid).rsplit("|", 2)[1] + "|1.000"
+    dead_owner.wait()
+    other = _sleeper(tag)
+    try:
+        assert other.pid not in reap_orphans()
+        assert other.poll() is None
+    finally:
+        other.kill()
+        other.wait()
