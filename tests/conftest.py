@@ -22,6 +22,7 @@ from polar_mq.lifecycle.outbox import attach_publisher
 from polar_mq.migrate import upgrade
 from polar_mq.models import Base
 from tests.distribution import (  # noqa: F401 (hooks of the xdist controller)
+    heaviest_first,
     pytest_configure_node,
     pytest_unconfigure,
     pytest_xdist_make_scheduler,
@@ -106,9 +107,13 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Run the real-vLLM tests last, together: they share one server (`real_vllm`). Under
-    pytest-xdist, tell the controller which tests must share a worker (tests/distribution.py)."""
-    items.sort(key=lambda item: item.get_closest_marker("vllm") is not None)
+    """Run the real-vLLM tests together (they share one server, `real_vllm`): last in one
+    process, first under pytest-xdist, where the longest tests go out first and the controller
+    learns which tests must share a worker (tests/distribution.py)."""
+    if hasattr(config, "workerinput"):
+        heaviest_first(items)
+    else:
+        items.sort(key=lambda item: item.get_closest_marker("vllm") is not None)
     record_groups(config, items)
 
 

@@ -6,7 +6,7 @@ machine, not one per worker), and the tests of a module that share a module- or 
 fixture (a stack started once for them; spread over two workers it starts twice, and interleaved
 with other modules on one worker it is torn down and started again), unless the module marks its
 module fixtures as cheap (`pytestmark = pytest.mark.spread`: say, a database of its own). The
-other tests are handed out one by one.
+other tests are handed out one by one, the long ones first (`heaviest_first`).
 
 xdist's own `loadgroup` reads `xdist_group` marks through a suffix it writes into node ids, which
 pytest 9.2 no longer takes (pytest-xdist issue 1386: the marks are silently ignored). So the
@@ -45,6 +45,31 @@ def group_of(item: pytest.Item) -> str | None:
     return None
 
 
+HEAVY_MARKS = ("e2e", "reliability", "slow", "benchmark")
+
+
+def _weight(item: pytest.Item, group: str | None) -> int:
+    """0: the real-vLLM group (a server start and minutes of tests on one worker); 1: a test that
+    starts processes or stacks; 2: the rest (unit and API tests, mostly milliseconds)."""
+    if group == "vllm":
+        return 0
+    heavy = any(item.get_closest_marker(m) is not None for m in HEAVY_MARKS)
+    return 1 if heavy or "docker" in item.nodeid else 2
+
+
+def heaviest_first(items: list[pytest.Item]) -> None:
+    """Under xdist, order `items` (in place) so that the controller hands out the long groups and
+    tests first and the many short ones last: the workers then finish together instead of one
+    worker starting a minute-long test when the others are done. A group keeps its members
+    together (its weight is its heaviest member's); the order is the same on every worker."""
+    groups = {item.nodeid: group_of(item) or item.nodeid for item in items}
+    weights: dict[str, int] = {}
+    for item in items:
+        group = groups[item.nodeid]
+        weights[group] = min(weights.get(group, 2), _weight(item, group))
+    items.sort(key=lambda item: weights[groups[item.nodeid]])
+
+
 def record_groups(config: pytest.Config, items: list[pytest.Item]) -> None:
     """On an xdist worker: write `{node id: group}` for the controller's scheduler."""
     workerinput: dict[str, Any] | None = getattr(config, "workerinput", None)
@@ -74,6 +99,9 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     if config.getvalue("dist") != "loadgroup":
         return None
     from xdist.scheduler import LoadScopeScheduling
+
+    # Hand the groups out in the workers' collection order (`heaviest_first`), not by size.
+    config.option.loadscopereorder = False
 
     class GroupScheduling(LoadScopeScheduling):  # type: ignore[misc]
         """A test's scope is its group, else the test itself."""
