@@ -43,18 +43,23 @@ def mark_owner() -> None:
 
 def reap_orphans() -> list[int]:
     """Kill the process groups of this checkout's test processes whose owning pytest is gone;
-    return the killed group ids. A group is killed only when every member carries such a tag
-    (a ManagedProcess's group), never one shared with a shell or a CI runner."""
-    orphaned: dict[int, bool] = {}  # process group -> every member so far is an orphan
+    return the killed group ids. A group is killed when its leader carries such a tag (a group
+    a test started: `ManagedProcess`, vLLM), or, leaderless, when every member does; never a
+    group shared with a shell or a CI runner. (Members may hide their environment: vLLM's
+    `setproctitle` overwrites it.)"""
+    members: dict[int, bool] = {}  # process group -> every member so far is an orphan
+    leaders: dict[int, bool] = {}  # process group -> its leader is an orphan
     for proc in psutil.process_iter():
         try:
             group = os.getpgid(proc.pid)
             tag = proc.environ().get(OWNER_VAR, "")
         except (psutil.Error, OSError):
             continue
-        mine = tag.startswith(ROOT + "|") and not owner_alive(tag)
-        orphaned[group] = orphaned.get(group, True) and mine
-    groups = sorted(g for g, orphan in orphaned.items() if orphan and g != os.getpgrp())
+        orphan = tag.startswith(ROOT + "|") and not owner_alive(tag)
+        members[group] = members.get(group, True) and orphan
+        if proc.pid == group:
+            leaders[group] = orphan
+    groups = sorted(g for g in members if leaders.get(g, members[g]) and g != os.getpgrp())
     for group in groups:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(group, signal.SIGKILL)

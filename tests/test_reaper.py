@@ -51,3 +51,30 @@ def test_another_checkouts_orphans_are_left_alone() -> None:
     finally:
         other.kill()
         other.wait()
+
+
+def test_a_group_whose_leader_is_an_orphan_goes_whole() -> None:
+    """vLLM's engine processes overwrite their environment (setproctitle): the leader's tag
+    decides for its group."""
+    dead_owner = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead_tag = owner_tag(dead_owner.pid)
+    dead_owner.wait()
+    child = (
+        "import subprocess, sys, time; "
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], env={}); "
+        "time.sleep(60)"
+    )
+    env = {**os.environ, OWNER_VAR: dead_tag}
+    leader = subprocess.Popen([sys.executable, "-c", child], env=env, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 10
+        while not psutil.Process(leader.pid).children():
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        (untagged,) = psutil.Process(leader.pid).children()
+        assert leader.pid in reap_orphans()
+        assert leader.wait(10) == -9
+        untagged.wait(10)
+    finally:
+        leader.kill()
+        leader.wait()
