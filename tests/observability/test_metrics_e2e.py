@@ -19,13 +19,15 @@ from pathlib import Path
 
 import httpx
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from polar_mq.db import create_db_engine
 from polar_mq.devstack import LocalStack
 from polar_mq.lifecycle.stages import Stage
 from polar_mq.models import Event, EventKind, LlmCall, Rollout
 from polar_mq.processes import free_port
+from tests.conftest import scratch_database
 from tests.e2e.stack import client_of, e2e_settings
 from tests.observability.scrape import Samples, scrape, value
 
@@ -67,6 +69,21 @@ def _wait_for_a_stage(url: str, timeout_s: float = 120) -> None:
     while value(scrape(url), "polar_stage_duration_seconds_count", outcome="done") < 1:
         assert time.monotonic() < deadline, "no stage finished"
         time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def pg_url() -> Iterator[str]:
+    """A database of this module's own: the counts compare with every row, and another test on this
+    pytest-xdist worker may have left rows in the session's (a module stack's, never truncated)."""
+    with scratch_database("polar_mq_metrics_e2e") as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def pg_engine(pg_url: str) -> Iterator[Engine]:
+    engine = create_db_engine(pg_url)
+    yield engine
+    engine.dispose()
 
 
 @pytest.fixture(scope="module")
