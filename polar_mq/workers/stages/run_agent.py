@@ -232,7 +232,9 @@ def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
             "flush_s": round(flushed_at - flush_at, 4),
             "collect_s": round(time.monotonic() - flushed_at, 4),
             "proxy_written_total": flushed.get("written", 0),
-            "calls_stored_by": flushed["by"],
+            "calls_stored_by": flushed["by"],  # receipts, or the proxy's flush
+            "calls_started": flushed.get("calls_started"),
+            "wakeups": flushed.get("wakeups"),
             "agent_calls": calls.calls,
             "auxiliary_calls": auxiliary,
             "artifacts": [row["name"] for row in artifacts],
