@@ -14,8 +14,10 @@ every rollout pays. With them the proxy keeps two records per rollout attempt in
   replays them), each addition followed by a push on the attempt's wake-up list.
 
 After the agent exits, the stage waits (`wait_stored`: a blocking pop on the wake-up list, no
-sleep loop) until `stored` holds at least `started` ids. A set, not a counter, so a segment
-replayed twice (crash between commit and delete) never counts a row twice. The wait has a
+sleep loop) until `stored` holds at least `started` ids; if they do not add up at once it
+publishes on `HURRY_CHANNEL` so the proxies' writers commit without their batching wait. A
+set, not a counter, so a segment replayed twice (crash between commit and delete) never counts
+a row twice. The wait has a
 deadline; when it passes (a proxy killed with rows only in memory, a row the database refused,
 Redis lost meanwhile, a call counted but then refused for lack of a number) the stage falls
 back to the flush, which stays the source of truth. Receipts only ever make the stage faster.
@@ -39,6 +41,8 @@ KEY_PREFIX = "polar_mq:calls:"
 TTL_S = 24 * 3600
 """How long an attempt's receipts live after its last call: the stage reads them minutes later."""
 REDIS_TIMEOUT_S = 2.0
+HURRY_CHANNEL = "polar_mq:calls:hurry"
+"""Published on by a stage whose receipts do not add up yet: the proxies' writers commit now."""
 
 
 def started_key(rollout_id: uuid.UUID, attempt: int) -> str:
@@ -117,6 +121,8 @@ def wait_stored(
         left = deadline - time.monotonic()
         if receipts.complete or left <= 0:
             return Receipts(receipts.started, receipts.stored, wakeups)
+        if wakeups == 0:  # the writers need not linger for more rows to batch: we wait
+            client.publish(HURRY_CHANNEL, b"")
         # A push since `read` returns at once (no lost wake-up); each pop is kept under the
         # client's socket timeout, BLPOP's own timeout has a 1 ms resolution (Redis >= 6).
         block = min(left, REDIS_TIMEOUT_S / 2)

@@ -31,7 +31,7 @@ from polar_mq.proxy.fanout import Siblings, fanned_out, flushed, replay
 from polar_mq.proxy.fast_path import FastPathApp
 from polar_mq.proxy.metrics import ProxyMetrics, metrics_endpoint
 from polar_mq.proxy.policy_sync import PolicySync, db_reader
-from polar_mq.proxy.receipts import StartCounter
+from polar_mq.proxy.receipts import HurryListener, StartCounter
 from polar_mq.proxy.rollout_states import RolloutStates, StateReader, db_state_reader
 from polar_mq.proxy.seq import sequencer
 from polar_mq.proxy.state import ProxyState
@@ -120,6 +120,10 @@ def create_proxy_app(
             body_read_timeout_s=settings.body_read_timeout_s,
             receipts=StartCounter.from_url(receipts_url) if receipts_url else None,
         )
+        hurry = None
+        if receipts_url and isinstance(stored_sink, DbCallWriter):
+            hurry = HurryListener(receipts_url, stored_sink.hurry)
+            hurry.start()
         if worker is not None:
             await replay(app, worker, CHANGES)
         try:
@@ -130,6 +134,8 @@ def create_proxy_app(
             await app.state.proxy.seqs.aclose()
             if app.state.proxy.receipts is not None:
                 await app.state.proxy.receipts.aclose()
+            if hurry is not None:
+                await hurry.stop()
             if rollouts is not None:
                 await rollouts.stop()
             if policy is not None:

@@ -5,20 +5,31 @@ a call's `seq`: for a token that asks for receipts it first increments the attem
 counter in Redis, so a call is counted before it is numbered and served, and a call refused
 here (Redis unreachable, or no receipt store configured) gets a retryable 503 before it has a
 number: the stage waiting for the attempt's calls never waits for it, and the seqs stay
-gap-free. The writer thread's half (the `stored` set) is `call_receipts.record_stored`.
+gap-free. The writer thread's half (the `stored` set) is `call_receipts.record_stored`;
+`HurryListener` lets a waiting stage cut the writer's batching wait short.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import redis as sync_redis
 import redis.asyncio as redis
 from redis.exceptions import RedisError
 
-from polar_mq.call_receipts import REDIS_TIMEOUT_S, TTL_S, connect, record_stored, started_key
+from polar_mq.call_receipts import (
+    HURRY_CHANNEL,
+    REDIS_TIMEOUT_S,
+    TTL_S,
+    connect,
+    record_stored,
+    started_key,
+)
 from polar_mq.proxy.backends.pool import BackendUnavailable
 from polar_mq.proxy.seq import Sequencer
 from polar_mq.tokens import RolloutClaim
@@ -107,3 +118,46 @@ class StoredReceipts:
     def close(self) -> None:
         if self._client is not None:
             self._client.close()
+
+
+class HurryListener:
+    """Cuts the writer's batching wait short when a stage waits for receipts (`call_receipts`).
+
+    The writer lingers `log_flush_interval_s` after a first row to batch more: cheap per call,
+    but the last calls of an agent that just exited would wait out that linger. A stage whose
+    receipts do not add up yet publishes on `HURRY_CHANNEL`; every proxy process listening
+    here pokes its writer, which commits what it holds at once. Best effort: while Redis is
+    unreachable the listener retries each second and the writer keeps its pace.
+    """
+
+    def __init__(self, url: str, hurry: Callable[[], None]) -> None:
+        self._url = url
+        self._hurry = hurry
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._listen(), name="receipts-hurry")
+
+    async def _listen(self) -> None:
+        failing = False
+        while True:
+            client = redis.Redis.from_url(self._url, socket_connect_timeout=REDIS_TIMEOUT_S)
+            try:
+                async with client.pubsub(ignore_subscribe_messages=True) as pubsub:
+                    await pubsub.subscribe(HURRY_CHANNEL)
+                    failing = False
+                    async for _ in pubsub.listen():
+                        self._hurry()
+            except (RedisError, OSError) as exc:
+                if not failing:
+                    logger.warning("call receipts: hurry channel lost, retrying: %r", exc)
+                failing = True
+            finally:
+                await client.aclose()
+            await asyncio.sleep(1.0)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task

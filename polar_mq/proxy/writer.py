@@ -236,6 +236,11 @@ class DbCallWriter:
             "(database unreachable?)"
         )
 
+    def hurry(self) -> None:
+        """Commit what is queued now rather than after the batching wait (a stage waits)."""
+        if self._queue:
+            self._poke()
+
     def _poke(self) -> None:
         """Cut the current batch's wait short so a flush does not wait for the interval."""
         self._queue.append(_WAKE)

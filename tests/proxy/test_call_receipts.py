@@ -80,6 +80,43 @@ async def test_the_wait_ends_only_when_a_slow_writer_committed_every_call(
     assert sorted(seqs) == [0, 1, 2]
 
 
+async def test_a_waiting_stage_cuts_the_writers_batching_wait_short(
+    pg_engine: Engine, db_session_factory: sessionmaker[Session], client: redis.Redis
+) -> None:
+    """A writer that would linger 60 s for more rows commits as soon as a stage waits."""
+    fake = create_fake_vllm_app()
+    writer = DbCallWriter(engine=pg_engine, flush_interval_s=60.0, receipts_url=REDIS_URL)
+    settings = proxy_settings(proxy_redis_url=REDIS_URL)
+    app = create_proxy_app(settings, upstream_transport=httpx.ASGITransport(fake), sink=writer)
+    rollout = uuid.uuid4()
+    before = _subscribers(client)  # other proxies on this Redis (other tests' stacks)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://proxy") as proxy,
+    ):
+        await _wait_subscribed(client, before)
+        answer = await proxy.post("/v1/chat/completions", json=BODY, headers=headers(rollout))
+        assert answer.status_code == 200
+        seen = await asyncio.to_thread(call_receipts.wait_stored, client, rollout, 1, 20.0)
+        assert (seen.started, seen.stored, seen.complete) == (1, 1, True)
+        assert stored(db_session_factory, rollout) == 1
+        assert writer.pending == 0
+
+
+def _subscribers(client: redis.Redis) -> int:
+    counts = dict(client.pubsub_numsub(call_receipts.HURRY_CHANNEL))
+    return int(counts.get(call_receipts.HURRY_CHANNEL.encode(), 0))
+
+
+async def _wait_subscribed(client: redis.Redis, before: int) -> None:
+    """The proxy's hurry listener subscribes in the background at startup."""
+    for _ in range(100):
+        if _subscribers(client) > before:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("the proxy never subscribed to the hurry channel")
+
+
 async def test_calls_refused_before_numbering_are_never_waited_for(client: redis.Redis) -> None:
     """No receipt store (off, or Redis unreachable): a receipted call is refused before it has a
     number, so it is neither counted nor given a seq, and the wait has nothing to wait for."""

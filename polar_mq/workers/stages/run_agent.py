@@ -19,7 +19,7 @@ from sqlalchemy import Table, select
 from tenacity import retry, stop_after_delay, wait_exponential
 
 from polar_mq import call_receipts
-from polar_mq.calls import AttemptCalls, last_call_at
+from polar_mq.calls import AttemptCalls, CallSummary, last_call_at
 from polar_mq.harnesses import AgentContext, get_harness
 from polar_mq.harnesses.presets.setup import harness_root_for
 from polar_mq.lifecycle.transitions import Claimed
@@ -194,7 +194,12 @@ def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
     flushed = wait_calls_stored(ctx, claimed, result.ok and receipts)
     flushed_at = time.monotonic()
     rollout = claimed.rollout
-    calls = summarize_calls(ctx.session_factory, rollout.id, rollout.attempt, rollout.created_at)
+    if flushed.get("calls_started") == 0:  # the receipts say no call was made: nothing to read
+        calls = CallSummary(0, None)
+    else:
+        calls = summarize_calls(
+            ctx.session_factory, rollout.id, rollout.attempt, rollout.created_at
+        )
     budget = spec.max_tokens_per_rollout
     outcome = classify(result, calls, agent_started, flushed.get("started_at"), budget)
     if outcome.infrastructure:  # never scored: the platform failed, not the policy
