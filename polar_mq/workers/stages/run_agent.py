@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from datetime import datetime
 from typing import Any, cast
 
 from redis.exceptions import RedisError
@@ -59,14 +60,20 @@ def _flush_proxy(ctx: WorkerContext) -> dict[str, Any]:
     return dict(response.json())
 
 
-def wait_calls_stored(ctx: WorkerContext, claimed: Claimed, by_receipts: bool) -> dict[str, Any]:
+def wait_calls_stored(
+    ctx: WorkerContext, claimed: Claimed, by_receipts: bool, agent_started: datetime
+) -> dict[str, Any]:
     """Return once every call the agent made is in the database; `by` says how it was known.
 
     By the attempt's call receipts when it has them (no round trip to the proxy), else, or when
     they do not add up in time, by the proxy's flush. A failed agent is always flushed: its
     answer's `started_at` tells whether the proxy restarted under the agent (`classify`).
+    Receipts that do not add up after the flush of a proxy that restarted under the agent mean
+    calls it answered died with the old process: the attempt starts over rather than build a
+    trajectory without them.
     """
     rollout = claimed.rollout
+    missing: call_receipts.Receipts | None = None
     if by_receipts and ctx.receipts is not None:
         try:
             seen = call_receipts.wait_stored(
@@ -82,12 +89,26 @@ def wait_calls_stored(ctx: WorkerContext, claimed: Claimed, by_receipts: bool) -
                 rollout.id, rollout.attempt, seen.stored, seen.started,
                 ctx.settings.call_receipts_wait_s,
             )  # fmt: skip
+            missing = seen
     try:
-        return {**_flush_proxy(ctx), "by": "flush"}
+        flushed = {**_flush_proxy(ctx), "by": "flush"}
     except Exception as exc:  # the attempt's calls may be lost with the proxy: start over
         raise StageRestart(
             TerminationReason.BACKEND_ERROR, f"proxy log flush failed: {exc!r}"
         ) from exc
+    restarted = float(flushed.get("started_at") or 0) > agent_started.timestamp()
+    if missing is not None and restarted and ctx.receipts is not None:
+        try:
+            after = call_receipts.read(ctx.receipts, rollout.id, rollout.attempt)
+        except (RedisError, OSError):  # unreadable again: the flush is what we know
+            return flushed
+        if not after.complete:
+            raise StageRestart(
+                TerminationReason.BACKEND_ERROR,
+                f"the proxy restarted while the agent ran: {after.stored} of its "
+                f"{after.started} calls stored, the others lost with the old process",
+            )
+    return flushed
 
 
 def _rollout_time_left(
@@ -191,7 +212,7 @@ def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
     finally:
         grading = prewarm.join() if prewarm is not None else {}
     flush_at = time.monotonic()
-    flushed = wait_calls_stored(ctx, claimed, result.ok and receipts)
+    flushed = wait_calls_stored(ctx, claimed, result.ok and receipts, agent_started)
     flushed_at = time.monotonic()
     rollout = claimed.rollout
     if flushed.get("calls_started") == 0:  # the receipts say no call was made: nothing to read
