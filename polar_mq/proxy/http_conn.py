@@ -5,8 +5,9 @@ server's per-request machinery (flow-control objects, events, header normalisati
 the head and another for the body). This one does only what the proxy's clients need, and does it
 per request with as few objects as possible: the ASGI scope is built once from the parsed head, a
 complete body is handed to the app in one message without waiting, and a response with a length
-is written as head and body in one `transport.write`. Streams (no length) are sent chunked, a
-chunk per `send`. Keep-alive, pipelining (requests queue behind the one being served), reading
+is written as head and body in one `transport.write` (and `fast_path`'s plain responses skip the
+ASGI messages altogether: the `polar_mq.whole_response` scope extension). Streams (no length) are
+sent chunked, a chunk per `send`. Keep-alive, pipelining (requests queue behind the one being served), reading
 paused while a body is not consumed, writing paused when the socket is full, `Expect:
 100-continue`, and a client hang-up (the app's `receive` returns `http.disconnect`; a `send` after
 it raises `ClientDisconnected`, an `OSError` as ASGI 2.4 asks) are kept. A malformed request is a
@@ -38,6 +39,8 @@ MAX_QUEUED = 16
 HANDOFF_MAX = 64 * 1024
 """Bytes of a connection's first input kept in case it must be handed to uvicorn."""
 
+WHOLE_RESPONSE = "polar_mq.whole_response"
+"""Scope extension: `write_whole(status, headers, body)` sends a complete response at once."""
 DISCONNECT: Message = {"type": "http.disconnect"}
 BAD_REQUEST = (
     b"HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain; charset=utf-8\r\n"
@@ -170,6 +173,17 @@ class Cycle:
         if self.chunked and self._has_body():
             write(b"0\r\n\r\n")
         self.done = True
+        self.wake()
+
+    def write_whole(self, status: int, headers: Any, body: bytes) -> None:
+        """A complete response in one write, without the two ASGI messages (`fast_path` sends
+        its plain responses so, through the scope's `polar_mq.whole_response` extension)."""
+        if self.conn.disconnected or self.status:
+            return
+        self.status, self.headers = status, headers
+        self.head_sent = self.done = True
+        head = self._head(len(body), False)
+        self.conn.transport.write(head + body if self._has_body() else head)
         self.wake()
 
     def _has_body(self) -> bool:
@@ -340,6 +354,7 @@ class Connection(asyncio.Protocol):
             "headers": self._headers,
         }
         cycle = Cycle(self, scope, parser.should_keep_alive() and not self.closing)
+        scope["extensions"] = {WHOLE_RESPONSE: cycle.write_whole}
         if (b"expect", b"100-continue") in self._headers:
             cycle.continue_wanted = True
         self.parsing = cycle
@@ -362,7 +377,8 @@ class Connection(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         self._in_message = False
-        self._first_input = None  # what follows is no longer a connection's first request
+        if not self.parser.should_upgrade():  # what follows is no longer the first request
+            self._first_input = None
         cycle = self.parsing
         if cycle is not None:
             cycle.complete = True
