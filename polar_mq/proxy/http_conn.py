@@ -1,16 +1,15 @@
 """One HTTP/1.1 connection of the lean proxy server: an asyncio Protocol parsing with httptools.
 
-uvicorn cost about a third of the proxy's CPU per call (`bench/proxy/hot.py` profiles): a general
-server's per-request machinery (flow-control objects, events, header normalisation, a write for
-the head and another for the body). This one does only what the proxy's clients need, and does it
-per request with as few objects as possible: the ASGI scope is built once from the parsed head, a
+uvicorn is a general server: per request it builds flow-control objects and events, normalises
+headers, and writes the head and the body separately. This one does only what the proxy's clients
+need, with as few objects as possible: the ASGI scope is built once from the parsed head, a
 complete body is handed to the app in one message without waiting, and a response with a length
-is written as head and body in one `transport.write` (and `fast_path`'s plain responses skip the
-ASGI messages altogether: the `polar_mq.whole_response` scope extension). Streams (no length) are
-sent chunked, a chunk per `send`. Keep-alive, pipelining (requests queue behind the one being served), reading
-paused while a body is not consumed, writing paused when the socket is full, `Expect:
-100-continue`, and a client hang-up (the app's `receive` returns `http.disconnect`; a `send` after
-it raises `ClientDisconnected`, an `OSError` as ASGI 2.4 asks) are kept. A malformed request is a
+is written as head and body in one `transport.write` (`fast_path`'s plain responses skip the ASGI
+messages altogether: the `polar_mq.whole_response` scope extension). Streams (no length) are sent
+chunked, a chunk per `send`. Kept: keep-alive, pipelining (requests queue behind the one served),
+reading paused while a body is not consumed, writing paused when the socket is full, `Expect:
+100-continue`, and a client hang-up (the app's `receive` returns `http.disconnect`; a `send`
+after it raises `ClientDisconnected`, an `OSError` as ASGI 2.4 asks). A malformed request is a
 400 and the connection is closed; an `Upgrade` request is handed to uvicorn's own protocol
 (`http_server.handoff`) when it starts a connection's input, else refused.
 """

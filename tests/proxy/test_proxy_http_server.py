@@ -22,7 +22,6 @@ from polar_mq.testing.fake_vllm import FakeStats, create_fake_vllm_app
 from polar_mq.testing.servers import serve_in_thread
 from polar_mq.tokens import issue_rollout_token
 
-
 CHAT = b"/v1/chat/completions"
 
 
