@@ -37,6 +37,10 @@ MAX_QUEUED = 16
 """Pipelined requests waiting behind the one served before reading pauses."""
 HANDOFF_MAX = 64 * 1024
 """Bytes of a connection's first input kept in case it must be handed to uvicorn."""
+MAX_HEAD_BYTES = 64 * 1024
+"""Request line and headers together: more is a 400 and the connection closes (a client
+streaming endless headers must not grow a connection's memory without bound)."""
+"""Bytes of a connection's first input kept in case it must be handed to uvicorn."""
 
 WHOLE_RESPONSE = "polar_mq.whole_response"
 """Scope extension: `write_whole(status, headers, body)` sends a complete response at once."""
@@ -247,6 +251,7 @@ class Connection(asyncio.Protocol):
         self.queue: deque[Cycle] = deque()
         self._url = b""
         self._headers: list[tuple[bytes, bytes]] = []
+        self._head_bytes = 0  # request line and headers so far (`MAX_HEAD_BYTES`)
         self._in_message = False
         self._bad = False  # an unparseable request came: answer 400 after the one in hand
         self._first_input: list[bytes] | None = []
@@ -323,11 +328,20 @@ class Connection(asyncio.Protocol):
         self._in_message = True
         self._url = b""
         self._headers = []
+        self._head_bytes = 0
+
+    def _count_head(self, size: int) -> None:
+        """Raising in a parser callback makes httptools fail the feed: a 400 (`_bad_request`)."""
+        self._head_bytes += size
+        if self._head_bytes > MAX_HEAD_BYTES:
+            raise ValueError(f"request head over {MAX_HEAD_BYTES} bytes")
 
     def on_url(self, url: bytes) -> None:
+        self._count_head(len(url))
         self._url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        self._count_head(len(name) + len(value) + 4)
         self._headers.append((name.lower(), value))
 
     def on_headers_complete(self) -> None:

@@ -7,6 +7,7 @@ hanging up mid-stream, the routes that go to the app's slow path, and the upgrad
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import time
 import uuid
@@ -160,6 +161,32 @@ def test_pipelined_requests_are_answered_in_order(served: Served) -> None:
 def test_malformed_request_is_a_400_and_the_server_goes_on(served: Served, garbage: bytes) -> None:
     with served.connect() as sock:
         sock.sendall(garbage)
+        reader = Reader(sock)
+        status, headers, _ = reader.response()
+        assert status == 400 and headers[b"connection"] == b"close"
+        assert reader.closed()
+    with served.connect() as sock:  # still serving
+        sock.sendall(request(b"/healthz", method=b"GET"))
+        assert Reader(sock).response()[0] == 200
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"GET /" + b"a" * 70_000 + b" HTTP/1.1\r\nhost: x\r\n\r\n",
+        b"GET /healthz HTTP/1.1\r\n"
+        + b"x-filler: "
+        + b"b" * 8_000
+        + b"\r\n" * 1
+        + b"".join(b"x-more-%d: %s\r\n" % (i, b"c" * 8_000) for i in range(9))
+        + b"\r\n",
+    ],
+    ids=["long-url", "many-headers"],
+)
+def test_an_oversized_request_head_is_a_400_and_closes(served: Served, head: bytes) -> None:
+    with served.connect() as sock:
+        with contextlib.suppress(OSError):  # the server may close before all of it is sent
+            sock.sendall(head)
         reader = Reader(sock)
         status, headers, _ = reader.response()
         assert status == 400 and headers[b"connection"] == b"close"
