@@ -12,7 +12,7 @@ import math
 import socket
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -175,6 +175,11 @@ class Settings(BaseSettings):
         le=64,
         description="proxy processes serving proxy_port (each with its own call writer and "
         "spill subdirectory worker-<i>); admin calls reach all of them",
+    )
+    proxy_server: Literal["lean", "uvicorn"] = Field(
+        "lean",
+        description="the proxy's HTTP server: `lean` (its own HTTP/1.1 server, the fastest) or "
+        "`uvicorn` (the fallback); both serve the same app",
     )
     proxy_redis_url: str | None = Field(
         None,
