@@ -12,7 +12,7 @@ import math
 import socket
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -176,6 +176,11 @@ class Settings(BaseSettings):
         description="proxy processes serving proxy_port (each with its own call writer and "
         "spill subdirectory worker-<i>); admin calls reach all of them",
     )
+    proxy_server: Literal["lean", "uvicorn"] = Field(
+        "lean",
+        description="the proxy's HTTP server: `lean` (its own HTTP/1.1 server, the fastest) or "
+        "`uvicorn` (the fallback); both serve the same app",
+    )
     proxy_redis_url: str | None = Field(
         None,
         description="Redis holding the shared per-rollout call counter (default: broker_url "
@@ -185,6 +190,18 @@ class Settings(BaseSettings):
         None,
         description="number each rollout's calls with a counter in Redis, exact across proxy "
         "processes and instances (default: on with proxy_workers > 1)",
+    )
+    proxy_call_receipts: bool | None = Field(
+        None,
+        description="the proxy counts each rollout attempt's calls in Redis and the run-agent "
+        "stage waits for them to be stored instead of flushing the proxy (default: on when a "
+        "Redis is known: proxy_redis_url or a redis:// broker_url)",
+    )
+    call_receipts_wait_s: float = Field(
+        5.0,
+        gt=0,
+        description="how long the run-agent stage waits for an attempt's call receipts before "
+        "it falls back to flushing the proxy",
     )
     proxy_flush_timeout_s: float = Field(
         20.0,
@@ -322,6 +339,17 @@ class Settings(BaseSettings):
         return None
 
     @property
+    def call_receipts_redis_url(self) -> str | None:
+        """The Redis of call receipts (`polar_mq.call_receipts`), None when they are off."""
+        if self.proxy_call_receipts is False:
+            return None
+        if self.proxy_redis_url:
+            return self.proxy_redis_url
+        if self.broker_url.startswith(("redis://", "rediss://")):
+            return self.broker_url
+        return None
+
+    @property
     def proxy_spill_path(self) -> Path | None:
         """The proxy's spill directory, or None when spilling is off (max bytes 0)."""
         if self.proxy_spill_max_bytes == 0:
@@ -398,6 +426,8 @@ class Settings(BaseSettings):
                 "POLAR_MQ_PROXY_SHARED_SEQ) needs Redis: set POLAR_MQ_PROXY_REDIS_URL (or a "
                 "redis:// POLAR_MQ_BROKER_URL)"
             )
+        if self.proxy_call_receipts and self.call_receipts_redis_url is None:
+            problems.append("POLAR_MQ_PROXY_CALL_RECEIPTS needs POLAR_MQ_PROXY_REDIS_URL")
         if self.visibility_timeout_s <= self.max_agent_timeout_s:
             problems.append(
                 "POLAR_MQ_VISIBILITY_TIMEOUT_S must exceed POLAR_MQ_MAX_AGENT_TIMEOUT_S, otherwise "

@@ -20,6 +20,9 @@ Formats (purpose and attempt are inside the signed payload, so they cannot be sw
   policy being the hex of the JSON `{field code: [mode code, value]}` (codes: `t` temperature,
   `p` top_p, `k` top_k, `m` max_tokens; `o` override, `c` clamp), e.g. 60 characters for a
   temperature override and a max_tokens clamp. Tokens without a policy keep the formats above.
+- with call receipts (`polar_mq.call_receipts`: the proxy must count the attempt's calls in
+  Redis, or refuse them): the attempt segment ends in `r` (`..._agent_2r_...`); a proxy that
+  predates receipts cannot parse it and refuses the token, never serving uncounted calls.
 """
 
 from __future__ import annotations
@@ -55,8 +58,11 @@ class RolloutClaim:
     """The rollout attempt the token was issued for (None: tokens issued without one)."""
     sampling: SamplingPolicy | None = None
     """The job's sampling policy the proxy enforces (None: tokens issued without one)."""
+    receipts: bool = False
+    """The proxy counts this attempt's calls in Redis (`call_receipts`) or refuses them."""
 
 
+RECEIPTS_MARK: Final = "r"
 FIELD_CODES: Final = {"temperature": "t", "top_p": "p", "top_k": "k", "max_tokens": "m"}
 MODE_CODES: Final = {OVERRIDE: "o", CLAMP: "c"}
 _FIELDS_OF = {code: field for field, code in FIELD_CODES.items()}
@@ -97,22 +103,26 @@ def issue_rollout_token(
     purpose: str = AGENT,
     attempt: int | None = None,
     sampling: SamplingPolicy | None = None,
+    receipts: bool = False,
 ) -> str:
     """A token for `rollout_id` valid for `ttl_s` seconds, for calls made with `purpose`.
 
     A non-empty `sampling` policy is signed into the token; without one the token is as short as
-    before policies existed.
+    before policies existed. `receipts` (needs an `attempt`) asks the proxy to count the calls.
     """
     if purpose not in PURPOSES:
         raise ValueError(f"unknown token purpose {purpose!r}; known: {', '.join(sorted(PURPOSES))}")
     if attempt is not None and attempt < 1:
         raise ValueError(f"attempt must be >= 1, got {attempt}")
+    if receipts and attempt is None:
+        raise ValueError("call receipts are kept per attempt: give the attempt")
+    attempt_text = None if attempt is None else f"{attempt}{RECEIPTS_MARK if receipts else ''}"
     payload = f"{PREFIX}_{rollout_id.hex}_{int(time.time()) + ttl_s}"
     if sampling:
-        attempt_part = "" if attempt is None else str(attempt)
+        attempt_part = attempt_text or ""
         payload = f"{payload}_{purpose}_{attempt_part}_{encode_policy(sampling)}"
-    elif attempt is not None:
-        payload = f"{payload}_{purpose}_{attempt}"
+    elif attempt_text is not None:
+        payload = f"{payload}_{purpose}_{attempt_text}"
     elif purpose != AGENT:
         payload = f"{payload}_{purpose}"
     return f"{payload}_{_sign(secret, payload)}"
@@ -129,10 +139,14 @@ def verify_rollout_token(secret: str, token: str, now: float | None = None) -> R
     purpose = parts[3] if len(parts) >= 5 else AGENT
     if purpose not in PURPOSES or (len(parts) == 5 and purpose == AGENT):
         raise InvalidToken("malformed rollout token")  # signed, but by a newer or odd issuer
+    attempt_part = parts[4] if len(parts) == 6 or (len(parts) == 7 and parts[4]) else None
+    receipts = attempt_part is not None and attempt_part.endswith(RECEIPTS_MARK)
+    if receipts:
+        attempt_part = attempt_part[: -len(RECEIPTS_MARK)] if attempt_part else None
     try:
         rollout_id = uuid.UUID(hex=parts[1])
         expires_at = int(parts[2])
-        attempt = int(parts[4]) if len(parts) == 6 or (len(parts) == 7 and parts[4]) else None
+        attempt = int(attempt_part) if attempt_part is not None else None
     except ValueError as exc:
         raise InvalidToken("malformed rollout token") from exc
     sampling = decode_policy(parts[5]) if len(parts) == 7 else None
@@ -140,4 +154,4 @@ def verify_rollout_token(secret: str, token: str, now: float | None = None) -> R
         raise InvalidToken("rollout token expired")
     if attempt is not None and attempt < 1:
         raise InvalidToken("malformed rollout token")
-    return RolloutClaim(rollout_id, expires_at, purpose, attempt, sampling)
+    return RolloutClaim(rollout_id, expires_at, purpose, attempt, sampling, receipts)

@@ -118,6 +118,26 @@ def test_attempt_is_signed_and_round_trips() -> None:
         issue_rollout_token("s3cret", rollout, 60, attempt=0)
 
 
+@pytest.mark.parametrize("sampling", [None, "policy"])
+def test_call_receipts_are_signed_into_the_attempt(sampling: str | None) -> None:
+    policy = POLICY if sampling else None
+    token = issue_rollout_token(SECRET, ROLLOUT, 60, attempt=2, receipts=True, sampling=policy)
+    claim = verify_rollout_token(SECRET, token)
+    assert (claim.attempt, claim.receipts, claim.sampling) == (2, True, policy)
+    assert "_agent_2r_" in token
+    for forged in (token.replace("_2r_", "_2_"), token.replace("_2r_", "_3r_")):
+        with pytest.raises(InvalidToken):  # dropping the mark is a forgery like any other
+            verify_rollout_token(SECRET, forged)
+    plain = verify_rollout_token(SECRET, issue_rollout_token(SECRET, ROLLOUT, 60, attempt=2))
+    assert plain.receipts is False
+    # an issuer's own `2r` parses; a bare mark without an attempt is malformed
+    assert verify_rollout_token(SECRET, signed(f"pmq_{ROLLOUT.hex}_9999999999_agent_2r")).receipts
+    with pytest.raises(InvalidToken):
+        verify_rollout_token(SECRET, signed(f"pmq_{ROLLOUT.hex}_9999999999_agent_r"))
+    with pytest.raises(ValueError):
+        issue_rollout_token(SECRET, ROLLOUT, 60, receipts=True)  # receipts are per attempt
+
+
 POLICY = SamplingPolicy(
     (SamplingRule("temperature", "override", 0.9), SamplingRule("max_tokens", "clamp", 64))
 )

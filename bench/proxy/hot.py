@@ -5,9 +5,11 @@ fake engine (20 ms to the first token, 32 tokens), polar_mq's proxy exactly as i
 (logging every call to PostgreSQL) and a bare aiohttp pass-through (`bench.proxy.bare`), each
 repeat interleaving, non-streamed then streamed: the pass-through and the proxy at `--clients`,
 then the engine direct, the pass-through and the proxy at one client (added p50 = the side's p50
-minus the direct p50 of the same repeat). The table shows medians over repeats (issue 16's
-targets: <= 0.5 ms CPU per call and >= 0.7x bare non-streamed, <= 1 ms streamed, <= 1 ms added
-p50 at one client).
+minus the direct p50 of the same repeat). `--uvicorn` adds the proxy served by uvicorn
+(`POLAR_MQ_PROXY_SERVER=uvicorn`, its fallback server) as another side, same database and engine;
+`--variant NAME:KEY=VALUE,...` one started with those environment variables.
+The table shows medians over repeats (issue 16's targets: <= 0.5 ms CPU per call and >= 0.7x bare
+non-streamed, <= 1 ms streamed, <= 1 ms added p50 at one client).
 """
 
 from __future__ import annotations
@@ -54,6 +56,31 @@ def _start_bare(stack: LocalStack, upstream: str) -> tuple[ManagedProcess, str]:
     return proc, url
 
 
+def _start_variant(
+    stack: LocalStack, tmp: Path, name: str, env: dict[str, str]
+) -> tuple[ManagedProcess, str]:
+    """Another proxy (`env` on top of the stack's), with its own port and spill directory."""
+    port = free_port()
+    env = {
+        **env,
+        "POLAR_MQ_PROXY_PORT": str(port),
+        "POLAR_MQ_PROXY_SPILL_DIR": str(tmp / f"spill-{name}"),
+    }
+    proc = stack._spawn(f"proxy-{name}", [sys.executable, "-m", "polar_mq.cli", "proxy"], env)
+    url = f"http://127.0.0.1:{port}"
+    proc.wait_http(f"{url}/healthz")
+    return proc, url
+
+
+def _variants(args: argparse.Namespace) -> dict[str, dict[str, str]]:
+    """`--uvicorn` and `--variant NAME:KEY=VALUE,...` as side name -> environment."""
+    variants = {"uvicorn": {"POLAR_MQ_PROXY_SERVER": "uvicorn"}} if args.uvicorn else {}
+    for spec in args.variant:
+        name, _, pairs = spec.partition(":")
+        variants[name] = dict(pair.split("=", 1) for pair in pairs.split(",") if pair)
+    return variants
+
+
 def measure(args: argparse.Namespace, database_url: str, tmp: Path) -> dict[str, list[float]]:
     secret = "bench-" + uuid.uuid4().hex
     upstream_port = free_port()
@@ -71,6 +98,9 @@ def measure(args: argparse.Namespace, database_url: str, tmp: Path) -> dict[str,
         token = issue_rollout_token(secret, live_rollout(database_url), 7200)
         auth = {"Authorization": f"Bearer {token}"}
         sides = [("bare", bare_url, {}, bare), ("polar", settings.proxy_base_url, auth, proxy)]
+        for name, env in _variants(args).items():
+            variant, variant_url = _start_variant(stack, tmp, name, env)
+            sides.append((name, variant_url, auth, variant))
         for name, url, headers, _ in sides:  # warm-up
             for stream in (False, True):
                 body = _upstream_body(_body(stream)) if name == "bare" else _body(stream)
@@ -93,28 +123,29 @@ def measure(args: argparse.Namespace, database_url: str, tmp: Path) -> dict[str,
                     body = upstream_body if name == "bare" else asked
                     result = run_wrk(url + PATH, body, headers, 1, args.duration / 2)
                     add(f"{name}/{mode}/added_p50_ms", result.p50_ms - direct.p50_ms)
-            ratio = (
-                out["polar/json/rate"][-1] / out["bare/json/rate"][-1],
-                out["polar/stream/rate"][-1] / out["bare/stream/rate"][-1],
-            )
-            add("ratio/json", ratio[0])
-            add("ratio/stream", ratio[1])
+            for name, *_ in sides[1:]:
+                for mode in ("json", "stream"):
+                    rate = out[f"{name}/{mode}/rate"][-1] / out[f"bare/{mode}/rate"][-1]
+                    add(f"ratio/{name}/{mode}", rate)
     return out
 
 
 def render(out: dict[str, list[float]]) -> str:
     med = {key: statistics.median(values) for key, values in out.items()}
     lines = [
-        f"{'':8} {'side':6} {'CPU ms/call':>12} {'calls/s':>9} {'added p50 @1':>13} {'errors':>7}"
+        f"{'':8} {'side':7} {'CPU ms/call':>12} {'calls/s':>9} {'added p50 @1':>13} {'errors':>7}"
     ]
+    sides = list(dict.fromkeys(key.split("/")[0] for key in out if not key.startswith("ratio/")))
     for mode in ("json", "stream"):
-        for side in ("bare", "polar"):
+        for side in sides:
             k = f"{side}/{mode}"
             lines.append(
-                f"{mode:8} {side:6} {med[k + '/cpu_ms']:12.3f} {med[k + '/rate']:9.0f} "
+                f"{mode:8} {side:7} {med[k + '/cpu_ms']:12.3f} {med[k + '/rate']:9.0f} "
                 f"{med[k + '/added_p50_ms']:13.2f} {med[k + '/errors']:7.0f}"
             )
-        lines.append(f"{mode:8} ratio polar/bare calls/s {med['ratio/' + mode]:.2f}")
+        for side in sides[1:]:
+            ratio = med[f"ratio/{side}/{mode}"]
+            lines.append(f"{mode:8} ratio {side}/bare calls/s {ratio:.2f}")
     return "\n".join(lines)
 
 
@@ -125,6 +156,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument("--ttft-ms", type=float, default=20.0)
     parser.add_argument("--pg-admin-url", default=DEFAULT_PG)
+    parser.add_argument("--uvicorn", action="store_true", help="also the proxy under uvicorn")
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        help="also a proxy started with these environment variables: NAME:KEY=VALUE,...",
+    )
     parser.add_argument("--json", type=Path, help="also write the raw figures here")
     args = parser.parse_args(argv)
     require_wrk()

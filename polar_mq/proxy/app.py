@@ -31,6 +31,7 @@ from polar_mq.proxy.fanout import Siblings, fanned_out, flushed, replay
 from polar_mq.proxy.fast_path import FastPathApp
 from polar_mq.proxy.metrics import ProxyMetrics, metrics_endpoint
 from polar_mq.proxy.policy_sync import PolicySync, db_reader
+from polar_mq.proxy.receipts import HurryListener, StartCounter
 from polar_mq.proxy.rollout_states import RolloutStates, StateReader, db_state_reader
 from polar_mq.proxy.seq import sequencer
 from polar_mq.proxy.state import ProxyState
@@ -77,6 +78,7 @@ def create_proxy_app(
         pool = BackendPool.from_settings(settings, routes.FORWARDED_PATHS, upstream_transport)
         health = HealthChecker(pool, settings.health_interval_s, settings.health_timeout_s)
         health.start()
+        receipts_url = settings.call_receipts_redis_url
         budgets: TokenBudgets | None = None
         stored_sink = sink if sink is not None else DbCallWriter.from_settings(settings, worker)
         # Budgets count the rows with their token ids, so inside the retokenizing sink.
@@ -116,7 +118,12 @@ def create_proxy_app(
             budgets=budgets,
             siblings=Siblings(worker) if worker is not None else None,
             body_read_timeout_s=settings.body_read_timeout_s,
+            receipts=StartCounter.from_url(receipts_url) if receipts_url else None,
         )
+        hurry = None
+        if receipts_url and isinstance(stored_sink, DbCallWriter):
+            hurry = HurryListener(receipts_url, stored_sink.hurry)
+            hurry.start()
         if worker is not None:
             await replay(app, worker, CHANGES)
         try:
@@ -125,6 +132,10 @@ def create_proxy_app(
             if app.state.proxy.siblings is not None:
                 await app.state.proxy.siblings.aclose()
             await app.state.proxy.seqs.aclose()
+            if app.state.proxy.receipts is not None:
+                await app.state.proxy.receipts.aclose()
+            if hurry is not None:
+                await hurry.stop()
             if rollouts is not None:
                 await rollouts.stop()
             if policy is not None:

@@ -79,7 +79,8 @@ def _candidates(request: Request) -> list[str]:
         api_key = headers.get(name)
         if api_key:
             found.append(api_key.strip())
-    query_key = request.query_params.get("key")  # Gemini's `?key=`
+    # Gemini's `?key=`; the query is parsed only when there is one (most calls have none)
+    query_key = request.query_params.get("key") if request.scope["query_string"] else None
     if query_key:
         found.append(query_key.strip())
     return found

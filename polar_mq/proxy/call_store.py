@@ -60,6 +60,7 @@ class CallStore:
         retry_max_wait_s: float,
         spill_after_s: float,
         closing: Callable[[], bool],
+        committed: Callable[[list[dict[str, Any]]], None] | None = None,
     ) -> None:
         self._engine = engine
         self._inserter = CallInserter(engine)
@@ -68,6 +69,8 @@ class CallStore:
         self._retry_max_wait = retry_max_wait_s
         self._spill_after = spill_after_s
         self._closing = closing
+        self._committed = committed
+        """Told of every batch just after its commit (the call receipts), never of a refused row."""
         self._next_probe = 0.0
         self._probe_wait = PROBE_MIN_S
         self.written = 0
@@ -158,6 +161,8 @@ class CallStore:
                 return sum(self._commit([row]) for row in rows)
             self._refuse(rows[0], exc)
             return 0
+        if self._committed is not None:
+            self._committed(rows)
         return len(rows)
 
     def _refuse(self, row: dict[str, Any], exc: Exception) -> None:

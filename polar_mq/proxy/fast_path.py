@@ -23,6 +23,9 @@ from starlette.types import Receive, Scope, Send
 Endpoint = Callable[[Request], Awaitable[Response]]
 
 TOKEN_PREFIX = "/r/"
+WHOLE_RESPONSE = "polar_mq.whole_response"
+"""ASGI scope extension of the lean server (`http_conn`): write a complete response at once."""
+NO_EXTENSIONS: dict[str, Any] = {}
 
 
 class FastPathApp(Starlette):
@@ -44,6 +47,11 @@ class FastPathApp(Starlette):
             if endpoint is not None:
                 scope["app"] = self
                 response = await endpoint(Request(scope, receive, send))
+                if type(response) is Response and response.background is None:
+                    whole = scope.get("extensions", NO_EXTENSIONS).get(WHOLE_RESPONSE)
+                    if whole is not None:  # the lean server: head and body in one write
+                        whole(response.status_code, response.raw_headers, response.body)
+                        return
                 await response(scope, receive, send)
                 return
         await super().__call__(scope, receive, send)

@@ -16,6 +16,7 @@ from polar_mq.proxy.capture import forward_json, forward_stream
 from polar_mq.proxy.engines.base import CHAT, COMPLETIONS
 from polar_mq.proxy.errors import bad_gateway, unauthorized
 from polar_mq.proxy.gate import admit, openai_refusal
+from polar_mq.proxy.receipts import number_call
 from polar_mq.proxy.record import new_call
 from polar_mq.proxy.rollout_states import Refusal
 from polar_mq.proxy.sampling import enforce
@@ -47,8 +48,8 @@ async def _generate(request: Request, api_type: str, path: str) -> Response:
         return state.metrics.refused(api_type, openai_refusal(sent))
     upstream_body, view = state.engine.rewrite_request(api_type, sent, state.served_model)
     try:
-        seq = await state.seqs.next(claim.rollout_id)
-    except BackendUnavailable as exc:  # the shared call counter is unreachable: retryable 503
+        seq = await number_call(state.seqs, state.receipts, claim)
+    except BackendUnavailable as exc:  # a call counter is unreachable: retryable 503
         return state.metrics.refused(api_type, exc.response())
     call = new_call(
         claim.rollout_id, seq, api_type, body, upstream_body, view, claim.purpose, claim.attempt

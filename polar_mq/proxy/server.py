@@ -1,4 +1,5 @@
-"""Serving the proxy: uvicorn with uvloop/httptools when installed and no access log (hot path).
+"""Serving the proxy: its lean HTTP/1.1 server (`http_server`) on uvloop, or with
+`proxy_server="uvicorn"` uvicorn with uvloop/httptools when installed and no access log.
 
 One process (`run_proxy`), or with `proxy_workers > 1` a supervisor and that many children
 (`supervisor`), each serving the shared socket and, for admin calls fanned out to it by a
@@ -13,7 +14,8 @@ import gc
 import importlib.util
 import os
 import socket
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
+from typing import Any
 
 import uvicorn
 
@@ -21,6 +23,7 @@ from polar_mq.config import Settings
 from polar_mq.observability.logs import configure_from_settings
 from polar_mq.proxy.app import create_proxy_app
 from polar_mq.proxy.fanout import local_only
+from polar_mq.proxy.http_server import LeanServer
 from polar_mq.proxy.supervisor import WorkerSlot, run_workers
 
 PARENT_CHECK_S = 1.0
@@ -58,6 +61,10 @@ def run_proxy(settings: Settings) -> None:
         return
     app = create_proxy_app(settings)
     tune_gc()
+    if settings.proxy_server == "lean":
+        server = LeanServer(app)
+        _run_loop(server.serve(settings.proxy_host, settings.proxy_port))
+        return
     uvicorn.run(
         app,
         host=settings.proxy_host,
@@ -90,7 +97,11 @@ def serve_worker(settings: Settings, slot: WorkerSlot, sock: socket.socket) -> N
         "log_config": None,
         "http": options["http"],
     }
-    main = uvicorn.Server(uvicorn.Config(app, lifespan="on", **common))  # type: ignore[arg-type]
+    main: uvicorn.Server | LeanServer
+    if settings.proxy_server == "lean":
+        main = LeanServer(app)
+    else:
+        main = uvicorn.Server(uvicorn.Config(app, lifespan="on", **common))  # type: ignore[arg-type]
     control = _ControlServer(
         uvicorn.Config(
             local_only(app),
@@ -118,9 +129,14 @@ def serve_worker(settings: Settings, slot: WorkerSlot, sock: socket.socket) -> N
         await controlling
         await serving
 
-    if options["loop"] == "uvloop":
+    _run_loop(serve())
+
+
+def _run_loop(main: Coroutine[Any, Any, None]) -> None:
+    """Run `main` on uvloop when installed."""
+    if importlib.util.find_spec("uvloop") is not None:
         import uvloop
 
-        uvloop.run(serve())
+        uvloop.run(main)
     else:
-        asyncio.run(serve())
+        asyncio.run(main)

@@ -12,6 +12,7 @@ from polar_mq.proxy.engines import vllm
 from polar_mq.proxy.engines.base import Engine
 from polar_mq.proxy.fanout import Siblings
 from polar_mq.proxy.metrics import ProxyMetrics
+from polar_mq.proxy.receipts import StartCounter
 from polar_mq.proxy.rollout_states import RolloutStates
 from polar_mq.proxy.seq import Sequencer
 from polar_mq.proxy.token_budget import TokenBudgets
@@ -45,3 +46,5 @@ class ProxyState:
     """The other processes of a `--workers N` proxy, which admin calls reach too (`fanout`)."""
     body_read_timeout_s: float | None = None
     """The deadline of an agent's request body (`body.read_json_object`); None: none (tests)."""
+    receipts: StartCounter | None = None
+    """Counts receipted calls before they are numbered (`receipts`); None: no Redis for it."""

@@ -8,7 +8,9 @@ when it sleeps for lack of rows; the thread then waits once per batch (the inter
 a flush or close), not once per row, so the serving thread does not hand it the GIL per call
 . Where a batch goes when the database is down is `call_store`'s business: with a
 spill directory it lands in a local durable buffer (`spill`) and is replayed exactly once when the
-database is back, also after a restart; without one it is retried in place.
+database is back, also after a restart; without one it is retried in place. After each commit
+the committed rows' ids go to their attempts' call receipts (`call_receipts`), which the run-agent
+stage waits on instead of calling `flush()` through the proxy.
 
 `flush()` returns only when every row submitted before it is committed to the database: rows
 that sit in the spill buffer are not stored yet, so flush keeps waiting for the replay and, after
@@ -33,6 +35,7 @@ from sqlalchemy import Engine
 from polar_mq.config import Settings
 from polar_mq.db import create_db_engine
 from polar_mq.proxy.call_store import CallStore
+from polar_mq.proxy.receipts import StoredReceipts
 from polar_mq.proxy.sink import CallSink, MemoryCallSink
 from polar_mq.proxy.spill import SpillBuffer
 from polar_mq.proxy.spill_layout import orphan_spill_dirs
@@ -75,6 +78,7 @@ class DbCallWriter:
         spill_after_s: float = 1.0,
         flush_timeout_s: float = 20.0,
         spill_adopt_from: Sequence[Path] = (),
+        receipts_url: str | None = None,
     ) -> None:
         if (database_url is None) == (engine is None):
             raise ValueError("give exactly one of database_url or engine")
@@ -86,6 +90,7 @@ class DbCallWriter:
         self._spill_after = spill_after_s
         self._close_timeout = close_timeout_s
         self._flush_timeout = flush_timeout_s
+        self._receipts = StoredReceipts(receipts_url) if receipts_url else None
         self._spill = (
             SpillBuffer(spill_dir, spill_max_bytes, adopt_from=spill_adopt_from)
             if spill_dir is not None
@@ -128,6 +133,7 @@ class DbCallWriter:
             spill_max_bytes=settings.proxy_spill_max_bytes,
             flush_timeout_s=settings.proxy_flush_timeout_s,
             spill_adopt_from=orphans,
+            receipts_url=settings.call_receipts_redis_url,
         )
 
     async def start(self) -> None:
@@ -230,6 +236,11 @@ class DbCallWriter:
             "(database unreachable?)"
         )
 
+    def hurry(self) -> None:
+        """Commit what is queued now rather than after the batching wait (a stage waits)."""
+        if self._queue:
+            self._poke()
+
     def _poke(self) -> None:
         """Cut the current batch's wait short so a flush does not wait for the interval."""
         self._queue.append(_WAKE)
@@ -248,6 +259,7 @@ class DbCallWriter:
                 retry_max_wait_s=self._retry_max_wait,
                 spill_after_s=self._spill_after,
                 closing=self._should_give_up,
+                committed=self._receipts.record if self._receipts else None,
             )
             self._store = store
             stop = False
@@ -266,6 +278,8 @@ class DbCallWriter:
                 self._spill.close()
             if engine is not None and self._engine is None:
                 engine.dispose()
+            if self._receipts is not None:
+                self._receipts.close()
             self._mark_done(0, release_all=True)
 
     def _create_engine(self, url: str) -> Engine:

@@ -1,4 +1,5 @@
-"""Per-process resources of a worker: settings, database sessions, an HTTP client for the proxy.
+"""Per-process resources of a worker: settings, database sessions, an HTTP client for the proxy
+and a Redis client for its call receipts.
 
 Built lazily in the process that runs tasks (after a prefork fork), never at import time.
 """
@@ -10,8 +11,10 @@ from dataclasses import dataclass
 from functools import cached_property
 
 import httpx
+import redis
 from sqlalchemy.orm import Session, sessionmaker
 
+from polar_mq import call_receipts
 from polar_mq.config import Settings
 from polar_mq.db import create_db_engine, make_session_factory
 from polar_mq.lifecycle.outbox import Publisher, attach_publisher
@@ -62,6 +65,12 @@ class WorkerContext:
     def warm_pool(self) -> WarmPool:
         s = self.settings
         return WarmPool(s.runtime_root, s.warm_pool_max_per_node)
+
+    @cached_property
+    def receipts(self) -> redis.Redis | None:
+        """Redis of the proxy's call receipts (`call_receipts`); None: they are off."""
+        url = self.settings.call_receipts_redis_url
+        return call_receipts.connect(url) if url else None
 
     @cached_property
     def http(self) -> httpx.Client:

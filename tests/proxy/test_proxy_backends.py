@@ -103,7 +103,9 @@ def test_backend_and_policy_version_land_in_postgres(
         wait_until(lambda: stack.admin("POST", "/admin/flush").json()["written"] == 4)
     with db_session_factory() as session:
         stored = session.execute(
-            select(LlmCall.rollout_id, LlmCall.backend, LlmCall.policy_version, LlmCall.complete)
+            select(
+                LlmCall.rollout_id, LlmCall.backend, LlmCall.policy_version, LlmCall.complete
+            ).where(LlmCall.rollout_id.in_(rollouts))  # the session database is shared per worker
         ).all()
     assert sorted(tuple(row) for row in stored) == sorted(
         [(rollouts[0], a, 41, True)] * 2 + [(rollouts[1], b, 42, True)] * 2

@@ -14,12 +14,19 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
-from backends_support import wait_until
+from backends_support import FakeProcess, auth, wait_until
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 from test_spill_layout import spill_rows
-from workers_support import fake_engines, live_rollouts, stored_calls, worker_proxy
+from workers_support import (
+    chat_body,
+    fake_engines,
+    live_rollouts,
+    stored_calls,
+    worker_proxy,
+)
 
 from polar_mq.db import create_db_engine
 from polar_mq.models import LlmCall
@@ -205,3 +212,29 @@ def stored_ids(engine: Engine, rows: list[dict[str, Any]]) -> set[uuid.UUID]:
     with Session(engine) as session:
         query = select(LlmCall.id).where(LlmCall.id.in_([r["id"] for r in rows]))
         return set(session.scalars(query))
+
+
+@pytest.mark.parametrize("server", ["lean", "uvicorn"])
+def test_sigterm_lets_a_stream_in_flight_finish_and_stores_it(
+    db_url: str, db_engine: Engine, tmp_path: Path, server: str
+) -> None:
+    """One proxy process (either server): SIGTERM mid-stream stops new connections, the stream
+    runs to its end, the call is stored, then the process exits."""
+    (rollout,) = live_rollouts(db_engine, 1)
+    body = {**chat_body(), "stream": True}
+    with FakeProcess(token_delay_ms=60) as fake:
+        proxy_cm = worker_proxy(db_url, tmp_path, [fake.url], workers=1, proxy_server=server)
+        with proxy_cm as proxy, httpx.Client(base_url=proxy.url, timeout=30) as client:
+            with client.stream(
+                "POST", "/v1/chat/completions", json=body, headers=auth(rollout)
+            ) as response:
+                lines = response.iter_lines()
+                assert next(lines).startswith("data: ")
+                proxy.proc.send_signal(signal.SIGTERM)
+                rest = list(lines)
+            assert "data: [DONE]" in rest
+            proxy.proc.wait(60)
+            with pytest.raises(httpx.TransportError):
+                httpx.get(f"{proxy.url}/healthz", timeout=2)
+    (call,) = stored_calls(db_engine, rollout)
+    assert call.complete and call.stream

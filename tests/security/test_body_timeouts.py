@@ -129,8 +129,10 @@ def test_the_proxy_cuts_half_sent_bodies_in_each_family_shape(
     assert response_body(raw)["error"] and elapsed <= BOUND_S
 
 
-def test_a_body_that_arrives_in_time_is_served(servers: dict[str, int]) -> None:
-    """Slow but within the deadline: the job is created."""
+def test_a_body_that_arrives_in_time_is_served(
+    servers: dict[str, int], db_session_factory: sessionmaker[Session]
+) -> None:
+    """Slow but within the deadline: the job is created (and emptied after, with the tables)."""
     body = orjson.dumps({"tasks": [{"instruction": "x"}]})
     lines = ["POST /v1/jobs HTTP/1.1", "Host: 127.0.0.1", "Content-Type: application/json"]
     lines += [f"Content-Length: {len(body)}", "Connection: close"]
@@ -144,7 +146,10 @@ def test_a_body_that_arrives_in_time_is_served(servers: dict[str, int]) -> None:
     assert answer.startswith(b"HTTP/1.1 201"), answer[:300]
 
 
-def test_a_long_poll_after_its_body_is_not_cut(servers: dict[str, int]) -> None:
+def test_a_long_poll_after_its_body_is_not_cut(
+    servers: dict[str, int], db_session_factory: sessionmaker[Session]
+) -> None:
+    """The job it creates is emptied after, with the tables (`db_session_factory`)."""
     with httpx.Client(base_url=f"http://127.0.0.1:{servers['api']}", timeout=30) as client:
         job = client.post("/v1/jobs", json={"tasks": [{"instruction": "x"}]}).json()["job_id"]
         started = time.monotonic()

@@ -32,6 +32,7 @@ from polar_mq.proxy.body import read_json_object
 from polar_mq.proxy.capture import forward_json, forward_stream
 from polar_mq.proxy.engines.base import CHAT
 from polar_mq.proxy.gate import admit, kind_of
+from polar_mq.proxy.receipts import number_call
 from polar_mq.proxy.record import new_call
 from polar_mq.proxy.rollout_states import Refusal
 from polar_mq.proxy.sampling import enforce
@@ -109,8 +110,8 @@ async def forward_family(request: Request, family: ApiFamily) -> Response:
         return state.metrics.refused(family.NAME, refusal)
     upstream_body, view = state.engine.rewrite_request(CHAT, chat, state.served_model)
     try:
-        seq = await state.seqs.next(claim.rollout_id)
-    except BackendUnavailable as exc:  # the shared call counter is unreachable: retryable 503
+        seq = await number_call(state.seqs, state.receipts, claim)
+    except BackendUnavailable as exc:  # a call counter is unreachable: retryable 503
         return state.metrics.refused(family.NAME, reshape_error(exc.response(), family))
     call = new_call(
         claim.rollout_id, seq, family.NAME, body, upstream_body, view, claim.purpose, claim.attempt

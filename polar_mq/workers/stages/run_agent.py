@@ -3,19 +3,24 @@
 The agent gets a capability token for this rollout as its API key, so every LLM call it makes is
 attributed to the rollout by the proxy; the token also carries the job's sampling policy, which the
 proxy enforces on those calls (`polar_mq.sampling`). A wall-clock timeout and an optional inactivity
-watchdog kill the whole process tree. After the agent exits the proxy's log writer is flushed, so
-the build stage sees every call the agent made.
+watchdog kill the whole process tree. After the agent exits the stage waits until every call the
+agent made is stored, so the build stage sees them all: by the attempt's call receipts in Redis
+(`call_receipts`, no round trip to the proxy), or by flushing the proxy's log writer.
 """
 
 from __future__ import annotations
 
+import logging
 import time
+from datetime import datetime
 from typing import Any, cast
 
+from redis.exceptions import RedisError
 from sqlalchemy import Table, select
 from tenacity import retry, stop_after_delay, wait_exponential
 
-from polar_mq.calls import AttemptCalls, last_call_at
+from polar_mq import call_receipts
+from polar_mq.calls import AttemptCalls, CallSummary, last_call_at
 from polar_mq.harnesses import AgentContext, get_harness
 from polar_mq.harnesses.presets.setup import harness_root_for
 from polar_mq.lifecycle.transitions import Claimed
@@ -37,6 +42,7 @@ from polar_mq.workers.stages.common import (
 from polar_mq.workers.stages.grading_runtime import start_prewarm
 from polar_mq.workers.stages.prepare import TASK_FILE
 
+logger = logging.getLogger(__name__)
 ARTIFACTS = cast(Table, RolloutArtifact.__table__)
 SAMPLING_ENV = {"temperature": "POLAR_AGENT_TEMPERATURE", "max_tokens": "POLAR_AGENT_MAX_TOKENS"}
 
@@ -52,6 +58,57 @@ def _flush_proxy(ctx: WorkerContext) -> dict[str, Any]:
     response = ctx.http.post(f"{ctx.settings.proxy_base_url}/admin/flush", headers=headers)
     response.raise_for_status()
     return dict(response.json())
+
+
+def wait_calls_stored(
+    ctx: WorkerContext, claimed: Claimed, by_receipts: bool, agent_started: datetime
+) -> dict[str, Any]:
+    """Return once every call the agent made is in the database; `by` says how it was known.
+
+    By the attempt's call receipts when it has them (no round trip to the proxy), else, or when
+    they do not add up in time, by the proxy's flush. A failed agent is always flushed: its
+    answer's `started_at` tells whether the proxy restarted under the agent (`classify`).
+    Receipts that do not add up after the flush of a proxy that restarted under the agent mean
+    calls it answered died with the old process: the attempt starts over rather than build a
+    trajectory without them.
+    """
+    rollout = claimed.rollout
+    missing: call_receipts.Receipts | None = None
+    if by_receipts and ctx.receipts is not None:
+        try:
+            seen = call_receipts.wait_stored(
+                ctx.receipts, rollout.id, rollout.attempt, ctx.settings.call_receipts_wait_s
+            )
+        except (RedisError, OSError) as exc:
+            logger.warning("call receipts unreadable, flushing the proxy instead: %r", exc)
+        else:
+            if seen.complete:
+                return {"by": "receipts", "calls_started": seen.started, "wakeups": seen.wakeups}
+            logger.warning(
+                "rollout %s attempt %d: %d of %d calls stored after %gs; flushing the proxy",
+                rollout.id, rollout.attempt, seen.stored, seen.started,
+                ctx.settings.call_receipts_wait_s,
+            )  # fmt: skip
+            missing = seen
+    try:
+        flushed = {**_flush_proxy(ctx), "by": "flush"}
+    except Exception as exc:  # the attempt's calls may be lost with the proxy: start over
+        raise StageRestart(
+            TerminationReason.BACKEND_ERROR, f"proxy log flush failed: {exc!r}"
+        ) from exc
+    restarted = float(flushed.get("started_at") or 0) > agent_started.timestamp()
+    if missing is not None and restarted and ctx.receipts is not None:
+        try:
+            after = call_receipts.read(ctx.receipts, rollout.id, rollout.attempt)
+        except (RedisError, OSError):  # unreadable again: the flush is what we know
+            return flushed
+        if not after.complete:
+            raise StageRestart(
+                TerminationReason.BACKEND_ERROR,
+                f"the proxy restarted while the agent ran: {after.stored} of its "
+                f"{after.started} calls stored, the others lost with the old process",
+            )
+    return flushed
 
 
 def _rollout_time_left(
@@ -102,6 +159,7 @@ def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
     timeouts = spec.timeouts
     runtime = open_runtime(settings, spec.runtime, claimed.rollout)
     harness = get_harness(spec.harness)
+    receipts = ctx.receipts is not None
     agent = AgentContext(
         rollout_id=str(claimed.rollout.id),
         instruction=claimed.instance["instruction"],
@@ -115,6 +173,7 @@ def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
             settings.agent_token_ttl_s(timeouts),  # dies with the rollout's time limits
             attempt=claimed.rollout.attempt,
             sampling=sampling_policy(spec.sampling),  # enforced by the proxy
+            receipts=receipts,  # the proxy counts the calls: no flush after the agent
         ),
         model=spec.model or settings.served_model or "default",
         python=runtime.python,
@@ -153,15 +212,15 @@ def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
     finally:
         grading = prewarm.join() if prewarm is not None else {}
     flush_at = time.monotonic()
-    try:
-        flushed = _flush_proxy(ctx)
-    except Exception as exc:  # the attempt's calls may be lost with the proxy: start over
-        raise StageRestart(
-            TerminationReason.BACKEND_ERROR, f"proxy log flush failed: {exc!r}"
-        ) from exc
+    flushed = wait_calls_stored(ctx, claimed, result.ok and receipts, agent_started)
     flushed_at = time.monotonic()
     rollout = claimed.rollout
-    calls = summarize_calls(ctx.session_factory, rollout.id, rollout.attempt, rollout.created_at)
+    if flushed.get("calls_started") == 0:  # the receipts say no call was made: nothing to read
+        calls = CallSummary(0, None)
+    else:
+        calls = summarize_calls(
+            ctx.session_factory, rollout.id, rollout.attempt, rollout.created_at
+        )
     budget = spec.max_tokens_per_rollout
     outcome = classify(result, calls, agent_started, flushed.get("started_at"), budget)
     if outcome.infrastructure:  # never scored: the platform failed, not the policy
@@ -199,6 +258,9 @@ def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
             "flush_s": round(flushed_at - flush_at, 4),
             "collect_s": round(time.monotonic() - flushed_at, 4),
             "proxy_written_total": flushed.get("written", 0),
+            "calls_stored_by": flushed["by"],  # receipts, or the proxy's flush
+            "calls_started": flushed.get("calls_started"),
+            "wakeups": flushed.get("wakeups"),
             "agent_calls": calls.calls,
             "auxiliary_calls": auxiliary,
             "artifacts": [row["name"] for row in artifacts],

@@ -1,0 +1,163 @@
+"""The proxy's half of call receipts (`polar_mq.call_receipts`): count a call before numbering it.
+
+`number_call` is what both call paths (the OpenAI routes and the other API families) use to get
+a call's `seq`: for a token that asks for receipts it first increments the attempt's `started`
+counter in Redis, so a call is counted before it is numbered and served, and a call refused
+here (Redis unreachable, or no receipt store configured) gets a retryable 503 before it has a
+number: the stage waiting for the attempt's calls never waits for it, and the seqs stay
+gap-free. The writer thread's half (the `stored` set) is `call_receipts.record_stored`;
+`HurryListener` lets a waiting stage cut the writer's batching wait short.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import redis as sync_redis
+import redis.asyncio as redis
+from redis.exceptions import RedisError
+
+from polar_mq.call_receipts import (
+    HURRY_CHANNEL,
+    REDIS_TIMEOUT_S,
+    TTL_S,
+    connect,
+    record_stored,
+    started_key,
+)
+from polar_mq.proxy.backends.pool import BackendUnavailable
+from polar_mq.proxy.seq import Sequencer
+from polar_mq.tokens import RolloutClaim
+
+logger = logging.getLogger(__name__)
+
+
+class StartCounter:
+    """Increments attempts' `started` counters (one pipelined round trip per call)."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self._client = client
+        self._failing = False
+
+    @classmethod
+    def from_url(cls, url: str) -> StartCounter:
+        client = redis.Redis.from_url(
+            url, socket_timeout=REDIS_TIMEOUT_S, socket_connect_timeout=REDIS_TIMEOUT_S
+        )
+        return cls(client)
+
+    async def start(self, rollout_id: uuid.UUID, attempt: int) -> None:
+        key = started_key(rollout_id, attempt)
+        try:
+            async with self._client.pipeline(transaction=False) as pipe:
+                pipe.incr(key)
+                pipe.expire(key, TTL_S)
+                await pipe.execute()
+        except (RedisError, OSError) as exc:
+            if not self._failing:
+                logger.error("call receipts (Redis) unreachable: refusing receipted calls: %r", exc)
+            self._failing = True
+            raise BackendUnavailable(
+                "the call receipt store is unreachable; retry shortly", "receipts_unavailable", 1
+            ) from exc
+        if self._failing:
+            logger.warning("call receipts (Redis) reachable again")
+            self._failing = False
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+async def number_call(seqs: Sequencer, receipts: StartCounter | None, claim: RolloutClaim) -> int:
+    """The call's seq, counted first when its token asks for receipts; `BackendUnavailable`
+    (a retryable 503) when either cannot be had."""
+    if claim.receipts and claim.attempt is not None:
+        if receipts is None:
+            raise BackendUnavailable(
+                "this rollout's calls must be counted (call receipts) but the proxy has no "
+                "Redis for them (POLAR_MQ_PROXY_REDIS_URL or a redis:// broker)",
+                "receipts_unavailable",
+                1,
+            )
+        await receipts.start(claim.rollout_id, claim.attempt)
+    return await seqs.next(claim.rollout_id)
+
+
+class StoredReceipts:
+    """The writer thread's half: committed rows into their attempts' `stored` sets.
+
+    Runs on the writer thread with its own synchronous client. A failure is logged (once per
+    outage) and otherwise ignored: the rows are stored, only their receipt is missing, and the
+    waiting stage falls back to a flush after its deadline.
+    """
+
+    def __init__(self, url: str) -> None:
+        self._url = url
+        self._client: sync_redis.Redis | None = None
+        self._failing = False
+
+    def record(self, rows: list[dict[str, Any]]) -> None:
+        try:
+            if self._client is None:
+                self._client = connect(self._url)
+            record_stored(self._client, rows)
+        except (RedisError, OSError) as exc:
+            if not self._failing:
+                logger.error("call receipts not recorded (Redis unreachable): %r", exc)
+            self._failing = True
+            return
+        if self._failing:
+            logger.warning("call receipts recorded again")
+            self._failing = False
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+
+
+class HurryListener:
+    """Cuts the writer's batching wait short when a stage waits for receipts (`call_receipts`).
+
+    The writer lingers `log_flush_interval_s` after a first row to batch more: cheap per call,
+    but the last calls of an agent that just exited would wait out that linger. A stage whose
+    receipts do not add up yet publishes on `HURRY_CHANNEL`; every proxy process listening
+    here pokes its writer, which commits what it holds at once. Best effort: while Redis is
+    unreachable the listener retries each second and the writer keeps its pace.
+    """
+
+    def __init__(self, url: str, hurry: Callable[[], None]) -> None:
+        self._url = url
+        self._hurry = hurry
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._listen(), name="receipts-hurry")
+
+    async def _listen(self) -> None:
+        failing = False
+        while True:
+            client = redis.Redis.from_url(self._url, socket_connect_timeout=REDIS_TIMEOUT_S)
+            try:
+                async with client.pubsub(ignore_subscribe_messages=True) as pubsub:
+                    await pubsub.subscribe(HURRY_CHANNEL)
+                    failing = False
+                    async for _ in pubsub.listen():
+                        self._hurry()
+            except (RedisError, OSError) as exc:
+                if not failing:
+                    logger.warning("call receipts: hurry channel lost, retrying: %r", exc)
+                failing = True
+            finally:
+                await client.aclose()
+            await asyncio.sleep(1.0)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task

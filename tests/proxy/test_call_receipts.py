@@ -1,0 +1,200 @@
+"""Call receipts on real PostgreSQL and Redis: the proxy counts a receipted call before numbering
+it, its writer adds the ids it committed, and `wait_stored` returns only once they add up."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+from proxy_support import SECRET, proxy_settings
+from sqlalchemy import Engine, func, select
+from sqlalchemy.orm import Session, sessionmaker
+from test_proxy_spill import Outage, spilling_writer
+from test_proxy_writer import call_row
+
+from polar_mq import call_receipts
+from polar_mq.db import create_db_engine
+from polar_mq.models import LlmCall
+from polar_mq.proxy import DbCallWriter, MemoryCallSink, create_proxy_app
+from polar_mq.proxy.receipts import StartCounter
+from polar_mq.testing.fake_vllm import create_fake_vllm_app
+from polar_mq.testing.servers import free_port
+from polar_mq.tokens import issue_rollout_token
+from tests.conftest import REDIS_URL
+
+pytestmark = pytest.mark.anyio
+
+BODY = {"model": "agent", "messages": [{"role": "user", "content": "What is 6 * 7?"}]}
+
+
+@pytest.fixture
+def client() -> Iterator[redis.Redis]:
+    c = call_receipts.connect(REDIS_URL)
+    yield c
+    c.close()
+
+
+def stored(factory: sessionmaker[Session], rollout: uuid.UUID) -> int:
+    with factory() as session:
+        n = session.scalar(select(func.count()).where(LlmCall.rollout_id == rollout))
+    return int(n or 0)
+
+
+def headers(rollout: uuid.UUID, receipts: bool = True) -> dict[str, str]:
+    token = issue_rollout_token(SECRET, rollout, 60, attempt=1, receipts=receipts)
+    return {"authorization": f"Bearer {token}"}
+
+
+async def test_the_wait_ends_only_when_a_slow_writer_committed_every_call(
+    pg_engine: Engine, db_session_factory: sessionmaker[Session], client: redis.Redis
+) -> None:
+    fake = create_fake_vllm_app()
+    # the writer lingers a second after a first row: the agent is long done by then
+    writer = DbCallWriter(engine=pg_engine, flush_interval_s=1.0, receipts_url=REDIS_URL)
+    settings = proxy_settings(proxy_redis_url=REDIS_URL)
+    app = create_proxy_app(settings, upstream_transport=httpx.ASGITransport(fake), sink=writer)
+    rollout = uuid.uuid4()
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://proxy") as proxy,
+    ):
+        for stream in (False, True, False):
+            answer = await proxy.post(
+                "/v1/chat/completions", json={**BODY, "stream": stream}, headers=headers(rollout)
+            )
+            assert answer.status_code == 200
+        early = call_receipts.read(client, rollout, 1)
+        assert (early.started, early.complete) == (3, False)  # counted, not stored yet
+        seen = await asyncio.to_thread(call_receipts.wait_stored, client, rollout, 1, 10.0)
+        assert (seen.started, seen.stored, seen.complete) == (3, 3, True)
+        assert seen.wakeups >= 1  # it waited on the writer's wake-up, not a sleep
+        assert stored(db_session_factory, rollout) == 3  # committed before the wait ended
+    with db_session_factory() as session:
+        seqs = session.scalars(select(LlmCall.seq).where(LlmCall.rollout_id == rollout)).all()
+    assert sorted(seqs) == [0, 1, 2]
+
+
+async def test_a_waiting_stage_cuts_the_writers_batching_wait_short(
+    pg_engine: Engine, db_session_factory: sessionmaker[Session], client: redis.Redis
+) -> None:
+    """A writer that would linger 60 s for more rows commits as soon as a stage waits."""
+    fake = create_fake_vllm_app()
+    writer = DbCallWriter(engine=pg_engine, flush_interval_s=60.0, receipts_url=REDIS_URL)
+    settings = proxy_settings(proxy_redis_url=REDIS_URL)
+    app = create_proxy_app(settings, upstream_transport=httpx.ASGITransport(fake), sink=writer)
+    rollout = uuid.uuid4()
+    before = _subscribers(client)  # other proxies on this Redis (other tests' stacks)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://proxy") as proxy,
+    ):
+        await _wait_subscribed(client, before)
+        answer = await proxy.post("/v1/chat/completions", json=BODY, headers=headers(rollout))
+        assert answer.status_code == 200
+        seen = await asyncio.to_thread(call_receipts.wait_stored, client, rollout, 1, 20.0)
+        assert (seen.started, seen.stored, seen.complete) == (1, 1, True)
+        assert stored(db_session_factory, rollout) == 1
+        assert writer.pending == 0
+
+
+def _subscribers(client: redis.Redis) -> int:
+    counts = dict(client.pubsub_numsub(call_receipts.HURRY_CHANNEL))
+    return int(counts.get(call_receipts.HURRY_CHANNEL.encode(), 0))
+
+
+async def _wait_subscribed(client: redis.Redis, before: int) -> None:
+    """The proxy's hurry listener subscribes in the background at startup."""
+    for _ in range(100):
+        if _subscribers(client) > before:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("the proxy never subscribed to the hurry channel")
+
+
+async def test_calls_refused_before_numbering_are_never_waited_for(client: redis.Redis) -> None:
+    """No receipt store (off, or Redis unreachable): a receipted call is refused before it has a
+    number, so it is neither counted nor given a seq, and the wait has nothing to wait for."""
+    fake = create_fake_vllm_app()
+    dead = f"redis://127.0.0.1:{free_port()}"
+    rollout = uuid.uuid4()
+    for settings in (
+        proxy_settings(proxy_call_receipts=False),
+        proxy_settings(proxy_redis_url=dead),
+    ):
+        sink = MemoryCallSink()
+        app = create_proxy_app(settings, upstream_transport=httpx.ASGITransport(fake), sink=sink)
+        async with (
+            app.router.lifespan_context(app),
+            httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://p") as proxy,
+        ):
+            refused = await proxy.post("/v1/chat/completions", json=BODY, headers=headers(rollout))
+            assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+            assert refused.json()["error"]["code"] == "receipts_unavailable"
+            plain = await proxy.post(  # not receipted: served, and numbered from 0
+                "/v1/chat/completions", json=BODY, headers=headers(rollout, receipts=False)
+            )
+            assert plain.status_code == 200
+            assert [row["seq"] for row in sink.rows] == [0]
+    seen = call_receipts.wait_stored(client, rollout, 1, 5.0)
+    assert (seen.started, seen.complete, seen.wakeups) == (0, True, 0)
+
+
+def test_no_wait_when_the_agent_made_no_call(client: redis.Redis) -> None:
+    seen = call_receipts.wait_stored(client, uuid.uuid4(), 1, 5.0)
+    assert (seen.started, seen.stored, seen.complete, seen.wakeups) == (0, 0, True, 0)
+
+
+def test_a_wait_that_does_not_add_up_ends_at_its_deadline(client: redis.Redis) -> None:
+    rollout = uuid.uuid4()
+    client.incr(call_receipts.started_key(rollout, 1), 2)  # two counted, one stored: lost
+    call_receipts.record_stored(client, [call_row(rollout_id=rollout, attempt=1)])
+    seen = call_receipts.wait_stored(client, rollout, 1, 0.3)
+    assert (seen.started, seen.stored, seen.complete) == (2, 1, False)
+
+
+async def test_a_restarted_writer_replays_spilled_calls_and_their_receipts_once(
+    pg_url: str,
+    tmp_path: Path,
+    db_session_factory: sessionmaker[Session],
+    client: redis.Redis,
+) -> None:
+    rollout = uuid.uuid4()
+    counter = StartCounter.from_url(REDIS_URL)
+    rows = [call_row(i, rollout_id=rollout, attempt=1) for i in range(3)]
+    for _ in rows:
+        await counter.start(rollout, 1)
+    await counter.aclose()
+    engine = create_db_engine(pg_url, pool_size=2)
+    outage = Outage(engine)
+    outage.down = True
+    spill = tmp_path / "spill"
+    first = spilling_writer(engine, spill, receipts_url=REDIS_URL)
+    await first.start()
+    for row in rows:
+        first.submit(row)
+    await asyncio.wait_for(first.close(), 10)  # the proxy stops with its rows on disk
+    assert first.stats()["spilled_rows"] == 3
+    assert not call_receipts.wait_stored(client, rollout, 1, 0.2).complete  # spilled: not stored
+    saved = tmp_path / "saved"
+    shutil.copytree(spill, saved, ignore=shutil.ignore_patterns("LOCK"))
+    outage.down = False
+
+    async def restart() -> None:
+        writer = spilling_writer(engine, spill, receipts_url=REDIS_URL)
+        await writer.start()  # replays at start
+        seen = await asyncio.to_thread(call_receipts.wait_stored, client, rollout, 1, 10.0)
+        assert (seen.started, seen.stored, seen.complete) == (3, 3, True)
+        assert stored(db_session_factory, rollout) == 3
+        await writer.close()
+
+    await restart()
+    shutil.copytree(saved, spill)  # a crash between the commit and the segment's deletion
+    await restart()  # replayed again: the receipts still count each call once
+    assert call_receipts.read(client, rollout, 1).stored == 3
+    engine.dispose()
