@@ -8,7 +8,12 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 stamp=.venv/.polar_mq-installed
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+# The editable install must point at this checkout (a venv shared with a copy of it, e.g. a
+# worktree's run, may have been re-pointed there): -P keeps the current directory off sys.path.
+points_here() {
+  [ "$(.venv/bin/python -P -c 'import pathlib, polar_mq; print(pathlib.Path(polar_mq.__file__).resolve().parent.parent)' 2>/dev/null)" = "$(pwd -P)" ]
+}
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || ! points_here; then
   .venv/bin/pip install -q --upgrade pip >/dev/null
   .venv/bin/pip install -q -e '.[dev]'
   touch "$stamp"
