@@ -77,6 +77,26 @@ def scratch_database(prefix: str) -> Iterator[str]:
         yield url
 
 
+def module_database(prefix: str) -> tuple[Any, Any]:
+    """`pg_url` and `pg_engine` fixtures for a module of its own database: assign them in a module
+    whose tests count every row (`pg_url, pg_engine = module_database("polar_mq_x")`). Another
+    test on the same pytest-xdist worker may have left rows in the session's database (a module
+    stack's or a live server's, never truncated)."""
+
+    @pytest.fixture(scope="module")
+    def pg_url() -> Iterator[str]:
+        with scratch_database(prefix) as url:
+            yield url
+
+    @pytest.fixture(scope="module")
+    def pg_engine(pg_url: str) -> Iterator[Engine]:
+        engine = create_db_engine(pg_url)
+        yield engine
+        engine.dispose()
+
+    return pg_url, pg_engine
+
+
 @pytest.fixture(scope="session")
 def pg_url() -> Iterator[str]:
     """URL of a fresh, migrated PostgreSQL database for this test session."""

@@ -10,29 +10,15 @@ import pytest
 from api_support import RecordingPublisher, row_counts
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
-from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from polar_mq.db import create_db_engine
-from tests.conftest import scratch_database
+from tests.conftest import module_database
 
 NOTHING = {"jobs": 0, "job_tasks": 0, "rollouts": 0, "events": 0}
 GOOD_TASK = {"instruction": "do it"}
 
 
-@pytest.fixture(scope="module")
-def pg_url() -> Iterator[str]:
-    """A database of this module's own: "nothing created" counts every row, so no other test's
-    background work (a stack still draining on this pytest-xdist worker) may write there."""
-    with scratch_database("polar_mq_api_errors") as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
-def pg_engine(pg_url: str) -> Iterator[Engine]:
-    engine = create_db_engine(pg_url)
-    yield engine
-    engine.dispose()
+pg_url, pg_engine = module_database("polar_mq_api_errors")  # it counts every row
 
 
 @pytest.fixture(autouse=True)

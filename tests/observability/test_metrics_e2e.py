@@ -19,15 +19,14 @@ from pathlib import Path
 
 import httpx
 import pytest
-from sqlalchemy import Engine, func, select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from polar_mq.db import create_db_engine
 from polar_mq.devstack import LocalStack
 from polar_mq.lifecycle.stages import Stage
 from polar_mq.models import Event, EventKind, LlmCall, Rollout
 from polar_mq.processes import free_port
-from tests.conftest import scratch_database
+from tests.conftest import module_database
 from tests.e2e.stack import client_of, e2e_settings
 from tests.observability.scrape import Samples, scrape, value
 
@@ -71,19 +70,7 @@ def _wait_for_a_stage(url: str, timeout_s: float = 120) -> None:
         time.sleep(0.2)
 
 
-@pytest.fixture(scope="module")
-def pg_url() -> Iterator[str]:
-    """A database of this module's own: the counts compare with every row, and another test on this
-    pytest-xdist worker may have left rows in the session's (a module stack's, never truncated)."""
-    with scratch_database("polar_mq_metrics_e2e") as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
-def pg_engine(pg_url: str) -> Iterator[Engine]:
-    engine = create_db_engine(pg_url)
-    yield engine
-    engine.dispose()
+pg_url, pg_engine = module_database("polar_mq_metrics_e2e")  # it counts every row
 
 
 @pytest.fixture(scope="module")

@@ -13,32 +13,19 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import Engine, func, select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from polar_mq.app import create_app
 from polar_mq.config import Settings
-from polar_mq.db import create_db_engine
 from polar_mq.jobs.schemas import workspace_path_problem
 from polar_mq.models import Job
-from tests.conftest import scratch_database
+from tests.conftest import module_database
 
 TASKS = [{"instruction": "x"}]
 
 
-@pytest.fixture(scope="module")
-def pg_url() -> Iterator[str]:
-    """A database of this module's own: "nothing created" counts every job, and another test on this
-    pytest-xdist worker may have left rows in the session's (a module stack's, never truncated)."""
-    with scratch_database("polar_mq_strict_fields") as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
-def pg_engine(pg_url: str) -> Iterator[Engine]:
-    engine = create_db_engine(pg_url)
-    yield engine
-    engine.dispose()
+pg_url, pg_engine = module_database("polar_mq_strict_fields")  # it counts every row
 
 
 @pytest.fixture
