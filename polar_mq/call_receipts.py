@@ -57,6 +57,20 @@ def wake_key(rollout_id: uuid.UUID, attempt: int) -> str:
     return f"{KEY_PREFIX}{rollout_id.hex}:{attempt}:wake"
 
 
+def opened_key(rollout_id: uuid.UUID, attempt: int) -> str:
+    return f"{KEY_PREFIX}{rollout_id.hex}:{attempt}:opened"
+
+
+def open_attempt(client: redis.Redis, rollout_id: uuid.UUID, attempt: int) -> None:
+    """Mark the attempt's receipts as kept from now on (before its agent starts).
+
+    Redis keeps nothing on disk here: a restart while the agent runs empties `started` and
+    `stored` alike, and the counts kept after it could add up while a counted call is still
+    unstored. The mark goes with them, so `read` sees the loss (`intact` False) and the stage
+    flushes the proxy instead of trusting them."""
+    client.set(opened_key(rollout_id, attempt), b"1", ex=TTL_S)
+
+
 def connect(url: str) -> redis.Redis:
     """A synchronous client that fails in seconds rather than hanging a stage or the writer."""
     return redis.Redis.from_url(
@@ -95,18 +109,21 @@ class Receipts:
     started: int
     stored: int
     wakeups: int = 0
+    intact: bool = True
+    """False when the attempt's mark (`open_attempt`) is gone: Redis lost the receipts."""
 
     @property
     def complete(self) -> bool:
-        return self.stored >= self.started
+        return self.intact and self.stored >= self.started
 
 
 def read(client: redis.Redis, rollout_id: uuid.UUID, attempt: int) -> Receipts:
     pipe = client.pipeline(transaction=False)
     pipe.get(started_key(rollout_id, attempt))
     pipe.scard(stored_key(rollout_id, attempt))
-    started, stored = pipe.execute()
-    return Receipts(int(started or 0), int(stored or 0))
+    pipe.exists(opened_key(rollout_id, attempt))
+    started, stored, opened = pipe.execute()
+    return Receipts(int(started or 0), int(stored or 0), intact=bool(opened))
 
 
 def wait_stored(
@@ -119,8 +136,8 @@ def wait_stored(
     while True:
         receipts = read(client, rollout_id, attempt)
         left = deadline - time.monotonic()
-        if receipts.complete or left <= 0:
-            return Receipts(receipts.started, receipts.stored, wakeups)
+        if receipts.complete or left <= 0 or not receipts.intact:  # lost: no use waiting
+            return Receipts(receipts.started, receipts.stored, wakeups, receipts.intact)
         if wakeups == 0:  # the writers need not linger for more rows to batch: we wait
             client.publish(HURRY_CHANNEL, b"")
         # A push since `read` returns at once (no lost wake-up); each pop is kept under the

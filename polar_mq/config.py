@@ -197,6 +197,12 @@ class Settings(BaseSettings):
         "stage waits for them to be stored instead of flushing the proxy (default: on when a "
         "Redis is known: proxy_redis_url or a redis:// broker_url)",
     )
+    proxy_redis_retry_s: float = Field(
+        15.0,
+        ge=0,
+        description="how long an agent's call waits for an unreachable receipts Redis (a broker "
+        "restart) before the proxy refuses it with a retryable 503",
+    )
     call_receipts_wait_s: float = Field(
         5.0,
         gt=0,

@@ -118,7 +118,11 @@ def create_proxy_app(
             budgets=budgets,
             siblings=Siblings(worker) if worker is not None else None,
             body_read_timeout_s=settings.body_read_timeout_s,
-            receipts=StartCounter.from_url(receipts_url) if receipts_url else None,
+            receipts=(
+                StartCounter.from_url(receipts_url, settings.proxy_redis_retry_s)
+                if receipts_url
+                else None
+            ),
         )
         hurry = None
         if receipts_url and isinstance(stored_sink, DbCallWriter):

@@ -38,33 +38,54 @@ logger = logging.getLogger(__name__)
 
 
 class StartCounter:
-    """Increments attempts' `started` counters (one pipelined round trip per call)."""
+    """Increments attempts' `started` counters (one pipelined round trip per call).
 
-    def __init__(self, client: redis.Redis) -> None:
+    Redis may be away for seconds (the broker restarting, a failover): a call then waits up to
+    `retry_s` for it, retrying with a growing pause, before it is refused with a 503. An agent's
+    call must not fail on a blip the platform recovers from, and harnesses rarely retry a 503.
+    A retry after a reply lost on the way may count a call twice: the stage then waits its
+    deadline for a call that never comes and falls back to the flush (slower, never wrong).
+    """
+
+    RETRY_PAUSE_S = (0.05, 1.0)
+    """First and longest pause between attempts while Redis is unreachable."""
+
+    def __init__(self, client: redis.Redis, retry_s: float = 0.0) -> None:
         self._client = client
+        self._retry_s = retry_s
         self._failing = False
 
     @classmethod
-    def from_url(cls, url: str) -> StartCounter:
+    def from_url(cls, url: str, retry_s: float = 0.0) -> StartCounter:
         client = redis.Redis.from_url(
             url, socket_timeout=REDIS_TIMEOUT_S, socket_connect_timeout=REDIS_TIMEOUT_S
         )
-        return cls(client)
+        return cls(client, retry_s)
 
     async def start(self, rollout_id: uuid.UUID, attempt: int) -> None:
         key = started_key(rollout_id, attempt)
-        try:
-            async with self._client.pipeline(transaction=False) as pipe:
-                pipe.incr(key)
-                pipe.expire(key, TTL_S)
-                await pipe.execute()
-        except (RedisError, OSError) as exc:
-            if not self._failing:
-                logger.error("call receipts (Redis) unreachable: refusing receipted calls: %r", exc)
-            self._failing = True
-            raise BackendUnavailable(
-                "the call receipt store is unreachable; retry shortly", "receipts_unavailable", 1
-            ) from exc
+        loop = asyncio.get_running_loop()
+        give_up_at = loop.time() + self._retry_s
+        pause, longest = self.RETRY_PAUSE_S
+        while True:
+            try:
+                async with self._client.pipeline(transaction=False) as pipe:
+                    pipe.incr(key)
+                    pipe.expire(key, TTL_S)
+                    await pipe.execute()
+                break
+            except (RedisError, OSError) as exc:
+                if not self._failing:
+                    logger.error("call receipts (Redis) unreachable: %r", exc)
+                self._failing = True
+                if loop.time() + pause > give_up_at:
+                    raise BackendUnavailable(
+                        "the call receipt store is unreachable; retry shortly",
+                        "receipts_unavailable",
+                        1,
+                    ) from exc
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, longest)
         if self._failing:
             logger.warning("call receipts (Redis) reachable again")
             self._failing = False

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +28,7 @@ from polar_mq.testing.fake_vllm import create_fake_vllm_app
 from polar_mq.testing.servers import free_port
 from polar_mq.tokens import issue_rollout_token
 from tests.conftest import REDIS_URL
+from tests.reliability.tcp_relay import TcpRelay
 
 pytestmark = pytest.mark.anyio
 
@@ -38,6 +40,13 @@ def client() -> Iterator[redis.Redis]:
     c = call_receipts.connect(REDIS_URL)
     yield c
     c.close()
+
+
+def opened(client: redis.Redis) -> uuid.UUID:
+    """A new rollout whose attempt 1 keeps receipts (as the run-agent stage opens it)."""
+    rollout = uuid.uuid4()
+    call_receipts.open_attempt(client, rollout, 1)
+    return rollout
 
 
 def stored(factory: sessionmaker[Session], rollout: uuid.UUID) -> int:
@@ -59,7 +68,7 @@ async def test_the_wait_ends_only_when_a_slow_writer_committed_every_call(
     writer = DbCallWriter(engine=pg_engine, flush_interval_s=1.0, receipts_url=REDIS_URL)
     settings = proxy_settings(proxy_redis_url=REDIS_URL)
     app = create_proxy_app(settings, upstream_transport=httpx.ASGITransport(fake), sink=writer)
-    rollout = uuid.uuid4()
+    rollout = opened(client)
     async with (
         app.router.lifespan_context(app),
         httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://proxy") as proxy,
@@ -88,7 +97,7 @@ async def test_a_waiting_stage_cuts_the_writers_batching_wait_short(
     writer = DbCallWriter(engine=pg_engine, flush_interval_s=60.0, receipts_url=REDIS_URL)
     settings = proxy_settings(proxy_redis_url=REDIS_URL)
     app = create_proxy_app(settings, upstream_transport=httpx.ASGITransport(fake), sink=writer)
-    rollout = uuid.uuid4()
+    rollout = opened(client)
     before = _subscribers(client)  # other proxies on this Redis (other tests' stacks)
     async with (
         app.router.lifespan_context(app),
@@ -122,10 +131,10 @@ async def test_calls_refused_before_numbering_are_never_waited_for(client: redis
     number, so it is neither counted nor given a seq, and the wait has nothing to wait for."""
     fake = create_fake_vllm_app()
     dead = f"redis://127.0.0.1:{free_port()}"
-    rollout = uuid.uuid4()
+    rollout = opened(client)
     for settings in (
         proxy_settings(proxy_call_receipts=False),
-        proxy_settings(proxy_redis_url=dead),
+        proxy_settings(proxy_redis_url=dead, proxy_redis_retry_s=0.3),
     ):
         sink = MemoryCallSink()
         app = create_proxy_app(settings, upstream_transport=httpx.ASGITransport(fake), sink=sink)
@@ -146,12 +155,12 @@ async def test_calls_refused_before_numbering_are_never_waited_for(client: redis
 
 
 def test_no_wait_when_the_agent_made_no_call(client: redis.Redis) -> None:
-    seen = call_receipts.wait_stored(client, uuid.uuid4(), 1, 5.0)
+    seen = call_receipts.wait_stored(client, opened(client), 1, 5.0)
     assert (seen.started, seen.stored, seen.complete, seen.wakeups) == (0, 0, True, 0)
 
 
 def test_a_wait_that_does_not_add_up_ends_at_its_deadline(client: redis.Redis) -> None:
-    rollout = uuid.uuid4()
+    rollout = opened(client)
     client.incr(call_receipts.started_key(rollout, 1), 2)  # two counted, one stored: lost
     call_receipts.record_stored(client, [call_row(rollout_id=rollout, attempt=1)])
     seen = call_receipts.wait_stored(client, rollout, 1, 0.3)
@@ -164,7 +173,7 @@ async def test_a_restarted_writer_replays_spilled_calls_and_their_receipts_once(
     db_session_factory: sessionmaker[Session],
     client: redis.Redis,
 ) -> None:
-    rollout = uuid.uuid4()
+    rollout = opened(client)
     counter = StartCounter.from_url(REDIS_URL)
     rows = [call_row(i, rollout_id=rollout, attempt=1) for i in range(3)]
     for _ in rows:
@@ -198,3 +207,49 @@ async def test_a_restarted_writer_replays_spilled_calls_and_their_receipts_once(
     await restart()  # replayed again: the receipts still count each call once
     assert call_receipts.read(client, rollout, 1).stored == 3
     engine.dispose()
+
+
+async def test_a_call_waits_out_a_redis_blip_instead_of_failing(client: redis.Redis) -> None:
+    """Redis away for a second (a broker restart): the call waits for it, is counted, served."""
+    host, port = REDIS_URL.removeprefix("redis://").split("/")[0].split(":")
+    relay = TcpRelay((host, int(port))).start()
+    fake = create_fake_vllm_app()
+    sink = MemoryCallSink()
+    via_relay = f"redis://127.0.0.1:{relay.port}"
+    settings = proxy_settings(proxy_redis_url=via_relay, proxy_redis_retry_s=10.0)
+    app = create_proxy_app(settings, upstream_transport=httpx.ASGITransport(fake), sink=sink)
+    rollout = opened(client)
+    try:
+        async with (
+            app.router.lifespan_context(app),
+            httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://p") as proxy,
+        ):
+            relay.cut()
+            call = asyncio.ensure_future(
+                proxy.post("/v1/chat/completions", json=BODY, headers=headers(rollout))
+            )
+            await asyncio.sleep(1.0)
+            assert not call.done()  # waiting for Redis, not refused
+            relay.restore()
+            answer = await asyncio.wait_for(call, 15.0)
+            assert answer.status_code == 200, answer.text
+    finally:
+        relay.cut()
+    assert call_receipts.read(client, rollout, 1).started == 1
+    assert [row["seq"] for row in sink.rows] == [0]
+
+
+def test_receipts_lost_with_a_redis_restart_never_add_up(client: redis.Redis) -> None:
+    """Redis restarted while the agent ran (nothing kept on disk): the counts kept after it may
+    add up while a counted call is unstored; the lost mark says so and the wait ends at once."""
+    rollout = opened(client)
+    client.incr(call_receipts.started_key(rollout, 1), 2)
+    client.delete(  # what a restart of a Redis without persistence does to the attempt's keys
+        call_receipts.started_key(rollout, 1), call_receipts.opened_key(rollout, 1)
+    )
+    client.incr(call_receipts.started_key(rollout, 1))  # one call after the restart...
+    call_receipts.record_stored(client, [call_row(rollout_id=rollout, attempt=1)])  # ...one stored
+    started = time.monotonic()
+    seen = call_receipts.wait_stored(client, rollout, 1, 5.0)
+    assert (seen.started, seen.stored, seen.intact, seen.complete) == (1, 1, False, False)
+    assert time.monotonic() - started < 1.0  # no use waiting for receipts known lost

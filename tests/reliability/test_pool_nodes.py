@@ -83,8 +83,10 @@ def test_a_node_joins_a_running_job(
     pool: RelStack, db_session_factory: sessionmaker[Session]
 ) -> None:
     first = pool.stack.node("node-a", SMALL_NODE, janitor=False)
+    # node-a alone needs ~32 s (one prepare slot, 2 s each): node-b, booting under a loaded
+    # machine's parallel tests, must still find work left when it is up
     tasks = [{"instruction": f"t{i}", "sleep_s": 0.5} for i in range(8)]
-    ids = pool.submit(tasks, samples=2, runtime=slow_prepare(1.0))
+    ids = pool.submit(tasks, samples=2, runtime=slow_prepare(2.0))
     wait_until(
         lambda: any(r.status == RolloutStatus.RUNNING for r in _rollouts(db_session_factory, ids)),
         60,
@@ -92,7 +94,7 @@ def test_a_node_joins_a_running_job(
     )
     joined_at = utcnow()
     second = pool.stack.node("node-b", SMALL_NODE, janitor=False)
-    wait_terminal(db_session_factory, ids, timeout_s=90)
+    wait_terminal(db_session_factory, ids, timeout_s=120)
 
     rollouts = check_invariants(pool, db_session_factory, ids)
     assert {r.status for r in rollouts.values()} == {RolloutStatus.COMPLETED}

@@ -10,6 +10,7 @@ agent's HTML-looking output is shown as text. Screenshots are saved as test arti
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -185,10 +186,17 @@ def test_sign_in_watch_a_live_job_and_open_a_rollout(
         driver.save_screenshot(str(shots / "05-rollout-trajectory.png"))
 
         # 4. The system page: the stack's workers and its proxy's backend.
-        driver.get(f"{api}/ui/system")
-        workers = driver.find_elements(By.CSS_SELECTOR, "#workers tbody tr")
+        # Workers answer the page's inspect broadcast within a second; on a loaded machine one
+        # may miss it: reload until the stack's workers are listed.
         prefix = ui_stack.settings.queue_prefix
-        assert any(prefix in row.text for row in workers), [row.text for row in workers]
+        deadline = time.monotonic() + 30
+        while True:
+            driver.get(f"{api}/ui/system")
+            rows = [row.text for row in driver.find_elements(By.CSS_SELECTOR, "#workers tbody tr")]
+            if any(prefix in row for row in rows) or time.monotonic() > deadline:
+                break
+            time.sleep(1)
+        assert any(prefix in row for row in rows), rows
         assert driver.find_elements(By.CSS_SELECTOR, "table.proxy tbody tr")
         driver.save_screenshot(str(shots / "06-system.png"))
         driver.get(f"{api}/ui/")

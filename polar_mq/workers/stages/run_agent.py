@@ -152,6 +152,18 @@ def _error_text(result: ExecResult, limit: int = 2000) -> str:
     return "\n".join(parts) if parts else f"agent exited {result.exit_code}"
 
 
+def _open_receipts(ctx: WorkerContext, claimed: Claimed) -> bool:
+    """Whether this attempt's calls are receipted: only when its mark could be set."""
+    if ctx.receipts is None:
+        return False
+    try:
+        call_receipts.open_attempt(ctx.receipts, claimed.rollout.id, claimed.rollout.attempt)
+    except (RedisError, OSError) as exc:  # Redis away: the flush after the agent, as before
+        logger.warning("call receipts unavailable for this attempt, flushing after it: %r", exc)
+        return False
+    return True
+
+
 def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
     began = time.monotonic()
     spec = claimed.spec
@@ -159,7 +171,7 @@ def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
     timeouts = spec.timeouts
     runtime = open_runtime(settings, spec.runtime, claimed.rollout)
     harness = get_harness(spec.harness)
-    receipts = ctx.receipts is not None
+    receipts = _open_receipts(ctx, claimed)
     agent = AgentContext(
         rollout_id=str(claimed.rollout.id),
         instruction=claimed.instance["instruction"],
