@@ -111,4 +111,7 @@ def test_calls_lost_with_a_killed_proxy_start_the_attempt_over(
                 Event.kind == EventKind.REQUEUED,
             )
         ).all()
-    assert requeued and all("lost with the old process" in str(d) for d in requeued), requeued
+    # Either way the platform's failure, not the policy's: the receipts said calls were lost
+    # with the old process, or (a loaded machine) an agent's call met the proxy while it was down
+    restarts = ("lost with the old process", "proxy restarted while the agent ran")
+    assert requeued and all(any(r in str(d) for r in restarts) for d in requeued), requeued
