@@ -8,8 +8,13 @@ import sys
 import time
 
 import psutil
+import pytest
 
 from tests.reaper import OWNER_VAR, owner_alive, owner_tag, reap_orphans
+
+# One worker for the module: two of its tests each plant a dead owner's orphans, and a reap in
+# one would kill the other's before that one's own reap could report it.
+pytestmark = pytest.mark.xdist_group("reaper")
 
 
 def _sleeper(tag: str) -> subprocess.Popen[bytes]:
