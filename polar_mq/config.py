@@ -338,22 +338,21 @@ class Settings(BaseSettings):
             shared = self.proxy_workers > 1
         if not shared:
             return None
+        return self._proxy_redis
+
+    @property
+    def _proxy_redis(self) -> str | None:
+        """The Redis the proxy shares state in: its own, else a Redis broker's, else none."""
         if self.proxy_redis_url:
             return self.proxy_redis_url
-        if self.broker_url.startswith(("redis://", "rediss://")):
-            return self.broker_url
-        return None
+        return self.broker_url if self.broker_url.startswith(("redis://", "rediss://")) else None
 
     @property
     def call_receipts_redis_url(self) -> str | None:
         """The Redis of call receipts (`polar_mq.call_receipts`), None when they are off."""
         if self.proxy_call_receipts is False:
             return None
-        if self.proxy_redis_url:
-            return self.proxy_redis_url
-        if self.broker_url.startswith(("redis://", "rediss://")):
-            return self.broker_url
-        return None
+        return self._proxy_redis
 
     @property
     def proxy_spill_path(self) -> Path | None:
