@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+import httpx
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -38,8 +40,14 @@ class LoopRecord:
 
 
 def run_loop(
-    client: Client, job_id: str, batch_size: int, updates: int, load_weights_s: float = 0.2
+    client: Client,
+    job_id: str,
+    batch_size: int,
+    updates: int,
+    load_weights_s: float = 0.2,
+    before_pause: Callable[[int], None] | None = None,
 ) -> LoopRecord:
+    """`before_pause(i)` runs before the i-th pause (a test can wait there for a call in flight)."""
     record = LoopRecord()
     version = int(client.policy()["version"])
     stream = client.stream_groups(job_id, batch_size=batch_size, consumer="trainer", wait_s=2.0)
@@ -48,6 +56,8 @@ def run_loop(
             record.leased_at_version[group["task_index"]] = version
             record.received.append(group)
         if len(record.updates) < updates:
+            if before_pause is not None:
+                before_pause(len(record.updates))
             paused_at = datetime.now(UTC)
             answer = client.set_policy(version + 1, pause=True, drain_timeout_s=30.0)
             time.sleep(load_weights_s)  # the trainer loads the new weights into the engine
@@ -55,6 +65,18 @@ def run_loop(
             version += 1
             record.updates.append(Update(version, paused_at, datetime.now(UTC), answer))
     return record
+
+
+def wait_for_call_in_flight(proxy_url: str, timeout_s: float) -> bool:
+    """Whether the proxy holds an upstream call open within `timeout_s` (admin view, loopback)."""
+    deadline = time.monotonic() + timeout_s
+    with httpx.Client(timeout=5.0) as http:
+        while time.monotonic() < deadline:
+            backends = http.get(f"{proxy_url}/admin/backends").json()["backends"]
+            if sum(b["in_flight"] for b in backends) > 0:
+                return True
+            time.sleep(0.02)
+    return False
 
 
 def check_loop(

@@ -18,7 +18,7 @@ import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
 from polar_mq.inference import local_vllm
-from tests.e2e.async_loop import check_loop, run_loop
+from tests.e2e.async_loop import check_loop, run_loop, wait_for_call_in_flight
 from tests.e2e.stack import client_of, fake_upstream_stack, real_vllm_stack
 from tests.e2e.test_stream_groups_e2e import batches, start_consumer
 
@@ -49,7 +49,19 @@ def test_five_policy_updates_with_staleness_one_across_a_consumer_crash(
             crashed.send_signal(signal.SIGKILL)
             crashed.wait(10)
 
-        record = run_loop(client, job_id, batch_size=2, updates=5)
+        proxy_url = f"http://127.0.0.1:{stack.settings.proxy_port}"
+
+        seen_open = []
+
+        def pause_once_with_a_call_open(update: int) -> None:
+            """Until one pause found a call open, wait a little for one before pausing: with
+            every released group complete there is none, after a version bump there soon is."""
+            if not seen_open and wait_for_call_in_flight(proxy_url, timeout_s=8.0):
+                seen_open.append(update)
+
+        record = run_loop(
+            client, job_id, batch_size=2, updates=5, before_pause=pause_once_with_a_call_open
+        )
         assert [u.version for u in record.updates] == [1, 2, 3, 4, 5]
         counts = check_loop(db_session_factory, job_id, record, max_staleness=1)
         final = client.status(job_id)
@@ -59,7 +71,7 @@ def test_five_policy_updates_with_staleness_one_across_a_consumer_crash(
         redelivered = {g["task_index"] for g in record.received if g["delivery"]["redelivered"]}
         assert redelivered <= taken_by_crashed
         assert counts["drained"] >= 1  # some pause did wait for calls in flight
-        print(f"async loop: {counts}, redelivered {sorted(redelivered)}")
+        print(f"async loop: {counts}, redelivered {sorted(redelivered)}, open at {seen_open}")
 
 
 @pytest.mark.slow
