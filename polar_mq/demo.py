@@ -131,7 +131,7 @@ def run_demo(use_fake: bool, n_tasks: int, samples: int) -> int:
                 vllm.wait_ready(timeout=300)
             console.print("starting proxy, API and one Celery worker per stage…")
             stack.proxy()
-            stack.workers(concurrency={Stage.RUN_AGENT: 8})
+            stack.workers(concurrency={Stage.RUN_AGENT: 8}, one_supervisor=True)
             stack.sweeper()
             stack.janitor()
             stack.api()

@@ -58,7 +58,7 @@ def fake_upstream_stack(
     with LocalStack(settings, tmp / "logs") as stack:
         stack.fake_upstream(upstream_port, wait=False, **(latency or {}))
         stack.proxy(wait=False)
-        stack.workers(concurrency=concurrency)
+        stack.workers(concurrency=concurrency, one_supervisor=True)
         stack.api(wait=False)
         stack.wait_ready()  # the services boot side by side
         yield stack
@@ -72,7 +72,7 @@ def real_vllm_stack(pg_url: str, tmp: Path, base_url: str) -> Iterator[LocalStac
     )
     with LocalStack(settings, tmp / "logs") as stack:
         stack.proxy(wait=False)
-        stack.workers()
+        stack.workers(one_supervisor=True)
         stack.api(wait=False)
         stack.wait_ready()
         yield stack

@@ -53,7 +53,9 @@ def warm_stack(pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     with LocalStack(settings, tmp / "logs") as stack:
         stack.fake_upstream(upstream)
         stack.proxy()
-        stack.workers(concurrency={Stage.RUN_AGENT: AGENT_SLOTS, Stage.PREPARE: 2})
+        stack.workers(
+            concurrency={Stage.RUN_AGENT: AGENT_SLOTS, Stage.PREPARE: 2}, one_supervisor=True
+        )
         stack.api()
         yield stack
 

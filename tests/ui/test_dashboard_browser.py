@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 from browser_support import artifacts_dir, chromium, require_browser
@@ -108,7 +109,9 @@ def test_sign_in_watch_a_live_job_and_open_a_rollout(
         driver.save_screenshot(str(shots / "01-login.png"))
         driver.find_element(By.ID, "api_key").send_keys(viewer)
         driver.find_element(By.ID, "sign-in").click()
-        _wait(driver, lambda d: d.current_url.endswith(f"/ui/jobs/{job_id}"), "the job page")
+        # the path, not the URL's end: the login page's own URL ends with `?next=/ui/jobs/<id>`
+        job_path = f"/ui/jobs/{job_id}"
+        _wait(driver, lambda d: urlsplit(d.current_url).path == job_path, "the job page")
         cookie = driver.get_cookie("polar_mq_ui_key")
         assert cookie is not None and cookie["httpOnly"] and cookie["sameSite"] == "Strict"
         assert driver.execute_script("return document.cookie") == ""  # not readable by scripts
