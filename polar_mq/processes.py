@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -19,8 +20,35 @@ from pathlib import Path
 
 import httpx
 
+LISTEN_PORTS_FLOOR = 10_000
+
+
+def _ephemeral_floor() -> int:
+    """The lowest port the kernel hands to outgoing connections (Linux: 32768 by default)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+
 
 def free_port() -> int:
+    """A port free to listen on, for a service started a moment later.
+
+    Taken below the kernel's ephemeral range when there is room: a port the kernel picked
+    (`bind(0)`) is one it also gives to outgoing connections, so a busy machine's clients (to
+    PostgreSQL, Redis, the proxy) could take it before the service binds it (a proxy failed to
+    start with "address already in use" that way). Random, and checked by binding it.
+    """
+    floor = _ephemeral_floor()
+    if floor - LISTEN_PORTS_FLOOR >= 1_000:
+        for _ in range(100):
+            port = random.randrange(LISTEN_PORTS_FLOOR, floor)
+            with socket.socket() as sock:
+                try:
+                    sock.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])

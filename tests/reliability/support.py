@@ -67,20 +67,23 @@ class RelStack:
         return self.stack.settings
 
     def start_workers(self, *stages: Stage, pool_impl: str = "threads") -> None:
-        for stage in stages or tuple(Stage):
-            (proc,) = self.stack.workers([stage], pool_impl=pool_impl)
-            self.workers[stage] = proc
+        """One `polar-mq worker` supervisor for `stages` (default: all), as on a node."""
+        stages = stages or tuple(Stage)
+        (proc,) = self.stack.workers(stages, pool_impl=pool_impl, one_supervisor=True)
+        self.workers.update(dict.fromkeys(stages, proc))
 
     def worker_main(self, stage: Stage, timeout_s: float = 30.0) -> psutil.Process:
-        """The Celery main process of a stage (the child of its `polar-mq worker` supervisor)."""
+        """The Celery main process of a stage (a child of its `polar-mq worker` supervisor)."""
         supervisor = psutil.Process(self.workers[stage].pid)
         found: list[psutil.Process] = []
+        hostname = f"-n {stage.value}."  # StageWorker.argv: `-n <stage>.<pool>@<node>`
 
         def is_celery(proc: psutil.Process) -> bool:
             try:
-                return "celery" in " ".join(proc.cmdline())
+                command = " ".join(proc.cmdline())
             except psutil.Error:  # gone, or a zombie its supervisor has not reaped yet
                 return False
+            return "celery" in command and hostname in command
 
         def celery_up() -> bool:
             found[:] = [c for c in supervisor.children() if is_celery(c)]
