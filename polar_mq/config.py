@@ -181,6 +181,11 @@ class Settings(BaseSettings):
         description="the proxy's HTTP server: `lean` (its own HTTP/1.1 server, the fastest) or "
         "`uvicorn` (the fallback); both serve the same app",
     )
+    proxy_upstream_client: Literal["lean", "aiohttp"] = Field(
+        "lean",
+        description="the proxy's client for generate calls: `lean` (its own keep-alive "
+        "HTTP/1.1 pool, the fastest) or `aiohttp` (the fallback)",
+    )
     proxy_redis_url: str | None = Field(
         None,
         description="Redis holding the shared per-rollout call counter (default: broker_url "

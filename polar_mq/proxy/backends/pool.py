@@ -59,8 +59,11 @@ class BackendPool:
         pause_max_wait_s: float = 30.0,
         max_attempts: int = 3,
         max_in_flight: int = 0,
+        upstream_client: str = "lean",
     ) -> None:
         self.paths = paths
+        self.upstream_client = upstream_client
+        """The generate calls' client: `lean` (`upstream_pool`) or `aiohttp` (`aio`)."""
         self.backends: dict[str, Backend] = {}
         self.sticky = sticky or StickyMap(100_000, 3600.0)
         self.pause_max_wait_s = pause_max_wait_s
@@ -89,6 +92,7 @@ class BackendPool:
             pause_max_wait_s=settings.pause_max_wait_s,
             max_attempts=settings.upstream_max_attempts,
             max_in_flight=settings.upstream_max_in_flight,
+            upstream_client=settings.proxy_upstream_client,
         )
         for url in settings.upstream_urls or [settings.upstream_url]:
             pool.add(url)
@@ -121,6 +125,7 @@ class BackendPool:
             policy_version=policy_version,
             breaker=self._breaker,
             max_in_flight=self.max_in_flight,
+            upstream_client=self.upstream_client,
         )
         self.backends[name] = backend
         return backend
