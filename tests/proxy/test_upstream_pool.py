@@ -92,6 +92,12 @@ class RawServer:
         await writer.drain()
 
 
+@pytest.fixture(params=["asyncio", "uvloop"])
+def anyio_backend(request: pytest.FixtureRequest) -> tuple[str, dict[str, Any]]:
+    """Both event loops: the proxy runs on uvloop, whose transports differ."""
+    return ("asyncio", {"use_uvloop": request.param == "uvloop"})
+
+
 @pytest.fixture(scope="module")
 def fake_engine() -> Iterator[FakeProcess]:
     with FakeProcess() as fake:
