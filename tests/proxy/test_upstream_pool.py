@@ -22,6 +22,7 @@ from backends_support import FakeProcess
 from polar_mq.processes import free_port
 from polar_mq.proxy.backends.pool import BackendPool
 from polar_mq.proxy.backends.send import send_call
+from polar_mq.proxy.backends.upstream_conn import READ_HIGH_WATER, LeanResponse, UpstreamConnection
 from polar_mq.proxy.backends.upstream_pool import UpstreamPool
 from polar_mq.proxy.record import CallContext
 
@@ -339,3 +340,47 @@ async def test_the_aiohttp_fallback_is_chosen_by_the_setting() -> None:
         assert type(response).__name__ == "AioResponse"
         assert orjson.loads(response.content) == BODY
         await pool.aclose()
+
+
+class RecordingTransport:
+    """Just what `UpstreamConnection` calls on its transport, recorded."""
+
+    def __init__(self) -> None:
+        self.written: list[bytes] = []
+        self.paused = False
+        self.closing = False
+
+    def write(self, data: bytes) -> None:
+        self.written.append(data)
+
+    def pause_reading(self) -> None:
+        self.paused = True
+
+    def resume_reading(self) -> None:
+        self.paused = False
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def close(self) -> None:
+        self.closing = True
+
+
+async def test_a_stream_ending_over_the_high_water_does_not_leave_its_connection_paused() -> None:
+    """Reading pauses while a slow relay leaves more than `READ_HIGH_WATER` unread; when that
+    read also ended the answer and the relay closed it unread, the connection is pooled and
+    must read again for its next call (else that call waits out the read timeout)."""
+    pool = UpstreamPool("http://127.0.0.1:1", (PATH,))
+    conn = UpstreamConnection(asyncio.get_running_loop(), 1800.0, lambda _: None)
+    transport = RecordingTransport()
+    conn.connection_made(cast(asyncio.Transport, transport))
+    conn.send(pool.heads[PATH], b"{}")
+    conn.data_received(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % (READ_HIGH_WATER + 1))
+    response = LeanResponse(conn, pool, lambda: None)
+    conn.streaming = True  # as `aiter_bytes` sets it
+    conn.data_received(b"x" * (READ_HIGH_WATER + 1))
+    assert conn.complete and transport.paused
+    await response.aclose()
+    assert pool.idle == 1
+    conn.send(pool.heads[PATH], b"{}")
+    assert not transport.paused and transport.written[-1].endswith(b"\r\n\r\n{}")

@@ -94,6 +94,9 @@ class UpstreamConnection(asyncio.Protocol):
         self.in_use = True
         self.streaming = False
         assert self.transport is not None
+        if self.reading_paused:  # a stream's end arrived over the high water, left unread
+            self.reading_paused = False
+            self.transport.resume_reading()
         length = b"%d\r\n\r\n" % len(content)
         if len(content) < 65536:
             self.transport.write(head + length + content)
