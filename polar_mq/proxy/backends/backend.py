@@ -13,7 +13,7 @@ from yarl import URL
 from polar_mq.proxy.backends import aio
 from polar_mq.proxy.backends.breaker import CircuitBreaker
 from polar_mq.proxy.backends.rendezvous import hash_key
-from polar_mq.proxy.backends.upstream_pool import UpstreamPool
+from polar_mq.proxy.backends.upstream_pool import UpstreamClient, UpstreamPool
 
 UPSTREAM_LIMITS = httpx.Limits(max_connections=64, max_keepalive_connections=16)
 """The httpx client's pool: health checks, `/tokenize`, `/v1/models` (generate calls go through
@@ -55,7 +55,7 @@ class Backend:
         policy_version: int = 0,
         breaker: BreakerPolicy | None = None,
         max_in_flight: int = 0,
-        upstream_client: str = "lean",
+        upstream_client: UpstreamClient = "lean",
     ) -> None:
         if not name or len(name) > NAME_MAX:
             raise ValueError(f"a backend name must have 1..{NAME_MAX} characters")

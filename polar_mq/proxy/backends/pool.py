@@ -31,6 +31,7 @@ from polar_mq.proxy.backends.backend import (
 )
 from polar_mq.proxy.backends.rendezvous import ranked
 from polar_mq.proxy.backends.sticky import StickyMap
+from polar_mq.proxy.backends.upstream_pool import UpstreamClient
 from polar_mq.proxy.errors import openai_error
 
 
@@ -59,7 +60,7 @@ class BackendPool:
         pause_max_wait_s: float = 30.0,
         max_attempts: int = 3,
         max_in_flight: int = 0,
-        upstream_client: str = "lean",
+        upstream_client: UpstreamClient = "lean",
     ) -> None:
         self.paths = paths
         self.upstream_client = upstream_client

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections.abc import Callable
+from typing import Literal
 
 import httpx
 
@@ -24,6 +25,8 @@ from polar_mq.proxy.backends.upstream_conn import LeanResponse, UpstreamConnecti
 
 CONNECT_TIMEOUT_S = 10.0
 READ_TIMEOUT_S = 1800.0
+UpstreamClient = Literal["lean", "aiohttp"]
+"""The generate calls' client: this pool, or the aiohttp session (`aio`, the fallback)."""
 
 
 class UpstreamPool:
