@@ -172,6 +172,11 @@ async def test_the_request_goes_out_exactly_and_bytes_0_to_255_come_back_intact(
         assert lines[0] == b"POST /engine/v1/chat/completions HTTP/1.1"
         assert f"host: 127.0.0.1:{server.port}".encode() in lines
         assert b"content-length: 1024" in lines and b"accept-encoding: identity" in lines
+        long_prompt = bytes(range(256)) * 4096  # 1 MiB: written in pieces, not joined
+        response = await post(pool, long_prompt)
+        assert await response.aread() == long_prompt and server.requests[1][1] == long_prompt
+        await response.aclose()
+        assert pool.opened == 1
         pool.close()
 
 
