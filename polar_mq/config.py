@@ -177,9 +177,10 @@ class Settings(BaseSettings):
         "spill subdirectory worker-<i>); admin calls reach all of them",
     )
     proxy_server: Literal["lean", "uvicorn"] = Field(
-        "lean",
-        description="the proxy's HTTP server: `lean` (its own HTTP/1.1 server, the fastest) or "
-        "`uvicorn` (the fallback); both serve the same app",
+        "lean", description="the proxy's HTTP server: `lean` (its own) or `uvicorn` (fallback)"
+    )
+    proxy_upstream_client: Literal["lean", "aiohttp"] = Field(
+        "lean", description="the generate calls' client: `lean` (its own pool) or `aiohttp`"
     )
     proxy_redis_url: str | None = Field(
         None,

@@ -199,3 +199,18 @@ def test_duplicate_backend_is_refused() -> None:
         assert isinstance(response.json()["error"], dict)
         assert len(stack.backends()) == 1
         assert httpx.get(f"{stack.url}/healthz").status_code == 200
+
+
+@pytest.mark.parametrize("client", ["lean", "aiohttp"])
+def test_calls_go_upstream_through_either_client_and_are_logged_whole(client: str) -> None:
+    """`POLAR_MQ_PROXY_UPSTREAM_CLIENT`: the proxy's own pool (default) or aiohttp (fallback)."""
+    with proxy_stack(n_fakes=1, proxy_upstream_client=client) as stack:
+        rollout = uuid.uuid4()
+        for stream in (False, True, False, True):
+            response = stack.chat(rollout, stream=stream)
+            assert response.status_code == 200
+            assert response.text.rstrip().endswith("[DONE]") if stream else response.json()
+        wait_until(lambda: len(stack.rows_of(rollout)) == 4)
+        assert all(row["complete"] for row in stack.rows_of(rollout))
+        (fake,) = stack.fakes
+        assert stack.backends()[fake]["in_flight"] == 0

@@ -13,10 +13,11 @@ from yarl import URL
 from polar_mq.proxy.backends import aio
 from polar_mq.proxy.backends.breaker import CircuitBreaker
 from polar_mq.proxy.backends.rendezvous import hash_key
+from polar_mq.proxy.backends.upstream_pool import UpstreamClient, UpstreamPool
 
 UPSTREAM_LIMITS = httpx.Limits(max_connections=64, max_keepalive_connections=16)
 """The httpx client's pool: health checks, `/tokenize`, `/v1/models` (generate calls go through
-the backend's aiohttp session, `aio`)."""
+the backend's own keep-alive pool, `upstream_pool`, or its aiohttp session, `aio`)."""
 UPSTREAM_TIMEOUT = httpx.Timeout(connect=10.0, read=1800.0, write=60.0, pool=None)
 """No pool timeout (calls queue for a connection); a generous read timeout for long generations."""
 NAME_MAX = 200
@@ -54,6 +55,7 @@ class Backend:
         policy_version: int = 0,
         breaker: BreakerPolicy | None = None,
         max_in_flight: int = 0,
+        upstream_client: UpstreamClient = "lean",
     ) -> None:
         if not name or len(name) > NAME_MAX:
             raise ValueError(f"a backend name must have 1..{NAME_MAX} characters")
@@ -83,6 +85,11 @@ class Backend:
         self.urls = {path: httpx.URL(self.url + path) for path in paths}
         """Upstream URL per forwarded API path, parsed once (for an injected transport)."""
         self.aio_urls = {path: URL(self.url + path) for path in paths}
+        self.upstream: UpstreamPool | None = None
+        """The generate calls' keep-alive pool (`upstream_client="lean"`, no injected transport);
+        None: they go through the aiohttp session (`aiohttp`, the fallback) or the transport."""
+        if upstream_client == "lean" and transport is None:
+            self.upstream = UpstreamPool(self.url, paths)
         self._session: aiohttp.ClientSession | None = None
         self.in_flight = 0
         self.waiting = 0
@@ -139,6 +146,8 @@ class Backend:
 
     async def aclose(self) -> None:
         await self.client.aclose()
+        if self.upstream is not None:
+            self.upstream.close()
         if self._session is not None:
             await self._session.close()
 

@@ -31,6 +31,7 @@ from polar_mq.proxy.backends.backend import (
 )
 from polar_mq.proxy.backends.rendezvous import ranked
 from polar_mq.proxy.backends.sticky import StickyMap
+from polar_mq.proxy.backends.upstream_pool import UpstreamClient
 from polar_mq.proxy.errors import openai_error
 
 
@@ -59,8 +60,11 @@ class BackendPool:
         pause_max_wait_s: float = 30.0,
         max_attempts: int = 3,
         max_in_flight: int = 0,
+        upstream_client: UpstreamClient = "lean",
     ) -> None:
         self.paths = paths
+        self.upstream_client = upstream_client
+        """The generate calls' client: `lean` (`upstream_pool`) or `aiohttp` (`aio`)."""
         self.backends: dict[str, Backend] = {}
         self.sticky = sticky or StickyMap(100_000, 3600.0)
         self.pause_max_wait_s = pause_max_wait_s
@@ -89,6 +93,7 @@ class BackendPool:
             pause_max_wait_s=settings.pause_max_wait_s,
             max_attempts=settings.upstream_max_attempts,
             max_in_flight=settings.upstream_max_in_flight,
+            upstream_client=settings.proxy_upstream_client,
         )
         for url in settings.upstream_urls or [settings.upstream_url]:
             pool.add(url)
@@ -121,6 +126,7 @@ class BackendPool:
             policy_version=policy_version,
             breaker=self._breaker,
             max_in_flight=self.max_in_flight,
+            upstream_client=self.upstream_client,
         )
         self.backends[name] = backend
         return backend

@@ -38,7 +38,8 @@ UPSTREAM_HEADERS = {"content-type": "application/json", "accept-encoding": "iden
 
 
 class UpstreamResponse(Protocol):
-    """What the relay reads of an upstream answer: an `httpx.Response` or an `aio.AioResponse`."""
+    """What the relay reads of an upstream answer: an `upstream_conn.LeanResponse` (the default),
+    an `aio.AioResponse` (`upstream_client="aiohttp"`) or an `httpx.Response` (a transport)."""
 
     status_code: int
 
@@ -83,10 +84,14 @@ async def _attempt(
     if backend.injected:
         return await _attempt_httpx(pool, backend, path, content, read)
     backend.acquire()
+    upstream = backend.upstream
     try:
-        response = await aio.post(
-            backend.session(), backend.aio_urls[path], content, backend.release
-        )
+        if upstream is not None:
+            response: UpstreamResponse = await upstream.post(path, content, backend.release)
+        else:
+            response = await aio.post(
+                backend.session(), backend.aio_urls[path], content, backend.release
+            )
     except BaseException:
         backend.release()
         raise
