@@ -7,7 +7,8 @@ or a worker whose lease was taken over, cannot write a second effect.
 
 These run once per stage of every rollout, so they are single Core statements (UPDATE … RETURNING,
 multi-row INSERT) rather than ORM loads and flushes; on PostgreSQL the transition and its event are
-one statement (`fused`), so a claim, and a finish without rows, is one round trip in autocommit.
+one statement (`fused`), so a claim, and a finish without rows, is one round trip in autocommit,
+run on the driver's cursor with its compiled form kept (`raw_sql`).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from sqlalchemy.orm import Session
 from polar_mq.lifecycle.fused import fenced_update, finish_statement, with_event
 from polar_mq.lifecycle.messages import StageMessage
 from polar_mq.lifecycle.outbox import defer_publish
+from polar_mq.lifecycle.raw_sql import first_row
 from polar_mq.lifecycle.stages import STAGE_STATES, Stage
 from polar_mq.models import Event, EventKind, Job, JobTask, Rollout, RolloutStatus
 from polar_mq.models.base import utcnow
@@ -176,9 +178,13 @@ def claim(
         params["b_now"] = now
     conn = session.connection()
     fused = _fused(conn)
+    row: tuple[Any, ...] | None
     if fused:  # the started event comes with the claim, in the same statement
         params.update(b_at=now, b_detail={})
-    row = conn.execute(_CLAIM_FUSED[stage] if fused else _CLAIM[stage], params).one_or_none()
+        row = first_row(conn, _CLAIM_FUSED[stage], params)
+    else:
+        hit = conn.execute(_CLAIM[stage], params).one_or_none()
+        row = None if hit is None else hit._tuple()  # Row.tuple() warns once per call
     if row is None:
         status_row = conn.execute(
             select(*_RETURNED, R.status).where(R.id == rollout_id)
@@ -191,7 +197,7 @@ def claim(
             found = "stale_attempt"
         _event(session, lost, stage, EventKind.SKIPPED, owner, status=found, attempt=attempt)
         return found
-    rollout = RolloutRef(*row._tuple())  # Row.tuple() is deprecated: a warning per call
+    rollout = RolloutRef(*row)
     if not fused:
         _event(session, rollout, stage, EventKind.STARTED, owner)
     spec, instance = load(session, rollout)
@@ -220,7 +226,7 @@ def _fenced_with_event(
         b_id=claimed.rollout.id, b_busy=busy, b_owner=claimed.owner, b_at=utcnow(),
         b_detail=detail,
     )  # fmt: skip
-    if conn.execute(statement, params).first() is None:
+    if first_row(conn, statement, params) is None:
         raise LeaseLost(f"rollout {claimed.rollout.id} left {claimed.stage} under another owner")
     return True
 
