@@ -80,13 +80,20 @@ class Claimed:
     stage: Stage
 
 
-SpecLoader = Callable[[Session, RolloutRef], tuple[JobSpec, dict[str, Any]]]
+Db = Session | Connection
+"""Where a transition runs: a session's connection, or a bare connection (the runner's claim,
+which spares the session's own bookkeeping on every stage)."""
+SpecLoader = Callable[[Db, RolloutRef], tuple[JobSpec, dict[str, Any]]]
 _RETURNED = [R[f.name] for f in fields(RolloutRef)]
 
 
-def load_spec_and_task(session: Session, rollout: RolloutRef) -> tuple[JobSpec, dict[str, Any]]:
+def connection_of(db: Db) -> Connection:
+    return db if isinstance(db, Connection) else db.connection()
+
+
+def load_spec_and_task(db: Db, rollout: RolloutRef) -> tuple[JobSpec, dict[str, Any]]:
     """The typed job spec and the task instance of a rollout (both immutable once submitted)."""
-    row = session.connection().execute(_SPEC_AND_TASK, {"b_task": rollout.task_id}).one()
+    row = connection_of(db).execute(_SPEC_AND_TASK, {"b_task": rollout.task_id}).one()
     return load_spec(row.spec), row.instance
 
 
@@ -135,10 +142,8 @@ def _rowcount(result: object) -> int:
     return int(cast(CursorResult[Any], result).rowcount)
 
 
-def _event(
-    session: Session, rollout: RolloutRef, stage: Stage, kind: str, owner: str, **detail: Any
-) -> None:
-    session.connection().execute(
+def _event(db: Db, rollout: RolloutRef, stage: Stage, kind: str, owner: str, **detail: Any) -> None:
+    connection_of(db).execute(
         _INSERT_EVENT,
         {
             "job_id": rollout.job_id,
@@ -154,7 +159,7 @@ def _event(
 
 
 def claim(
-    session: Session,
+    db: Db,
     stage: Stage,
     rollout_id: uuid.UUID,
     owner: str,
@@ -176,7 +181,7 @@ def claim(
     }
     if stage is Stage.PREPARE:
         params["b_now"] = now
-    conn = session.connection()
+    conn = connection_of(db)
     fused = _fused(conn)
     row: tuple[Any, ...] | None
     if fused:  # the started event comes with the claim, in the same statement
@@ -195,12 +200,12 @@ def claim(
         found = str(status_row.status)
         if attempt is not None and lost.attempt != attempt:
             found = "stale_attempt"
-        _event(session, lost, stage, EventKind.SKIPPED, owner, status=found, attempt=attempt)
+        _event(conn, lost, stage, EventKind.SKIPPED, owner, status=found, attempt=attempt)
         return found
     rollout = RolloutRef(*row)
     if not fused:
-        _event(session, rollout, stage, EventKind.STARTED, owner)
-    spec, instance = load(session, rollout)
+        _event(conn, rollout, stage, EventKind.STARTED, owner)
+    spec, instance = load(conn, rollout)
     return Claimed(rollout, spec, instance, owner, stage)
 
 

@@ -114,11 +114,15 @@ def _retry_db(fn: Callable[P, T]) -> Callable[P, T]:
 def _claim(
     ctx: WorkerContext, stage: Stage, rollout_id: str, owner: str, attempt: int | None
 ) -> Claimed | str:
-    with unit_of_work(ctx.autocommit_factory) as session:  # one statement: see lifecycle.fused
-        return claim(
-            session, stage, uuid.UUID(rollout_id), owner, ctx.settings.lease_s,
+    # One statement in autocommit (lifecycle.fused) on a bare connection: the claim publishes
+    # nothing after commit, so it needs no session.
+    with ctx.autocommit_engine.connect() as conn:
+        claimed = claim(
+            conn, stage, uuid.UUID(rollout_id), owner, ctx.settings.lease_s,
             ctx.spec_cache, attempt,
         )  # fmt: skip
+        conn.commit()  # a no-op in autocommit; the transaction of other dialects
+        return claimed
 
 
 @_retry_db
