@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, func, select
+from sqlalchemy import ColumnElement, Connection, Row, func, select
 from sqlalchemy.orm import Session
 
 from polar_mq.calls.window import calls_window
@@ -51,6 +52,25 @@ def agent_calls(session: Session, which: AttemptCalls) -> list[LlmCall]:
     """Every agent call of the attempt, in call order (what a trajectory is built from)."""
     query = select(LlmCall).where(*which.conditions()).order_by(LlmCall.seq, LlmCall.created_at)
     return list(session.scalars(query).all())
+
+
+_TRAJECTORY_COLUMNS = (
+    LlmCall.seq, LlmCall.id, LlmCall.prompt_ids, LlmCall.completion_ids, LlmCall.logprobs,
+    LlmCall.finish_reason, LlmCall.policy_version, LlmCall.status_code, LlmCall.engine_request,
+    LlmCall.request, LlmCall.response,
+)  # fmt: skip
+
+
+def agent_call_rows(conn: Connection, which: AttemptCalls) -> Sequence[Row[Any]]:
+    """`agent_calls` as plain rows of what a trajectory is built from, on a bare connection:
+    the build stage reads them for every rollout, and ORM objects (every column, an identity
+    map) cost more than the read itself."""
+    query = (
+        select(*_TRAJECTORY_COLUMNS)
+        .where(*which.conditions())
+        .order_by(LlmCall.seq, LlmCall.created_at)
+    )
+    return conn.execute(query).all()
 
 
 def last_agent_response(session: Session, which: AttemptCalls) -> dict[str, Any] | None:
