@@ -74,6 +74,7 @@ def test_an_attempts_agent_calls_and_what_the_stages_read(
         assert latest is not None and latest >= created
         unbounded = AttemptCalls(rollout, 2)  # no creation time: every day is read
         assert [c.seq for c in agent_calls(session, unbounded)] == [0, 1, 2, 9]
+        assert [r.seq for r in agent_call_rows(session.connection(), unbounded)] == [0, 1, 2, 9]
         nothing = AttemptCalls(rollout, 3, created)
         assert agent_calls(session, nothing) == [] and last_agent_response(session, nothing) is None
         assert list(agent_call_rows(session.connection(), nothing)) == []
