@@ -10,6 +10,7 @@ lived in (`window`: the table is partitioned by day).
 from polar_mq.calls.attempt import (
     AttemptCalls,
     CallSummary,
+    agent_call_rows,
     agent_calls,
     last_agent_response,
     last_call_at,
@@ -20,6 +21,7 @@ from polar_mq.calls.window import calls_window, job_calls_window
 __all__ = [
     "AttemptCalls",
     "CallSummary",
+    "agent_call_rows",
     "agent_calls",
     "calls_window",
     "job_calls_window",

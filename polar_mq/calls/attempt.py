@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, func, select
+from sqlalchemy import ColumnElement, Connection, Row, Select, bindparam, func, select
 from sqlalchemy.orm import Session
 
-from polar_mq.calls.window import calls_window
+from polar_mq.calls.window import calls_window, window_start
 from polar_mq.models import LlmCall
 from polar_mq.tokens import AGENT
 
@@ -29,6 +30,7 @@ class AttemptCalls:
         return cls(rollout.id, rollout.attempt, getattr(rollout, "created_at", None))
 
     def conditions(self) -> list[ColumnElement[bool]]:
+        # `_trajectory_query` states the same conditions with bound parameters: keep in step
         return [
             LlmCall.rollout_id == self.rollout_id,
             LlmCall.attempt == self.attempt,  # never a lost attempt's calls
@@ -51,6 +53,39 @@ def agent_calls(session: Session, which: AttemptCalls) -> list[LlmCall]:
     """Every agent call of the attempt, in call order (what a trajectory is built from)."""
     query = select(LlmCall).where(*which.conditions()).order_by(LlmCall.seq, LlmCall.created_at)
     return list(session.scalars(query).all())
+
+
+_TRAJECTORY_COLUMNS = (
+    LlmCall.seq, LlmCall.id, LlmCall.prompt_ids, LlmCall.completion_ids, LlmCall.logprobs,
+    LlmCall.finish_reason, LlmCall.policy_version, LlmCall.status_code, LlmCall.engine_request,
+    LlmCall.request, LlmCall.response,
+)  # fmt: skip
+
+
+def _trajectory_query(windowed: bool) -> Select[Any]:
+    """`AttemptCalls.conditions` with bound parameters, built once (see `agent_call_rows`)."""
+    conditions = [
+        LlmCall.rollout_id == bindparam("w_rollout", type_=LlmCall.rollout_id.type),
+        LlmCall.attempt == bindparam("w_attempt", type_=LlmCall.attempt.type),
+        LlmCall.purpose == AGENT,
+    ]
+    if windowed:
+        conditions.append(LlmCall.created_at >= bindparam("w_since", type_=LlmCall.created_at.type))
+    query = select(*_TRAJECTORY_COLUMNS).where(*conditions)
+    return query.order_by(LlmCall.seq, LlmCall.created_at)
+
+
+_TRAJECTORY_QUERIES = {windowed: _trajectory_query(windowed) for windowed in (False, True)}
+
+
+def agent_call_rows(conn: Connection, which: AttemptCalls) -> Sequence[Row[Any]]:
+    """`agent_calls` as plain rows of what a trajectory is built from, on a bare connection:
+    the build stage reads them for every rollout, and ORM objects (every column, an identity
+    map) and a query built per call cost more than the read itself."""
+    params: dict[str, Any] = {"w_rollout": which.rollout_id, "w_attempt": which.attempt}
+    if which.created_at is not None:
+        params["w_since"] = window_start(which.created_at)
+    return conn.execute(_TRAJECTORY_QUERIES[which.created_at is not None], params).all()
 
 
 def last_agent_response(session: Session, which: AttemptCalls) -> dict[str, Any] | None:

@@ -29,10 +29,15 @@ def calls_window(created_at: datetime | None, finished_at: datetime | None) -> l
     """Conditions on `LlmCall.created_at` for a rollout created/finished at these times."""
     bounds: list[ColumnElement[bool]] = []
     if created_at is not None:
-        bounds.append(LlmCall.created_at >= created_at - CLOCK_SLACK)
+        bounds.append(LlmCall.created_at >= window_start(created_at))
     if finished_at is not None:
         bounds.append(LlmCall.created_at <= finished_at + CLOCK_SLACK)
     return bounds
+
+
+def window_start(created_at: datetime) -> datetime:
+    """The earliest `created_at` a call of a rollout created at `created_at` may have."""
+    return created_at - CLOCK_SLACK
 
 
 def job_calls_window(job_id: uuid.UUID) -> ColumnElement[bool]:

@@ -7,7 +7,8 @@ or a worker whose lease was taken over, cannot write a second effect.
 
 These run once per stage of every rollout, so they are single Core statements (UPDATE … RETURNING,
 multi-row INSERT) rather than ORM loads and flushes; on PostgreSQL the transition and its event are
-one statement (`fused`), so a claim, and a finish without rows, is one round trip in autocommit.
+one statement (`fused`), so a claim, and a finish without rows, is one round trip in autocommit,
+run on the driver's cursor with its compiled form kept (`raw_sql`).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from sqlalchemy.orm import Session
 from polar_mq.lifecycle.fused import fenced_update, finish_statement, with_event
 from polar_mq.lifecycle.messages import StageMessage
 from polar_mq.lifecycle.outbox import defer_publish
+from polar_mq.lifecycle.raw_sql import first_row
 from polar_mq.lifecycle.stages import STAGE_STATES, Stage
 from polar_mq.models import Event, EventKind, Job, JobTask, Rollout, RolloutStatus
 from polar_mq.models.base import utcnow
@@ -78,13 +80,20 @@ class Claimed:
     stage: Stage
 
 
-SpecLoader = Callable[[Session, RolloutRef], tuple[JobSpec, dict[str, Any]]]
+Db = Session | Connection
+"""Where a transition runs: a session's connection, or a bare connection (the runner's claim,
+which spares the session's own bookkeeping on every stage)."""
+SpecLoader = Callable[[Db, RolloutRef], tuple[JobSpec, dict[str, Any]]]
 _RETURNED = [R[f.name] for f in fields(RolloutRef)]
 
 
-def load_spec_and_task(session: Session, rollout: RolloutRef) -> tuple[JobSpec, dict[str, Any]]:
+def connection_of(db: Db) -> Connection:
+    return db if isinstance(db, Connection) else db.connection()
+
+
+def load_spec_and_task(db: Db, rollout: RolloutRef) -> tuple[JobSpec, dict[str, Any]]:
     """The typed job spec and the task instance of a rollout (both immutable once submitted)."""
-    row = session.connection().execute(_SPEC_AND_TASK, {"b_task": rollout.task_id}).one()
+    row = connection_of(db).execute(_SPEC_AND_TASK, {"b_task": rollout.task_id}).one()
     return load_spec(row.spec), row.instance
 
 
@@ -133,10 +142,8 @@ def _rowcount(result: object) -> int:
     return int(cast(CursorResult[Any], result).rowcount)
 
 
-def _event(
-    session: Session, rollout: RolloutRef, stage: Stage, kind: str, owner: str, **detail: Any
-) -> None:
-    session.connection().execute(
+def _event(db: Db, rollout: RolloutRef, stage: Stage, kind: str, owner: str, **detail: Any) -> None:
+    connection_of(db).execute(
         _INSERT_EVENT,
         {
             "job_id": rollout.job_id,
@@ -152,7 +159,7 @@ def _event(
 
 
 def claim(
-    session: Session,
+    db: Db,
     stage: Stage,
     rollout_id: uuid.UUID,
     owner: str,
@@ -174,11 +181,15 @@ def claim(
     }
     if stage is Stage.PREPARE:
         params["b_now"] = now
-    conn = session.connection()
+    conn = connection_of(db)
     fused = _fused(conn)
+    row: tuple[Any, ...] | None
     if fused:  # the started event comes with the claim, in the same statement
         params.update(b_at=now, b_detail={})
-    row = conn.execute(_CLAIM_FUSED[stage] if fused else _CLAIM[stage], params).one_or_none()
+        row = first_row(conn, _CLAIM_FUSED[stage], params)
+    else:
+        hit = conn.execute(_CLAIM[stage], params).one_or_none()
+        row = None if hit is None else hit._tuple()  # Row.tuple() warns once per call
     if row is None:
         status_row = conn.execute(
             select(*_RETURNED, R.status).where(R.id == rollout_id)
@@ -189,12 +200,12 @@ def claim(
         found = str(status_row.status)
         if attempt is not None and lost.attempt != attempt:
             found = "stale_attempt"
-        _event(session, lost, stage, EventKind.SKIPPED, owner, status=found, attempt=attempt)
+        _event(conn, lost, stage, EventKind.SKIPPED, owner, status=found, attempt=attempt)
         return found
-    rollout = RolloutRef(*row._tuple())  # Row.tuple() is deprecated: a warning per call
+    rollout = RolloutRef(*row)
     if not fused:
-        _event(session, rollout, stage, EventKind.STARTED, owner)
-    spec, instance = load(session, rollout)
+        _event(conn, rollout, stage, EventKind.STARTED, owner)
+    spec, instance = load(conn, rollout)
     return Claimed(rollout, spec, instance, owner, stage)
 
 
@@ -220,7 +231,7 @@ def _fenced_with_event(
         b_id=claimed.rollout.id, b_busy=busy, b_owner=claimed.owner, b_at=utcnow(),
         b_detail=detail,
     )  # fmt: skip
-    if conn.execute(statement, params).first() is None:
+    if first_row(conn, statement, params) is None:
         raise LeaseLost(f"rollout {claimed.rollout.id} left {claimed.stage} under another owner")
     return True
 

@@ -34,8 +34,31 @@ _LOCK_FILE = ".lock"
 _META_FILE = "runtime.json"
 
 
+_PASSWD = "/etc/passwd"
+_members_cache: tuple[tuple[int, int, int], list[AgentIdentity]] | None = None
+
+
 def pool_members() -> list[AgentIdentity]:
-    """The node's pool users in pool order (never uid or gid 0)."""
+    """The node's pool users in pool order (never uid or gid 0).
+
+    Read again only when the passwd file changed (`useradd` rewrites it): every prepare and every
+    release asks, and walking the whole user database each time cost more than the claim itself.
+    """
+    global _members_cache
+    try:
+        st = os.stat(_PASSWD)
+        stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
+    except OSError:
+        return _read_pool_members()  # no passwd file (another NSS source): never cached
+    cached = _members_cache
+    if cached is not None and cached[0] == stamp:
+        return list(cached[1])
+    members = _read_pool_members()
+    _members_cache = (stamp, members)
+    return list(members)
+
+
+def _read_pool_members() -> list[AgentIdentity]:
     members: list[tuple[int, AgentIdentity]] = []
     for entry in pwd.getpwall():
         match = _MEMBER.match(entry.pw_name)
@@ -59,9 +82,10 @@ class AgentPool:
             return None
         holder_of = str(runtime_path)
         with self._locked():
+            claimed = self._claim_files()
             free: AgentIdentity | None = None
             for member in self.members:
-                holder = self._holder(member)
+                holder = self._holder(member) if str(member.uid) in claimed else None
                 if holder == holder_of:
                     return member
                 if free is None and (holder is None or not _still_held(holder, member)):
@@ -82,6 +106,14 @@ class AgentPool:
             for member in self.members:
                 if member.uid == uid and self._holder(member) == str(runtime_path):
                     (self.claims_dir / str(uid)).unlink(missing_ok=True)
+
+    def _claim_files(self) -> set[str]:
+        """The names in the claims directory: a member without a file is free, unread (one
+        listing instead of a read per member of the pool on every claim)."""
+        try:
+            return set(os.listdir(self.claims_dir))
+        except OSError:
+            return set()
 
     def _holder(self, member: AgentIdentity) -> str | None:
         try:

@@ -9,9 +9,11 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from functools import cached_property
+from typing import cast
 
 import httpx
 import redis
+from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from polar_mq import call_receipts
@@ -52,6 +54,12 @@ class WorkerContext:
         factory = make_session_factory(engine.execution_options(isolation_level="AUTOCOMMIT"))
         attach_publisher(factory, self.publisher)
         return factory
+
+    @cached_property
+    def autocommit_engine(self) -> Engine:
+        """The engine of `autocommit_factory`, for a one-statement write that publishes nothing
+        (a claim): a bare connection spares the session's bookkeeping."""
+        return cast(Engine, self.autocommit_factory.kw["bind"])
 
     @cached_property
     def leases(self) -> LeaseKeeper:

@@ -9,9 +9,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from sqlalchemy.orm import Session
-
-from polar_mq.lifecycle.transitions import RolloutRef, load_spec_and_task
+from polar_mq.lifecycle.transitions import Db, RolloutRef, load_spec_and_task
 from polar_mq.spec import JobSpec
 
 
@@ -24,12 +22,12 @@ class SpecCache:
         self.jobs: dict[uuid.UUID, JobSpec] = {}
         self.tasks: dict[int, dict[str, Any]] = {}
 
-    def __call__(self, session: Session, rollout: RolloutRef) -> tuple[JobSpec, dict[str, Any]]:
+    def __call__(self, db: Db, rollout: RolloutRef) -> tuple[JobSpec, dict[str, Any]]:
         """The typed spec (parsed and upgraded once per job and process) and the task."""
         spec = self.jobs.get(rollout.job_id)
         instance = self.tasks.get(rollout.task_id)
         if spec is None or instance is None:
-            spec, instance = load_spec_and_task(session, rollout)
+            spec, instance = load_spec_and_task(db, rollout)
             _put(self.jobs, rollout.job_id, spec, self.max_jobs)
             _put(self.tasks, rollout.task_id, instance, self.max_tasks)
         return spec, instance

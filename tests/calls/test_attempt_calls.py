@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from polar_mq.calls import (
     AttemptCalls,
+    agent_call_rows,
     agent_calls,
     last_agent_response,
     last_call_at,
@@ -61,6 +62,10 @@ def test_an_attempts_agent_calls_and_what_the_stages_read(
     with db_session_factory() as session:
         calls = agent_calls(session, which)
         assert [c.seq for c in calls] == [0, 1, 2]
+        rows = agent_call_rows(session.connection(), which)  # the build stage's read
+        assert [(r.seq, r.id, r.prompt_ids, r.response) for r in rows] == [
+            (c.seq, c.id, c.prompt_ids, c.response) for c in calls
+        ]
         answer = last_agent_response(session, which)
         assert answer is not None and answer["choices"][0]["message"]["content"] == "second"
         summary = summarize(session, which)
@@ -69,6 +74,8 @@ def test_an_attempts_agent_calls_and_what_the_stages_read(
         assert latest is not None and latest >= created
         unbounded = AttemptCalls(rollout, 2)  # no creation time: every day is read
         assert [c.seq for c in agent_calls(session, unbounded)] == [0, 1, 2, 9]
+        assert [r.seq for r in agent_call_rows(session.connection(), unbounded)] == [0, 1, 2, 9]
         nothing = AttemptCalls(rollout, 3, created)
         assert agent_calls(session, nothing) == [] and last_agent_response(session, nothing) is None
+        assert list(agent_call_rows(session.connection(), nothing)) == []
         assert summarize(session, nothing).calls == 0 and last_call_at(session, nothing) is None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import shutil
 import uuid
 from collections.abc import Iterator
@@ -165,3 +166,22 @@ def test_a_grading_command_runs_as_the_runtimes_agent_never_root(open_root: Path
         assert guarded.read_text() == "untouched"
     finally:
         rt.stop()
+
+
+def test_pool_members_are_read_again_when_the_passwd_file_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The members are cached per passwd file version: a user added later is seen."""
+    from polar_mq.runtimes import agent_pool
+
+    passwd = tmp_path / "passwd"
+    passwd.write_text("one\n")
+    entries = [pwd.struct_passwd(("polar-agent-1", "x", 5001, 5001, "", "/", "/bin/sh"))]
+    monkeypatch.setattr(agent_pool, "_PASSWD", str(passwd))
+    monkeypatch.setattr(agent_pool, "_members_cache", None)
+    monkeypatch.setattr(agent_pool.pwd, "getpwall", lambda: list(entries))
+    assert [m.name for m in agent_pool.pool_members()] == ["polar-agent-1"]
+    entries.append(pwd.struct_passwd(("polar-agent-2", "x", 5002, 5002, "", "/", "/bin/sh")))
+    assert [m.name for m in agent_pool.pool_members()] == ["polar-agent-1"]  # cached
+    passwd.write_text("one\ntwo\n")
+    assert [m.name for m in agent_pool.pool_members()] == ["polar-agent-1", "polar-agent-2"]

@@ -126,3 +126,29 @@ def test_a_message_of_an_earlier_attempt_is_a_no_op(
     _build_with(monkeypatch, lambda _ctx, _claimed: pytest.fail("must not run"))
     assert runner.run_stage(ctx, Stage.BUILD, str(rid), "t1", attempt=7) == "skipped:stale_attempt"
     assert _status(db_session_factory, rid) == RolloutStatus.RAN
+
+
+def test_a_dropped_connection_is_retried_then_given_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`OperationalError` is retried (3 attempts in all, short backoff); other errors are not."""
+    from sqlalchemy.exc import OperationalError
+
+    monkeypatch.setattr(runner.time, "sleep", lambda _s: None)
+    calls: list[str] = []
+
+    @runner._retry_db
+    def flaky(fail_times: int, error: Exception) -> str:
+        calls.append("x")
+        if len(calls) <= fail_times:
+            raise error
+        return "ok"
+
+    dropped = OperationalError("SELECT 1", {}, Exception("server closed the connection"))
+    assert flaky(2, dropped) == "ok" and len(calls) == 3
+    calls.clear()
+    with pytest.raises(OperationalError):
+        flaky(3, dropped)
+    assert len(calls) == runner.DB_ATTEMPTS
+    calls.clear()
+    with pytest.raises(ValueError):
+        flaky(1, ValueError("not the database"))
+    assert len(calls) == 1

@@ -10,8 +10,7 @@ from typing import cast
 
 from sqlalchemy import Table
 
-from polar_mq.calls import AttemptCalls, agent_calls
-from polar_mq.db import unit_of_work
+from polar_mq.calls import AttemptCalls, agent_call_rows
 from polar_mq.lifecycle.transitions import Claimed
 from polar_mq.models import TrajectorySample
 from polar_mq.models.base import utcnow
@@ -26,8 +25,8 @@ SAMPLES = cast(Table, TrajectorySample.__table__)
 def load_calls(ctx: WorkerContext, claimed: Claimed) -> list[CapturedCall]:
     """The agent's calls in call order; judge calls (`llm_judge`, e.g. of an earlier attempt) are
     stored with the rollout but are never training data."""
-    with unit_of_work(ctx.session_factory) as session:
-        rows = agent_calls(session, AttemptCalls.of(claimed.rollout))
+    with ctx.autocommit_engine.connect() as conn:  # one read: no BEGIN and COMMIT around it
+        rows = agent_call_rows(conn, AttemptCalls.of(claimed.rollout))
         return [
             CapturedCall(
                 seq=row.seq,

@@ -230,8 +230,8 @@ def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
     if flushed.get("calls_started") == 0:  # the receipts say no call was made: nothing to read
         calls = CallSummary(0, None)
     else:
-        calls = summarize_calls(
-            ctx.session_factory, rollout.id, rollout.attempt, rollout.created_at
+        calls = summarize_calls(  # a read: autocommit spares the BEGIN and ROLLBACK
+            ctx.autocommit_factory, rollout.id, rollout.attempt, rollout.created_at
         )
     budget = spec.max_tokens_per_rollout
     outcome = classify(result, calls, agent_started, flushed.get("started_at"), budget)
