@@ -347,6 +347,14 @@ async def test_the_aiohttp_fallback_is_chosen_by_the_setting() -> None:
         await pool.aclose()
 
 
+async def test_an_https_engine_keeps_the_aiohttp_client() -> None:
+    """TLS to an engine goes through aiohttp's tested handshake, whatever the setting."""
+    pool = BackendPool((PATH,), upstream_client="lean")
+    assert pool.add("https://engine.example:8443").upstream is None
+    assert pool.add("http://127.0.0.1:9").upstream is not None
+    await pool.aclose()
+
+
 class RecordingTransport:
     """Just what `UpstreamConnection` calls on its transport, recorded."""
 

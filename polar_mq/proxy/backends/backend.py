@@ -86,9 +86,10 @@ class Backend:
         """Upstream URL per forwarded API path, parsed once (for an injected transport)."""
         self.aio_urls = {path: URL(self.url + path) for path in paths}
         self.upstream: UpstreamPool | None = None
-        """The generate calls' keep-alive pool (`upstream_client="lean"`, no injected transport);
-        None: they go through the aiohttp session (`aiohttp`, the fallback) or the transport."""
-        if upstream_client == "lean" and transport is None:
+        """The generate calls' keep-alive pool (`upstream_client="lean"`, no injected transport,
+        a plain-HTTP engine: TLS to an engine goes through aiohttp's tested handshake); None:
+        they go through the aiohttp session (`aiohttp`, the fallback) or the transport."""
+        if upstream_client == "lean" and transport is None and self.url.startswith("http://"):
             self.upstream = UpstreamPool(self.url, paths)
         self._session: aiohttp.ClientSession | None = None
         self.in_flight = 0
