@@ -25,18 +25,23 @@ def defer_publish(session: Session, message: StageMessage) -> None:
     session.info.setdefault(_KEY, []).append(message)
 
 
+def publish_committed(publish: Publisher, messages: Sequence[StageMessage]) -> None:
+    """Send `messages`, whose rows are committed (by a session's commit, or a statement in
+    autocommit that returned); a failure is logged, never raised."""
+    if not messages:
+        return
+    try:
+        publish(messages)
+    except Exception:
+        # The rows are committed; a sweeper republishes rollouts left without a message.
+        log.exception("publishing %d stage messages failed after commit", len(messages))
+
+
 def attach_publisher(factory: sessionmaker[Session], publish: Publisher) -> None:
     """Send the deferred messages of every session of `factory` after its commit."""
 
     def _after_commit(session: Session) -> None:
-        pending: list[StageMessage] = session.info.pop(_KEY, [])
-        if not pending:
-            return
-        try:
-            publish(pending)
-        except Exception:
-            # The rows are committed; a sweeper republishes rollouts left without a message.
-            log.exception("publishing %d stage messages failed after commit", len(pending))
+        publish_committed(publish, session.info.pop(_KEY, []))
 
     def _after_rollback(session: Session) -> None:
         session.info.pop(_KEY, None)

@@ -33,7 +33,14 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Session
 
-from polar_mq.lifecycle.fused import fenced_update, finish_statement, with_event
+from polar_mq.lifecycle.fused import (
+    MAX_FUSED_ROWS,
+    RowsShape,
+    fenced_update,
+    finish_statement,
+    row_param,
+    with_event,
+)
 from polar_mq.lifecycle.messages import StageMessage
 from polar_mq.lifecycle.outbox import defer_publish
 from polar_mq.lifecycle.raw_sql import first_row
@@ -215,25 +222,55 @@ def _fused(conn: Connection) -> bool:
 
 
 def _fenced_with_event(
-    session: Session, claimed: Claimed, values: Mapping[str, Any], kind: str, detail: Any
+    db: Db,
+    claimed: Claimed,
+    values: Mapping[str, Any],
+    kind: str,
+    detail: Any,
+    rows: tuple[RowsShape, dict[str, Any]] = ((), {}),
 ) -> bool:
-    """The fenced update plus its event, in one statement where the dialect allows (True), or
-    nothing done (False: the caller runs `_fenced_update` and `_event`)."""
-    conn = session.connection()
+    """The fenced update plus its event (and `rows`, shaped by `_rows_shape`), in one statement
+    where the dialect allows (True), or nothing done (False: the caller runs `_fenced_update`
+    and `_event`)."""
+    conn = connection_of(db)
     if not _fused(conn):
         return False
     values = {"lease_owner": None, "lease_expires_at": None, **values}
     keys = tuple(sorted(values))
-    statement = finish_statement(ROLLOUTS, EVENTS, claimed.stage, kind, keys)
+    shape, row_params = rows
+    statement = finish_statement(ROLLOUTS, EVENTS, claimed.stage, kind, keys, shape)
     _, busy, _ = STAGE_STATES[claimed.stage]
     params = {f"v_{key}": values[key] for key in keys}
     params.update(
         b_id=claimed.rollout.id, b_busy=busy, b_owner=claimed.owner, b_at=utcnow(),
-        b_detail=detail,
+        b_detail=detail, **row_params,
     )  # fmt: skip
     if first_row(conn, statement, params) is None:
         raise LeaseLost(f"rollout {claimed.rollout.id} left {claimed.stage} under another owner")
     return True
+
+
+def _rows_shape(
+    rows: Mapping[Table, list[dict[str, Any]]],
+) -> tuple[RowsShape, dict[str, Any]] | None:
+    """`rows` as the shape and parameters of a fused finish (`fused.with_event`), or None when
+    they do not fit one: more than `MAX_FUSED_ROWS` in a table, rows of different columns, or
+    a column with a Python-side default left out (only `insert(table)` applies those)."""
+    shape: list[tuple[Table, int, tuple[str, ...]]] = []
+    params: dict[str, Any] = {}
+    for table, table_rows in rows.items():
+        if not table_rows:
+            continue
+        columns = tuple(table_rows[0])
+        if len(table_rows) > MAX_FUSED_ROWS or any(tuple(r) != columns for r in table_rows):
+            return None
+        if any(c.default is not None and c.name not in columns for c in table.columns):
+            return None
+        shape.append((table, len(table_rows), columns))
+        for i, row in enumerate(table_rows):
+            for column in columns:
+                params[row_param(table, i, column)] = row[column]
+    return tuple(shape), params
 
 
 def _fenced_update(session: Session, claimed: Claimed, values: Mapping[str, Any]) -> None:
@@ -251,6 +288,13 @@ def _fenced_update(session: Session, claimed: Claimed, values: Mapping[str, Any]
         raise LeaseLost(f"rollout {claimed.rollout.id} left {claimed.stage} under another owner")
 
 
+def _finished_values(claimed: Claimed, values: dict[str, Any]) -> dict[str, Any]:
+    _, _, done = STAGE_STATES[claimed.stage]
+    if done in RolloutStatus.TERMINAL:
+        values = {**values, "finished_at": utcnow()}
+    return {"status": done, **values}
+
+
 def finish(
     session: Session,
     claimed: Claimed,
@@ -260,10 +304,7 @@ def finish(
     next_message: StageMessage | None,
 ) -> None:
     """Record the stage's result and hand the rollout to the next stage (after commit)."""
-    _, _, done = STAGE_STATES[claimed.stage]
-    if done in RolloutStatus.TERMINAL:
-        values = {**values, "finished_at": utcnow()}
-    values = {"status": done, **values}
+    values = _finished_values(claimed, values)
     if not _fenced_with_event(session, claimed, values, EventKind.FINISHED, detail):
         _fenced_update(session, claimed, values)
         _event(session, claimed.rollout, claimed.stage, EventKind.FINISHED, claimed.owner, **detail)
@@ -272,6 +313,23 @@ def finish(
             session.connection().execute(insert(table), table_rows)
     if next_message is not None:
         defer_publish(session, next_message)
+
+
+def finish_in_one(
+    conn: Connection,
+    claimed: Claimed,
+    values: dict[str, Any],
+    rows: Mapping[Table, list[dict[str, Any]]],
+    detail: dict[str, Any],
+) -> bool:
+    """`finish` as one statement, rows included (PostgreSQL, rows that fit `_rows_shape`): atomic
+    on its own, so the runner sends it in autocommit on a bare connection and publishes the
+    next stage itself once it returned. False, and nothing done, when it cannot be one."""
+    shaped = _rows_shape(rows) if _fused(conn) else None
+    if shaped is None:
+        return False
+    values = _finished_values(claimed, values)
+    return _fenced_with_event(conn, claimed, values, EventKind.FINISHED, detail, shaped)
 
 
 def fail(session: Session, claimed: Claimed, reason: str, error: str) -> None:

@@ -23,9 +23,18 @@ from polar_mq.db import unit_of_work
 from polar_mq.imports import allowing
 from polar_mq.lifecycle.early_stop import after_rollout_ended
 from polar_mq.lifecycle.messages import StageMessage
+from polar_mq.lifecycle.outbox import publish_committed
 from polar_mq.lifecycle.recovery import backoff_s, restart_claimed, retry_in_place
 from polar_mq.lifecycle.stages import NEXT_STAGE, STAGE_STATES, Stage
-from polar_mq.lifecycle.transitions import Claimed, LeaseLost, claim, fail, finish, runtime_released
+from polar_mq.lifecycle.transitions import (
+    Claimed,
+    LeaseLost,
+    claim,
+    fail,
+    finish,
+    finish_in_one,
+    runtime_released,
+)
 from polar_mq.models import RolloutStatus, TerminationReason
 from polar_mq.observability import context as log_context
 from polar_mq.observability.stage_metrics import observe_outcome
@@ -134,6 +143,34 @@ def _commit(ctx: WorkerContext, write: Callable[[Session], T], atomic: bool = Tr
         return write(session)
 
 
+def _finish(
+    ctx: WorkerContext, claimed: Claimed, outcome: StageOutcome, next_message: StageMessage | None
+) -> None:
+    """Commit the stage's result, then publish the next stage.
+
+    On PostgreSQL the whole finish, rows included, is one statement (`finish_in_one`), sent in
+    autocommit on a bare connection: no BEGIN and COMMIT round trips, no session; the next
+    stage is published once it returned. Otherwise (or with more rows than one statement
+    carries) a transaction, publishing after its commit."""
+    if _finish_in_one(ctx, claimed, outcome):
+        publish_committed(ctx.publisher, [next_message] if next_message is not None else [])
+        return
+    _commit(
+        ctx,
+        lambda session: finish(
+            session, claimed, outcome.values, outcome.rows, outcome.detail, next_message
+        ),
+    )
+
+
+@_retry_db
+def _finish_in_one(ctx: WorkerContext, claimed: Claimed, outcome: StageOutcome) -> bool:
+    with ctx.autocommit_engine.connect() as conn:
+        done = finish_in_one(conn, claimed, outcome.values, outcome.rows, outcome.detail)
+        conn.commit()  # a no-op in autocommit
+        return done
+
+
 def run_stage(
     ctx: WorkerContext,
     stage: Stage,
@@ -171,13 +208,7 @@ def run_stage(
         observe_outcome(stage, outcome.detail)
         try:
             next_message = _next_message(ctx, claimed, outcome)
-            _commit(
-                ctx,
-                lambda session: finish(
-                    session, claimed, outcome.values, outcome.rows, outcome.detail, next_message
-                ),
-                atomic=any(outcome.rows.values()),  # without rows: one fused statement
-            )
+            _finish(ctx, claimed, outcome, next_message)
         except LeaseLost:
             log.warning("%s of %s: lease lost, result discarded", stage, rollout_id)
             if stage in RUNTIME_STAGES:

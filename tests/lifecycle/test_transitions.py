@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from polar_mq.db import make_session_factory, unit_of_work
 from polar_mq.jobs.schemas import JobCreate
 from polar_mq.jobs.service import create_job
+from polar_mq.lifecycle.fused import MAX_FUSED_ROWS
 from polar_mq.lifecycle.messages import StageMessage
 from polar_mq.lifecycle.outbox import attach_publisher
 from polar_mq.lifecycle.stages import Stage
-from polar_mq.lifecycle.transitions import Claimed, LeaseLost, claim, fail, finish
-from polar_mq.models import Event, Rollout, RolloutStatus
+from polar_mq.lifecycle.transitions import Claimed, LeaseLost, claim, fail, finish, finish_in_one
+from polar_mq.models import Event, Rollout, RolloutStatus, TrajectorySample
+from polar_mq.models.base import utcnow
+from polar_mq.workers.stages.build import SAMPLES
 
 
 def _one_rollout(factory: sessionmaker[Session]) -> uuid.UUID:
@@ -105,3 +109,89 @@ def test_in_autocommit_a_fenced_out_finish_writes_and_sends_nothing(
             ("submitted", None),
         ]
         assert [d for k, _, d in events if k == "finished"] == [{"ok": True}]
+
+
+def _claimed_build(factory: sessionmaker[Session], owner: str = "w1") -> Claimed:
+    rid = _one_rollout(factory)
+    with unit_of_work(factory) as session:
+        session.execute(update(Rollout).where(Rollout.id == rid).values(status=RolloutStatus.RAN))
+    with unit_of_work(factory) as session:
+        won = claim(session, Stage.BUILD, rid, owner, 60)
+    assert isinstance(won, Claimed)
+    return won
+
+
+def _sample(claimed: Claimed, index: int, messages: Any = None) -> dict[str, Any]:
+    return {
+        "rollout_id": claimed.rollout.id,
+        "attempt": claimed.rollout.attempt,
+        "sample_index": index,
+        "builder": "per_call",
+        "prompt_ids": [1, 2, index],
+        "response_ids": [3],
+        "loss_mask": [1],
+        "logprobs": None,  # a NULL: typed by its column, not taken for text
+        "messages": messages,
+        "metadata": {"i": index},
+        "created_at": utcnow(),
+    }
+
+
+def test_a_finish_with_rows_is_one_statement_fenced_by_owner(
+    db_session_factory: sessionmaker[Session],
+) -> None:
+    """`finish_in_one` (the worker's finish, in autocommit): the rows come with the update and
+    its event, and a fenced-out finish leaves none of the three."""
+    engine = db_session_factory.kw["bind"]
+    auto = engine.execution_options(isolation_level="AUTOCOMMIT")
+    won = _claimed_build(db_session_factory)
+    rid = won.rollout.id
+    impostor = Claimed(won.rollout, won.spec, won.instance, "w2", Stage.BUILD)
+    rows = {SAMPLES: [_sample(won, 0, [{"role": "user"}]), _sample(won, 1)]}
+    with pytest.raises(LeaseLost), auto.connect() as conn:
+        finish_in_one(conn, impostor, {"n_llm_calls": 9}, rows, {"x": 1})
+    with db_session_factory() as session:
+        assert session.scalars(select(TrajectorySample).where(_of(rid))).all() == []
+    with auto.connect() as conn:
+        assert finish_in_one(conn, won, {"n_llm_calls": 2}, rows, {"samples": 2})
+    with db_session_factory() as session:
+        rollout = session.get_one(Rollout, rid)
+        assert (rollout.status, rollout.n_llm_calls, rollout.lease_owner) == ("built", 2, None)
+        samples = session.scalars(
+            select(TrajectorySample).where(_of(rid)).order_by(TrajectorySample.sample_index)
+        ).all()
+        assert [(s.prompt_ids, s.logprobs, s.messages, s.meta) for s in samples] == [
+            ([1, 2, 0], None, [{"role": "user"}], {"i": 0}),
+            ([1, 2, 1], None, None, {"i": 1}),
+        ]
+        finished = session.scalars(
+            select(Event.detail).where(Event.rollout_id == rid, Event.kind == "finished")
+        ).all()
+        assert finished == [{"samples": 2}]
+
+
+def test_a_finish_that_does_not_fit_one_statement_does_nothing(
+    db_session_factory: sessionmaker[Session],
+) -> None:
+    """Too many rows, or a row leaving out a column with a Python default: False, nothing done
+    (the runner then finishes in a transaction)."""
+    engine = db_session_factory.kw["bind"]
+    auto = engine.execution_options(isolation_level="AUTOCOMMIT")
+    won = _claimed_build(db_session_factory)
+    many = {SAMPLES: [_sample(won, i) for i in range(MAX_FUSED_ROWS + 1)]}
+    no_default = dict(_sample(won, 0))
+    del no_default["metadata"]
+    with auto.connect() as conn:
+        assert not finish_in_one(conn, won, {}, many, {})
+        assert not finish_in_one(conn, won, {}, {SAMPLES: [no_default]}, {})
+    with db_session_factory() as session:
+        assert session.get_one(Rollout, won.rollout.id).status == RolloutStatus.BUILDING
+    with unit_of_work(db_session_factory) as session:  # the transaction takes them all
+        finish(session, won, {}, many, {}, None)
+    with db_session_factory() as session:
+        count = session.scalar(select(func.count()).where(_of(won.rollout.id)))
+        assert count == MAX_FUSED_ROWS + 1
+
+
+def _of(rid: uuid.UUID) -> Any:
+    return TrajectorySample.rollout_id == rid
