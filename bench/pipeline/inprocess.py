@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import collections
 import cProfile
+import os
 import statistics
 import tempfile
 import time
@@ -24,7 +25,9 @@ from pathlib import Path
 from bench.pipeline.infra import fresh_database, stack_settings
 from bench.pipeline.measure import NOOP_HARNESS, job_spec
 from bench.pipeline.run import DEFAULT_PG, DEFAULT_REDIS, GROUP
+from polar_mq.config import get_settings
 from polar_mq.db import unit_of_work
+from polar_mq.devstack import settings_env
 from polar_mq.jobs.schemas import JobCreate
 from polar_mq.jobs.service import create_job
 from polar_mq.lifecycle.messages import StageMessage
@@ -49,13 +52,15 @@ def main(argv: list[str] | None = None) -> int:
         fresh_database(opts.pg_admin_url) as (db_url, _),
     ):
         settings = stack_settings(tag, db_url, opts.redis_url, Path(tmp), free_port())
+        os.environ.update(settings_env(settings))  # what a stage worker's process is given
+        get_settings.cache_clear()
         queue: collections.deque[StageMessage] = collections.deque()
 
         def publish(messages: Sequence[StageMessage]) -> None:
             queue.extend(messages)
 
         ctx = WorkerContext(settings, publish)
-        profiler = cProfile.Profile() if opts.profile else None
+        profiler = cProfile.Profile(time.thread_time) if opts.profile else None
         _run(ctx, queue, opts.warmup, None)
         runs = [_run(ctx, queue, opts.rollouts, profiler) for _ in range(opts.repeats)]
         print(f"{opts.rollouts} no-op rollouts x {opts.repeats} runs, CPU ms per rollout:")

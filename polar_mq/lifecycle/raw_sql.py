@@ -19,7 +19,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
-from sqlalchemy import Connection, Select
+from psycopg.pq import ExecStatus
+from sqlalchemy import Connection, Insert, Select
 from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql.compiler import Compiled
@@ -27,7 +28,7 @@ from sqlalchemy.sql.compiler import Compiled
 
 @dataclass(frozen=True, slots=True)
 class _Entry:
-    statement: Select[Any]
+    statement: Statement
     """Held so that the `id` it is cached under is never reused by another statement."""
     dialect: Dialect
     compiled: Compiled
@@ -35,10 +36,12 @@ class _Entry:
     processors: Mapping[str, Callable[[Any], Any]]
 
 
+Statement = Select[Any] | Insert
 _compiled: dict[tuple[int, int], _Entry] = {}
+_TUPLES_OK = ExecStatus.TUPLES_OK
 
 
-def _entry(statement: Select[Any], dialect: Dialect) -> _Entry:
+def _entry(statement: Statement, dialect: Dialect) -> _Entry:
     key = (id(statement), id(dialect))
     entry = _compiled.get(key)
     if entry is None:
@@ -50,14 +53,16 @@ def _entry(statement: Select[Any], dialect: Dialect) -> _Entry:
 
 
 def first_row(
-    conn: Connection, statement: Select[Any], params: Mapping[str, Any]
+    conn: Connection, statement: Statement, params: Mapping[str, Any]
 ) -> tuple[Any, ...] | None:
-    """The first row of `statement` run with `params` on `conn` (None if it returned none).
+    """The first row of `statement` run with `params` on `conn` (None if it returned none, or
+    returns no rows: an INSERT without RETURNING).
 
     `statement` must be long-lived (a module constant or cached): its compiled form is kept.
     """
     if conn.dialect.driver != "psycopg":
-        row = conn.execute(statement, dict(params)).first()
+        result = conn.execute(statement, dict(params))
+        row = result.first() if result.returns_rows else None
         return None if row is None else tuple(row)
     entry = _entry(statement, conn.dialect)
     if not conn.in_transaction():
@@ -72,7 +77,8 @@ def first_row(
     cursor = raw.cursor()
     try:
         cursor.execute(entry.sql, values)
-        found = cursor.fetchone() if cursor.description is not None else None
+        result = cursor.pgresult  # not `description`: it builds an object per column
+        found = cursor.fetchone() if result is not None and result.status == _TUPLES_OK else None
     except dbapi_error as error:
         disconnected = conn.dialect.is_disconnect(cast(Any, error), raw, None)
         if disconnected:

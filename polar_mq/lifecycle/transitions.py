@@ -111,7 +111,11 @@ _SPEC_AND_TASK = (
 )
 
 
-_INSERT_EVENT = insert(EVENTS)
+_EVENT_KEYS = ("job_id", "rollout_id", "stage", "kind", "attempt", "worker", "at", "detail")
+_INSERT_EVENT = insert(EVENTS).values(
+    {k: bindparam(k, type_=EVENTS.c[k].type) for k in _EVENT_KEYS}
+)
+"""One event row, a constant statement: it runs on the driver's cursor (`raw_sql`)."""
 
 
 def _claim_statement(stage: Stage) -> Update:
@@ -150,7 +154,8 @@ def _rowcount(result: object) -> int:
 
 
 def _event(db: Db, rollout: RolloutRef, stage: Stage, kind: str, owner: str, **detail: Any) -> None:
-    connection_of(db).execute(
+    first_row(
+        connection_of(db),
         _INSERT_EVENT,
         {
             "job_id": rollout.job_id,
@@ -347,16 +352,13 @@ def fail(session: Session, claimed: Claimed, reason: str, error: str) -> None:
         _event(session, claimed.rollout, claimed.stage, EventKind.FAILED, claimed.owner, **detail)
 
 
-def runtime_released(session: Session, claimed: Claimed, detail: dict[str, Any]) -> None:
+def runtime_released(db: Db, claimed: Claimed, detail: dict[str, Any]) -> None:
     """Log how the rollout's runtime ended (recycled or destroyed, and how long it took).
 
     A separate event, not part of the stage's `finished` one: the runtime is released only once
     that result is committed.
     """
-    _event(
-        session, claimed.rollout, claimed.stage, EventKind.RUNTIME_RELEASED, claimed.owner,
-        **detail,
-    )  # fmt: skip
+    _event(db, claimed.rollout, claimed.stage, EventKind.RUNTIME_RELEASED, claimed.owner, **detail)
 
 
 def renew_lease(

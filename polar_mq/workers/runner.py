@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Callable
 from typing import ParamSpec, TypeVar
 
+from sqlalchemy import Connection
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
@@ -73,7 +74,7 @@ def _release_runtime(ctx: WorkerContext, claimed: Claimed, reusable: bool = Fals
         detail = release_runtime(
             ctx.settings, ctx.warm_pool, runtime_spec, claimed.rollout, reusable=reusable
         )
-        _commit(ctx, lambda session: runtime_released(session, claimed, detail), atomic=False)
+        _on_connection(ctx, lambda conn: runtime_released(conn, claimed, detail))
     except Exception:
         log.exception("releasing the runtime of rollout %s failed", claimed.rollout.id)
     try:  # on its own: a failed release above must not keep the grader alive
@@ -117,6 +118,15 @@ def _retry_db(fn: Callable[P, T]) -> Callable[P, T]:
         raise AssertionError("unreachable")
 
     return wrapper
+
+
+@_retry_db
+def _on_connection(ctx: WorkerContext, write: Callable[[Connection], T]) -> T:
+    """Run `write`, one statement that publishes nothing, in autocommit on a bare connection."""
+    with ctx.autocommit_engine.connect() as conn:
+        result = write(conn)
+        conn.commit()  # a no-op in autocommit; the transaction of other dialects
+        return result
 
 
 @_retry_db
