@@ -1,0 +1,77 @@
+"""Stage messages published straight through kombu are the messages Celery's `send_task` sends:
+the same task protocol headers (a worker's task events, which Flower shows, read `argsrepr`), body
+and properties, on the same queue."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from polar_mq.config import Settings
+from polar_mq.lifecycle.messages import StageMessage, queue_name
+from polar_mq.lifecycle.stages import Stage
+from polar_mq.observability.stage_metrics import DUE_HEADER
+from polar_mq.workers.celery_app import (
+    PolarCelery,
+    _declared,
+    create_celery,
+    publish_messages,
+)
+
+PER_MESSAGE = {"id", "root_id", "correlation_id", "origin", DUE_HEADER}
+"""What differs between any two messages (ids, the publisher's name, when it is due)."""
+
+
+def _take(app: PolarCelery, queue: str) -> Any:
+    with app.connection_for_read() as conn:
+        channel = conn.default_channel
+        raw = channel.basic_get(queue=queue, no_ack=True)
+        assert raw is not None
+        return channel.message_to_python(raw)
+
+
+def _shape(message: Any) -> tuple[dict[str, Any], Any, dict[str, Any]]:
+    headers = {k: v for k, v in message.headers.items() if k not in PER_MESSAGE}
+    properties = {
+        k: v for k, v in message.properties.items() if k not in PER_MESSAGE | {"delivery_tag"}
+    }
+    return headers, message.decode(), properties
+
+
+def test_a_direct_publish_is_the_message_send_task_sends() -> None:
+    app = create_celery(Settings(broker_url="memory://", queue_prefix=f"pub{uuid.uuid4().hex[:6]}"))
+    try:
+        rid = uuid.uuid4()
+        msg = StageMessage(Stage.BUILD, rid, "p", "n1", attempt=2, retries=1, priority=7)
+        queue = queue_name(app.polar_settings.queue_prefix, Stage.BUILD, "p", "n1")
+        with app.producer_or_acquire() as producer:
+            assert not _declared(producer, app.amqp.queues[queue])
+        publish_messages(app, [msg])
+        with app.producer_or_acquire() as producer:  # declared once per connection
+            assert _declared(producer, app.amqp.queues[queue])
+        direct = _take(app, queue)
+        app.send_task(
+            Stage.BUILD.task_name,
+            args=[str(rid)],
+            kwargs={"attempt": 2, "retries": 1},
+            queue=queue,
+            headers={DUE_HEADER: 0.0},
+        )
+        celery = _take(app, queue)
+        assert _shape(direct) == _shape(celery)
+        assert direct.headers["argsrepr"] == repr([str(rid)])
+        assert direct.headers["id"] == direct.properties["correlation_id"]
+        assert direct.headers[DUE_HEADER] > 0
+    finally:
+        app.close()
+
+
+def test_a_message_with_a_countdown_still_gets_its_eta() -> None:
+    app = create_celery(Settings(broker_url="memory://", queue_prefix=f"pub{uuid.uuid4().hex[:6]}"))
+    try:
+        msg = StageMessage(Stage.BUILD, uuid.uuid4(), "p", "n1", attempt=1, countdown=30.0)
+        publish_messages(app, [msg])
+        taken = _take(app, queue_name(app.polar_settings.queue_prefix, Stage.BUILD, "p", "n1"))
+        assert taken.headers["eta"] is not None
+    finally:
+        app.close()
