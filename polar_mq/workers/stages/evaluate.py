@@ -18,7 +18,6 @@ from typing import Any, cast
 from sqlalchemy import Table
 
 from polar_mq.calls import AttemptCalls, last_agent_response
-from polar_mq.db import unit_of_work
 from polar_mq.evaluators import (
     EvalContext,
     LlmEndpoint,
@@ -41,7 +40,7 @@ EVALUATIONS = cast(Table, Evaluation.__table__)
 
 
 def _last_assistant_text(ctx: WorkerContext, claimed: Claimed) -> str | None:
-    with unit_of_work(ctx.session_factory) as session:
+    with ctx.autocommit_factory() as session:  # one read: no BEGIN and COMMIT around it
         response = last_agent_response(session, AttemptCalls.of(claimed.rollout))
     if not response:
         return None
