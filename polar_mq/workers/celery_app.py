@@ -210,7 +210,7 @@ def _publish_conf(app: PolarCelery) -> tuple[bool, dict[str, Any], Any]:
             dict(conf.task_publish_retry_policy or {}),
             conf.task_default_delivery_mode,
         )
-        app._polar_publish_conf = cached  # type: ignore[attr-defined]
+        app._polar_publish_conf = cached
     return cached
 
 

@@ -164,10 +164,8 @@ def test_a_finish_with_rows_is_one_statement_fenced_by_owner(
             ([1, 2, 0], None, [{"role": "user"}], {"i": 0}),
             ([1, 2, 1], None, None, {"i": 1}),
         ]
-        finished = session.scalars(
-            select(Event.detail).where(Event.rollout_id == rid, Event.kind == "finished")
-        ).all()
-        assert finished == [{"samples": 2}]
+        finished = select(Event.detail).where(Event.rollout_id == rid, Event.kind == "finished")
+        assert list(session.scalars(finished)) == [{"samples": 2}]
 
 
 def test_a_finish_that_does_not_fit_one_statement_does_nothing(
