@@ -189,7 +189,7 @@ def _publish_now(
         routing_key=target.name,
         serializer="json",
         headers=message_headers,
-        declare=[] if _declared(producer, target) else [target],
+        declare=[] if _declared(app, producer, target) else [target],
         delivery_mode=target.exchange.delivery_mode or delivery_mode,
         retry=retry,
         retry_policy=retry_policy,
@@ -214,10 +214,14 @@ def _publish_conf(app: PolarCelery) -> tuple[bool, dict[str, Any], Any]:
     return cached
 
 
-def _declared(producer: Producer, queue: Queue) -> bool:
-    """Whether kombu already declared `queue` on the producer's current connection (its own
-    cache, emptied on every reconnect). `publish(declare=...)` asks the same, but binds a copy
-    of the queue to the channel first, on every message."""
+def _declared(app: PolarCelery, producer: Producer, queue: Queue) -> bool:
+    """Whether `queue` needs no declaring with this message: on Redis, once kombu declared it
+    on the current connection (its own cache, emptied on every reconnect). `publish(declare=)`
+    asks the same, but binds a copy of the queue to the channel first, on every message. Other
+    brokers keep kombu's check inside the publish, which a reconnect retried there repeats (a
+    queue an AMQP broker lost must be declared again on the new connection)."""
+    if app.polar_broker_kind is not BrokerKind.REDIS:
+        return False
     connection = getattr(producer.channel, "connection", None)
     client = getattr(connection, "client", None)
     declared = getattr(client, "declared_entities", None)

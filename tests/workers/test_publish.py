@@ -4,8 +4,11 @@ and properties, on the same queue."""
 
 from __future__ import annotations
 
+import os
 import uuid
 from typing import Any
+
+import pytest
 
 from polar_mq.config import Settings
 from polar_mq.lifecycle.messages import StageMessage, queue_name
@@ -17,7 +20,9 @@ from polar_mq.workers.celery_app import (
     create_celery,
     publish_messages,
 )
+from polar_mq.workers.priority import BrokerKind, broker_priority
 
+REDIS_URL = os.environ.get("POLAR_MQ_TEST_REDIS", "redis://127.0.0.1:6379")
 PER_MESSAGE = {"id", "root_id", "correlation_id", "origin", DUE_HEADER}
 """What differs between any two messages (ids, the publisher's name, when it is due)."""
 
@@ -38,17 +43,20 @@ def _shape(message: Any) -> tuple[dict[str, Any], Any, dict[str, Any]]:
     return headers, message.decode(), properties
 
 
-def test_a_direct_publish_is_the_message_send_task_sends() -> None:
-    app = create_celery(Settings(broker_url="memory://", queue_prefix=f"pub{uuid.uuid4().hex[:6]}"))
+@pytest.mark.parametrize("broker", ["memory://", f"{REDIS_URL}/0"])
+def test_a_direct_publish_is_the_message_send_task_sends(broker: str) -> None:
+    app = create_celery(Settings(broker_url=broker, queue_prefix=f"pub{uuid.uuid4().hex[:6]}"))
+    kind = app.polar_broker_kind
+    priority = broker_priority(7, kind)
     try:
         rid = uuid.uuid4()
         msg = StageMessage(Stage.BUILD, rid, "p", "n1", attempt=2, retries=1, priority=7)
         queue = queue_name(app.polar_settings.queue_prefix, Stage.BUILD, "p", "n1")
         with app.producer_or_acquire() as producer:
-            assert not _declared(producer, app.amqp.queues[queue])
+            assert not _declared(app, producer, app.amqp.queues[queue])
         publish_messages(app, [msg])
-        with app.producer_or_acquire() as producer:  # declared once per connection
-            assert _declared(producer, app.amqp.queues[queue])
+        with app.producer_or_acquire() as producer:  # declared once per connection on Redis
+            assert _declared(app, producer, app.amqp.queues[queue]) is (kind is BrokerKind.REDIS)
         direct = _take(app, queue)
         app.send_task(
             Stage.BUILD.task_name,
@@ -56,13 +64,16 @@ def test_a_direct_publish_is_the_message_send_task_sends() -> None:
             kwargs={"attempt": 2, "retries": 1},
             queue=queue,
             headers={DUE_HEADER: 0.0},
+            **({} if priority is None else {"priority": priority}),
         )
-        celery = _take(app, queue)
+        celery = _take(app, queue)  # the same message, priority included
         assert _shape(direct) == _shape(celery)
         assert direct.headers["argsrepr"] == repr([str(rid)])
         assert direct.headers["id"] == direct.properties["correlation_id"]
         assert direct.headers[DUE_HEADER] > 0
     finally:
+        with app.connection_for_write() as conn:
+            conn.default_channel.queue_delete(queue)
         app.close()
 
 
