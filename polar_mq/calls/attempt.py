@@ -12,6 +12,7 @@ from sqlalchemy import ColumnElement, Connection, Row, Select, bindparam, func, 
 from sqlalchemy.orm import Session
 
 from polar_mq.calls.window import calls_window, window_start
+from polar_mq.lifecycle.raw_sql import first_row
 from polar_mq.models import LlmCall
 from polar_mq.tokens import AGENT
 
@@ -49,6 +50,26 @@ class CallSummary:
     """Completion tokens of those calls (what `max_tokens_per_rollout` bounds)."""
 
 
+def _bound_conditions(windowed: bool) -> list[ColumnElement[bool]]:
+    """`AttemptCalls.conditions` with bound parameters (`w_rollout`, `w_attempt`, `w_since`),
+    for statements built once."""
+    conditions = [
+        LlmCall.rollout_id == bindparam("w_rollout", type_=LlmCall.rollout_id.type),
+        LlmCall.attempt == bindparam("w_attempt", type_=LlmCall.attempt.type),
+        LlmCall.purpose == AGENT,
+    ]
+    if windowed:
+        conditions.append(LlmCall.created_at >= bindparam("w_since", type_=LlmCall.created_at.type))
+    return conditions
+
+
+def _bound_params(which: AttemptCalls) -> dict[str, Any]:
+    params: dict[str, Any] = {"w_rollout": which.rollout_id, "w_attempt": which.attempt}
+    if which.created_at is not None:
+        params["w_since"] = window_start(which.created_at)
+    return params
+
+
 def agent_calls(session: Session, which: AttemptCalls) -> list[LlmCall]:
     """Every agent call of the attempt, in call order (what a trajectory is built from)."""
     query = select(LlmCall).where(*which.conditions()).order_by(LlmCall.seq, LlmCall.created_at)
@@ -64,14 +85,7 @@ _TRAJECTORY_COLUMNS = (
 
 def _trajectory_query(windowed: bool) -> Select[Any]:
     """`AttemptCalls.conditions` with bound parameters, built once (see `agent_call_rows`)."""
-    conditions = [
-        LlmCall.rollout_id == bindparam("w_rollout", type_=LlmCall.rollout_id.type),
-        LlmCall.attempt == bindparam("w_attempt", type_=LlmCall.attempt.type),
-        LlmCall.purpose == AGENT,
-    ]
-    if windowed:
-        conditions.append(LlmCall.created_at >= bindparam("w_since", type_=LlmCall.created_at.type))
-    query = select(*_TRAJECTORY_COLUMNS).where(*conditions)
+    query = select(*_TRAJECTORY_COLUMNS).where(*_bound_conditions(windowed))
     return query.order_by(LlmCall.seq, LlmCall.created_at)
 
 
@@ -82,10 +96,9 @@ def agent_call_rows(conn: Connection, which: AttemptCalls) -> Sequence[Row[Any]]
     """`agent_calls` as plain rows of what a trajectory is built from, on a bare connection:
     the build stage reads them for every rollout, and ORM objects (every column, an identity
     map) and a query built per call cost more than the read itself."""
-    params: dict[str, Any] = {"w_rollout": which.rollout_id, "w_attempt": which.attempt}
-    if which.created_at is not None:
-        params["w_since"] = window_start(which.created_at)
-    return conn.execute(_TRAJECTORY_QUERIES[which.created_at is not None], params).all()
+    return conn.execute(
+        _TRAJECTORY_QUERIES[which.created_at is not None], _bound_params(which)
+    ).all()
 
 
 def last_agent_response(session: Session, which: AttemptCalls) -> dict[str, Any] | None:
@@ -100,15 +113,27 @@ def last_agent_response(session: Session, which: AttemptCalls) -> dict[str, Any]
     return response
 
 
-def summarize(session: Session, which: AttemptCalls) -> CallSummary:
-    """Count, last status and completion tokens of the attempt's agent calls, in one query."""
-    mine = which.conditions()
+def _summary_query(windowed: bool) -> Select[Any]:
+    mine = _bound_conditions(windowed)
     last = (
         select(LlmCall.status_code).where(*mine).order_by(LlmCall.seq.desc()).limit(1)
     ).scalar_subquery()
     tokens = func.coalesce(func.sum(func.length(LlmCall.completion_ids)), 0)  # 4 bytes each
-    query = select(func.count(), last, tokens).select_from(LlmCall).where(*mine)
-    row = session.execute(query).one()
+    return select(func.count(), last, tokens).select_from(LlmCall).where(*mine)
+
+
+_SUMMARY_QUERIES = {windowed: _summary_query(windowed) for windowed in (False, True)}
+
+
+def summarize(db: Session | Connection, which: AttemptCalls) -> CallSummary:
+    """Count, last status and completion tokens of the attempt's agent calls, in one query.
+
+    A statement built once, run on the driver's cursor (`raw_sql`): the run-agent stage asks
+    this after every agent that made calls."""
+    conn = db if isinstance(db, Connection) else db.connection()
+    query = _SUMMARY_QUERIES[which.created_at is not None]
+    row = first_row(conn, query, _bound_params(which))
+    assert row is not None  # an aggregate always returns its row
     return CallSummary(int(row[0]), row[1], int(row[2] or 0) // 4)
 
 

@@ -24,7 +24,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy import Engine
 
 from polar_mq.calls import AttemptCalls, CallSummary, summarize
 from polar_mq.models import TerminationReason
@@ -46,14 +46,15 @@ class AgentOutcome:
 
 
 def summarize_calls(
-    session_factory: sessionmaker[Session],
+    engine: Engine,
     rollout_id: uuid.UUID,
     attempt: int,
     created_at: datetime | None = None,
 ) -> CallSummary:
-    """How many agent calls the attempt made and the status of its last one (one query)."""
-    with session_factory() as session:
-        return summarize(session, AttemptCalls(rollout_id, attempt, created_at))
+    """How many agent calls the attempt made and the status of its last one (one query, on a
+    bare connection: no session for one read)."""
+    with engine.connect() as conn:
+        return summarize(conn, AttemptCalls(rollout_id, attempt, created_at))
 
 
 def classify(

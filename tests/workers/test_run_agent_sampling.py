@@ -51,7 +51,7 @@ def _agent_env(
     monkeypatch.setattr(run_agent, "summarize_calls", lambda *args: CallSummary(1, 200))
     settings = Settings(secret_key=SECRET, runtime_root=tmp_path)
     ctx = SimpleNamespace(
-        settings=settings, http=FakeHttp(), session_factory=None, autocommit_factory=None,
+        settings=settings, http=FakeHttp(), session_factory=None, autocommit_engine=None,
         receipts=None,
     )  # fmt: skip
     rollout = SimpleNamespace(id=uuid.uuid4(), attempt=2, created_at=None)

@@ -231,7 +231,7 @@ def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
         calls = CallSummary(0, None)
     else:
         calls = summarize_calls(  # a read: autocommit spares the BEGIN and ROLLBACK
-            ctx.autocommit_factory, rollout.id, rollout.attempt, rollout.created_at
+            ctx.autocommit_engine, rollout.id, rollout.attempt, rollout.created_at
         )
     budget = spec.max_tokens_per_rollout
     outcome = classify(result, calls, agent_started, flushed.get("started_at"), budget)
