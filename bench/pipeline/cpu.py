@@ -82,7 +82,9 @@ def snapshot(
     me = os.getpid()
     by_name[BENCH] = {me: _cpu(psutil.Process(me)) or 0.0}
     named = {pid for group in by_name.values() for pid in group}
-    by_name[OTHERS] = other_processes(lambda: named)
+    # the trees' agents are billed when their worker reaps them; other jobs' agents are theirs
+    ours = tree_pids(list(pids.values()))
+    by_name[OTHERS] = other_processes(lambda: named | ours)
     by_name[KERNEL] = kernel_irq_s()
     return CpuSnapshot(by_name)
 
@@ -153,13 +155,18 @@ def reaped_in_trees(pids: list[int]) -> dict[int, float]:
 def other_processes(exclude: Callable[[], set[int]]) -> dict[int, float]:
     """CPU seconds of every other process of the machine (other jobs, kernel threads), own time
     plus the time of the children they reaped, so a short-lived process that started and ended
-    inside the window is found through its parent. The group's delta is the difference of its
-    sums (`delta`): reaping moves a child's whole time to its parent, so the sum is conserved,
-    whereas per-pid differences would bill a reaped child's earlier life to the window."""
+    inside the window is found through its parent. `exclude` holds the named groups and the
+    trees of the processes under test (their agents are billed when their worker reaps them);
+    the agents of other jobs on the machine count here, alive or reaped (skipping them, as this
+    did, lost the CPU of every other job's agent still running at the end of the window: 26 %
+    of the machine's busy time in one run next to another test run). The group's delta is the
+    difference of its sums (`delta`): reaping moves a child's whole time to its parent, so the
+    sum is conserved, whereas per-pid differences would bill a reaped child's earlier life to
+    the window."""
     skip = exclude()
     result: dict[int, float] = {}
     for proc in psutil.process_iter():
-        if proc.pid in skip or _is_agent(proc.pid):  # agents: billed to the worker reaping them
+        if proc.pid in skip:
             continue
         try:
             t = proc.cpu_times()
