@@ -19,9 +19,11 @@ from tests.e2e.preset_support import PresetStack
 from tests.e2e.stack import fake_upstream_stack
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def fake_stack(pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
-    """Fake vLLM-shaped upstream + proxy + one worker process per stage + API."""
+    """Fake vLLM-shaped upstream + proxy + one worker process per stage + API: one per test
+    process, shared by every module that asks for it (none changes the stack's settings or
+    stops its processes; the tables are emptied after each test). A start costs ~7 CPU-s."""
     with fake_upstream_stack(pg_url, tmp_path_factory.mktemp("e2e-fake")) as stack:
         yield stack
 
