@@ -7,7 +7,8 @@ import asyncio
 import shutil
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import httpx
@@ -20,10 +21,12 @@ from test_proxy_spill import Outage, spilling_writer
 from test_proxy_writer import call_row
 
 from polar_mq import call_receipts
+from polar_mq.config import Settings
 from polar_mq.db import create_db_engine
 from polar_mq.models import LlmCall
 from polar_mq.proxy import DbCallWriter, MemoryCallSink, create_proxy_app
 from polar_mq.proxy.receipts import StartCounter
+from polar_mq.proxy.sink import CallSink
 from polar_mq.testing.fake_vllm import create_fake_vllm_app
 from polar_mq.testing.servers import free_port
 from polar_mq.tokens import issue_rollout_token
@@ -55,6 +58,18 @@ def stored(factory: sessionmaker[Session], rollout: uuid.UUID) -> int:
     return int(n or 0)
 
 
+@asynccontextmanager
+async def proxy_client(settings: Settings, sink: CallSink) -> AsyncIterator[httpx.AsyncClient]:
+    """The proxy app in front of the fake engine, its lifespan running, and a client of it."""
+    engine = httpx.ASGITransport(create_fake_vllm_app())
+    app = create_proxy_app(settings, upstream_transport=engine, sink=sink)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://proxy") as proxy,
+    ):
+        yield proxy
+
+
 def headers(rollout: uuid.UUID, receipts: bool = True) -> dict[str, str]:
     token = issue_rollout_token(SECRET, rollout, 60, attempt=1, receipts=receipts)
     return {"authorization": f"Bearer {token}"}
@@ -63,16 +78,10 @@ def headers(rollout: uuid.UUID, receipts: bool = True) -> dict[str, str]:
 async def test_the_wait_ends_only_when_a_slow_writer_committed_every_call(
     pg_engine: Engine, db_session_factory: sessionmaker[Session], client: redis.Redis
 ) -> None:
-    fake = create_fake_vllm_app()
     # the writer lingers a second after a first row: the agent is long done by then
     writer = DbCallWriter(engine=pg_engine, flush_interval_s=1.0, receipts_url=REDIS_URL)
-    settings = proxy_settings(proxy_redis_url=REDIS_URL)
-    app = create_proxy_app(settings, upstream_transport=httpx.ASGITransport(fake), sink=writer)
     rollout = opened(client)
-    async with (
-        app.router.lifespan_context(app),
-        httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://proxy") as proxy,
-    ):
+    async with proxy_client(proxy_settings(proxy_redis_url=REDIS_URL), writer) as proxy:
         for stream in (False, True, False):
             answer = await proxy.post(
                 "/v1/chat/completions", json={**BODY, "stream": stream}, headers=headers(rollout)
@@ -93,16 +102,10 @@ async def test_a_waiting_stage_cuts_the_writers_batching_wait_short(
     pg_engine: Engine, db_session_factory: sessionmaker[Session], client: redis.Redis
 ) -> None:
     """A writer that would linger 60 s for more rows commits as soon as a stage waits."""
-    fake = create_fake_vllm_app()
     writer = DbCallWriter(engine=pg_engine, flush_interval_s=60.0, receipts_url=REDIS_URL)
-    settings = proxy_settings(proxy_redis_url=REDIS_URL)
-    app = create_proxy_app(settings, upstream_transport=httpx.ASGITransport(fake), sink=writer)
     rollout = opened(client)
     before = _subscribers(client)  # other proxies on this Redis (other tests' stacks)
-    async with (
-        app.router.lifespan_context(app),
-        httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://proxy") as proxy,
-    ):
+    async with proxy_client(proxy_settings(proxy_redis_url=REDIS_URL), writer) as proxy:
         await _wait_subscribed(client, before)
         answer = await proxy.post("/v1/chat/completions", json=BODY, headers=headers(rollout))
         assert answer.status_code == 200
@@ -129,7 +132,6 @@ async def _wait_subscribed(client: redis.Redis, before: int) -> None:
 async def test_calls_refused_before_numbering_are_never_waited_for(client: redis.Redis) -> None:
     """No receipt store (off, or Redis unreachable): a receipted call is refused before it has a
     number, so it is neither counted nor given a seq, and the wait has nothing to wait for."""
-    fake = create_fake_vllm_app()
     dead = f"redis://127.0.0.1:{free_port()}"
     rollout = opened(client)
     for settings in (
@@ -137,11 +139,7 @@ async def test_calls_refused_before_numbering_are_never_waited_for(client: redis
         proxy_settings(proxy_redis_url=dead, proxy_redis_retry_s=0.3),
     ):
         sink = MemoryCallSink()
-        app = create_proxy_app(settings, upstream_transport=httpx.ASGITransport(fake), sink=sink)
-        async with (
-            app.router.lifespan_context(app),
-            httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://p") as proxy,
-        ):
+        async with proxy_client(settings, sink) as proxy:
             refused = await proxy.post("/v1/chat/completions", json=BODY, headers=headers(rollout))
             assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
             assert refused.json()["error"]["code"] == "receipts_unavailable"
@@ -213,17 +211,12 @@ async def test_a_call_waits_out_a_redis_blip_instead_of_failing(client: redis.Re
     """Redis away for a second (a broker restart): the call waits for it, is counted, served."""
     host, port = REDIS_URL.removeprefix("redis://").split("/")[0].split(":")
     relay = TcpRelay((host, int(port))).start()
-    fake = create_fake_vllm_app()
     sink = MemoryCallSink()
     via_relay = f"redis://127.0.0.1:{relay.port}"
     settings = proxy_settings(proxy_redis_url=via_relay, proxy_redis_retry_s=10.0)
-    app = create_proxy_app(settings, upstream_transport=httpx.ASGITransport(fake), sink=sink)
     rollout = opened(client)
     try:
-        async with (
-            app.router.lifespan_context(app),
-            httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://p") as proxy,
-        ):
+        async with proxy_client(settings, sink) as proxy:
             relay.cut()
             call = asyncio.ensure_future(
                 proxy.post("/v1/chat/completions", json=BODY, headers=headers(rollout))

@@ -150,6 +150,17 @@ def test_pipelined_requests_are_answered_in_order(served: Served) -> None:
     assert third[0] == 200 and orjson.loads(third[2])["data"][0]["id"] == "fake-model"
 
 
+def assert_refused_then_still_serving(served: Served, sock: socket.socket) -> None:
+    """`sock` got a 400 and was closed; a new connection is served as before."""
+    reader = Reader(sock)
+    status, headers, _ = reader.response()
+    assert status == 400 and headers[b"connection"] == b"close"
+    assert reader.closed()
+    with served.connect() as fresh:
+        fresh.sendall(request(b"/healthz", method=b"GET"))
+        assert Reader(fresh).response()[0] == 200
+
+
 @pytest.mark.parametrize(
     "garbage",
     [
@@ -161,13 +172,7 @@ def test_pipelined_requests_are_answered_in_order(served: Served) -> None:
 def test_malformed_request_is_a_400_and_the_server_goes_on(served: Served, garbage: bytes) -> None:
     with served.connect() as sock:
         sock.sendall(garbage)
-        reader = Reader(sock)
-        status, headers, _ = reader.response()
-        assert status == 400 and headers[b"connection"] == b"close"
-        assert reader.closed()
-    with served.connect() as sock:  # still serving
-        sock.sendall(request(b"/healthz", method=b"GET"))
-        assert Reader(sock).response()[0] == 200
+        assert_refused_then_still_serving(served, sock)
 
 
 @pytest.mark.parametrize(
@@ -187,13 +192,7 @@ def test_an_oversized_request_head_is_a_400_and_closes(served: Served, head: byt
     with served.connect() as sock:
         with contextlib.suppress(OSError):  # the server may close before all of it is sent
             sock.sendall(head)
-        reader = Reader(sock)
-        status, headers, _ = reader.response()
-        assert status == 400 and headers[b"connection"] == b"close"
-        assert reader.closed()
-    with served.connect() as sock:  # still serving
-        sock.sendall(request(b"/healthz", method=b"GET"))
-        assert Reader(sock).response()[0] == 200
+        assert_refused_then_still_serving(served, sock)
 
 
 def test_bad_request_after_a_good_one_answers_the_good_one_first(served: Served) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import signal
 import uuid
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -28,44 +27,32 @@ from workers_support import (
     worker_proxy,
 )
 
-from polar_mq.db import create_db_engine
 from polar_mq.models import LlmCall
 from polar_mq.proxy.backends.rendezvous import order_of
 from polar_mq.proxy.spill_layout import worker_spill_dir
-from tests.conftest import scratch_database
+from tests.conftest import module_database
 
 # The module's fixtures are one database: each test starts its own proxy, so xdist may spread them.
 pytestmark = pytest.mark.spread
 
 
-@pytest.fixture(scope="module")
-def db_url() -> Iterator[str]:
-    """A database of this module's own (the session's is shared by tests counting rows)."""
-    with scratch_database("polar_mq_workers") as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
-def db_engine(db_url: str) -> Iterator[Engine]:
-    engine = create_db_engine(db_url)
-    yield engine
-    engine.dispose()
+pg_url, pg_engine = module_database("polar_mq_workers")  # it counts every row
 
 
 def test_two_workers_serve_one_port_and_flush_together(
-    db_url: str, db_engine: Engine, tmp_path: Path
+    pg_url: str, pg_engine: Engine, tmp_path: Path
 ) -> None:
-    with fake_engines(1) as fakes, worker_proxy(db_url, tmp_path, [f.url for f in fakes]) as proxy:
+    with fake_engines(1) as fakes, worker_proxy(pg_url, tmp_path, [f.url for f in fakes]) as proxy:
         first, second = proxy.pinned(0), proxy.pinned(1)
         assert first.pid != second.pid
-        rollouts = live_rollouts(db_engine, 2)
+        rollouts = live_rollouts(pg_engine, 2)
         for rollout, client in zip(rollouts, (first, second), strict=True):
             for _ in range(3):
                 assert client.chat(rollout).status_code == 200
         flushed = proxy.flush()
         assert flushed["written"] == 6  # both processes' rows, stored before the answer
         for rollout in rollouts:
-            assert [c.seq for c in stored_calls(db_engine, rollout)] == [0, 1, 2]
+            assert [c.seq for c in stored_calls(pg_engine, rollout)] == [0, 1, 2]
         spill = tmp_path / "spill"
         assert sorted(p.name for p in spill.iterdir()) == ["worker-0", "worker-1"]
 
@@ -80,19 +67,19 @@ def test_two_workers_serve_one_port_and_flush_together(
 
 
 def test_each_rollout_sticks_to_one_backend_whichever_worker_serves_it(
-    db_url: str, db_engine: Engine, tmp_path: Path
+    pg_url: str, pg_engine: Engine, tmp_path: Path
 ) -> None:
     """100 rollouts, each call alternating between the two workers, against 3 engines."""
-    with fake_engines(3) as fakes, worker_proxy(db_url, tmp_path, [f.url for f in fakes]) as proxy:
+    with fake_engines(3) as fakes, worker_proxy(pg_url, tmp_path, [f.url for f in fakes]) as proxy:
         clients = [proxy.pinned(0), proxy.pinned(1)]
-        rollouts = live_rollouts(db_engine, 100)
+        rollouts = live_rollouts(pg_engine, 100)
         for turn in range(4):
             for i, rollout in enumerate(rollouts):
                 assert clients[(i + turn) % 2].chat(rollout).status_code == 200
         for client in clients:
             client.check_worker()  # each client stayed on its worker throughout
         assert proxy.flush()["written"] == 400
-        with Session(db_engine) as session:
+        with Session(pg_engine) as session:
             rows = session.execute(
                 select(LlmCall.rollout_id, LlmCall.backend).where(LlmCall.rollout_id.in_(rollouts))
             ).all()
@@ -108,14 +95,14 @@ def test_each_rollout_sticks_to_one_backend_whichever_worker_serves_it(
 
 
 def test_admin_calls_reach_every_worker_and_a_restarted_one_replays_them(
-    db_url: str, db_engine: Engine, tmp_path: Path
+    pg_url: str, pg_engine: Engine, tmp_path: Path
 ) -> None:
     with (
         fake_engines(3) as (a, b, c),
-        worker_proxy(db_url, tmp_path, [a.url, b.url], pause_max_wait_s=2.0) as proxy,
+        worker_proxy(pg_url, tmp_path, [a.url, b.url], pause_max_wait_s=2.0) as proxy,
     ):
         first, second = proxy.pinned(0), proxy.pinned(1)
-        rollouts = iter(live_rollouts(db_engine, 20))
+        rollouts = iter(live_rollouts(pg_engine, 20))
 
         # Paused through worker 0: calls on worker 1 wait too, and go ahead on the resume (also
         # through worker 0: `second`'s one connection is busy with the held call).
@@ -165,23 +152,23 @@ def test_admin_calls_reach_every_worker_and_a_restarted_one_replays_them(
         served = [
             (call.backend, call.policy_version)
             for rollout in [*newcomers, late]
-            for call in stored_calls(db_engine, rollout)
+            for call in stored_calls(pg_engine, rollout)
         ]
         assert served == [("c", 7)] * 5
         assert proxy.stop() == 0
 
 
 def test_one_rollouts_calls_keep_their_order_across_workers(
-    db_url: str, db_engine: Engine, tmp_path: Path
+    pg_url: str, pg_engine: Engine, tmp_path: Path
 ) -> None:
-    with fake_engines(1) as fakes, worker_proxy(db_url, tmp_path, [f.url for f in fakes]) as proxy:
+    with fake_engines(1) as fakes, worker_proxy(pg_url, tmp_path, [f.url for f in fakes]) as proxy:
         clients = [proxy.pinned(0), proxy.pinned(1)]
-        (rollout,) = live_rollouts(db_engine, 1)
+        (rollout,) = live_rollouts(pg_engine, 1)
         plan = [0, 1, 0, 1, 1, 0, 0, 1, 0, 1]  # which worker serves each call, in turn
         for turn, worker in enumerate(plan):
             assert clients[worker].chat(rollout, f"call {turn}").status_code == 200
         proxy.flush()
-        calls = stored_calls(db_engine, rollout)
+        calls = stored_calls(pg_engine, rollout)
         assert [c.seq for c in calls] == list(range(len(plan)))  # distinct, gap-free
         texts = [c.request["messages"][0]["content"] for c in calls]
         assert texts == [f"call {turn}" for turn in range(len(plan))]  # in the order made
@@ -189,21 +176,21 @@ def test_one_rollouts_calls_keep_their_order_across_workers(
 
 
 def test_a_proxy_back_with_another_worker_count_replays_every_old_spill(
-    db_url: str, db_engine: Engine, tmp_path: Path
+    pg_url: str, pg_engine: Engine, tmp_path: Path
 ) -> None:
     """Rows spilled by worker 2 of a `--workers 3` proxy, then by a `--workers 2` one, are stored
     by whichever layout comes next (they used to wait forever in a directory nobody owned)."""
     spill = tmp_path / "spill"
     old = spill_rows(worker_spill_dir(spill, 2), 0, 3)
     with fake_engines(1) as fakes:
-        with worker_proxy(db_url, tmp_path, [f.url for f in fakes], workers=2) as proxy:
-            wait_until(lambda: stored_ids(db_engine, old) == {r["id"] for r in old}, 30)
+        with worker_proxy(pg_url, tmp_path, [f.url for f in fakes], workers=2) as proxy:
+            wait_until(lambda: stored_ids(pg_engine, old) == {r["id"] for r in old}, 30)
             assert proxy.stop() == 0
         assert not worker_spill_dir(spill, 2).exists()
         older = spill_rows(worker_spill_dir(spill, 0), 10, 2)
         older += spill_rows(worker_spill_dir(spill, 1), 20, 2)
-        with worker_proxy(db_url, tmp_path, [f.url for f in fakes], workers=1) as proxy:
-            wait_until(lambda: stored_ids(db_engine, older) == {r["id"] for r in older}, 30)
+        with worker_proxy(pg_url, tmp_path, [f.url for f in fakes], workers=1) as proxy:
+            wait_until(lambda: stored_ids(pg_engine, older) == {r["id"] for r in older}, 30)
             proxy.stop()  # a single proxy (uvicorn) ends by re-raising the SIGTERM it drained on
     assert not list(spill.glob("worker-*"))
 
@@ -216,14 +203,14 @@ def stored_ids(engine: Engine, rows: list[dict[str, Any]]) -> set[uuid.UUID]:
 
 @pytest.mark.parametrize("server", ["lean", "uvicorn"])
 def test_sigterm_lets_a_stream_in_flight_finish_and_stores_it(
-    db_url: str, db_engine: Engine, tmp_path: Path, server: str
+    pg_url: str, pg_engine: Engine, tmp_path: Path, server: str
 ) -> None:
     """One proxy process (either server): SIGTERM mid-stream stops new connections, the stream
     runs to its end, the call is stored, then the process exits."""
-    (rollout,) = live_rollouts(db_engine, 1)
+    (rollout,) = live_rollouts(pg_engine, 1)
     body = {**chat_body(), "stream": True}
     with FakeProcess(token_delay_ms=60) as fake:
-        proxy_cm = worker_proxy(db_url, tmp_path, [fake.url], workers=1, proxy_server=server)
+        proxy_cm = worker_proxy(pg_url, tmp_path, [fake.url], workers=1, proxy_server=server)
         with proxy_cm as proxy, httpx.Client(base_url=proxy.url, timeout=30) as client:
             with client.stream(
                 "POST", "/v1/chat/completions", json=body, headers=auth(rollout)
@@ -236,5 +223,5 @@ def test_sigterm_lets_a_stream_in_flight_finish_and_stores_it(
             proxy.proc.wait(60)
             with pytest.raises(httpx.TransportError):
                 httpx.get(f"{proxy.url}/healthz", timeout=2)
-    (call,) = stored_calls(db_engine, rollout)
+    (call,) = stored_calls(pg_engine, rollout)
     assert call.complete and call.stream
