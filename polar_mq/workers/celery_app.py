@@ -45,6 +45,17 @@ class PolarCelery(Celery):
     polar_broker_kind: BrokerKind
     """Decides how job priorities are published (see workers.priority)."""
 
+    @functools.cached_property
+    def polar_publish_conf(self) -> tuple[bool, dict[str, Any], Any]:
+        """Celery's publish retry, retry policy and delivery mode, read once (a lookup in
+        Celery's layered configuration costs more than the rest of a stage message)."""
+        conf = self.conf
+        return (
+            bool(conf.task_publish_retry),
+            dict(conf.task_publish_retry_policy or {}),
+            conf.task_default_delivery_mode,
+        )
+
 
 def redis_restore_options(visibility_timeout_s: float) -> dict[str, Any]:
     """When kombu's Redis transport gives an unacked message back to its queue.
@@ -182,7 +193,7 @@ def _publish_now(
         **headers,
     }
     embed = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
-    retry, retry_policy, delivery_mode = _publish_conf(app)
+    retry, retry_policy, delivery_mode = app.polar_publish_conf
     producer.publish(
         (args, kwargs, embed),
         exchange="",
@@ -197,21 +208,6 @@ def _publish_now(
         reply_to=app.thread_oid,  # as send_task: where a result backend would reply
         **({} if priority is None else {"priority": priority}),
     )
-
-
-def _publish_conf(app: PolarCelery) -> tuple[bool, dict[str, Any], Any]:
-    """Celery's publish retry, retry policy and delivery mode, read once per app (a lookup in
-    Celery's layered configuration costs more than the rest of the message)."""
-    cached: tuple[bool, dict[str, Any], Any] | None = getattr(app, "_polar_publish_conf", None)
-    if cached is None:
-        conf = app.conf
-        cached = (
-            bool(conf.task_publish_retry),
-            dict(conf.task_publish_retry_policy or {}),
-            conf.task_default_delivery_mode,
-        )
-        app._polar_publish_conf = cached
-    return cached
 
 
 def _declared(app: PolarCelery, producer: Producer, queue: Queue) -> bool:
