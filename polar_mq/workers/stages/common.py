@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import Table
+from tenacity import retry, stop_after_delay, wait_exponential
 
 from polar_mq.config import Settings
 from polar_mq.lifecycle.transitions import RolloutRef
@@ -15,6 +16,7 @@ from polar_mq.runtimes import Runtime
 from polar_mq.runtimes.options import runtime_from_spec
 from polar_mq.runtimes.warm_pool import WarmPool, is_pooled
 from polar_mq.spec import RuntimeSpec
+from polar_mq.workers.context import WorkerContext
 
 
 @dataclass
@@ -94,3 +96,17 @@ def release_runtime(
         "action": "destroyed",
         "teardown_s": round(time.monotonic() - started, 4),
     }
+
+
+@retry(stop=stop_after_delay(20), wait=wait_exponential(multiplier=0.2, max=3), reraise=True)
+def flush_proxy(ctx: WorkerContext) -> dict[str, Any]:
+    """Wait until the proxy stored every call it answered; its answer has `written` and
+    `started_at` (the run-agent stage after the agent, evaluate after a judge).
+
+    Retried for a while: a proxy restarting under a supervisor is back within seconds."""
+    headers = {}
+    if ctx.settings.proxy_admin_token:
+        headers["Authorization"] = f"Bearer {ctx.settings.proxy_admin_token}"
+    response = ctx.http.post(f"{ctx.settings.proxy_base_url}/admin/flush", headers=headers)
+    response.raise_for_status()
+    return dict(response.json())

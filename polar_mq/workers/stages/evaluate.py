@@ -13,6 +13,7 @@ database down) is raised, so the stage is retried and ends `runtime_error`, unsc
 
 from __future__ import annotations
 
+import logging
 from typing import Any, cast
 
 from sqlalchemy import Table
@@ -33,9 +34,10 @@ from polar_mq.runtimes import Runtime
 from polar_mq.runtimes.safe_files import UnsafePath
 from polar_mq.tokens import JUDGE, issue_rollout_token
 from polar_mq.workers.context import WorkerContext
-from polar_mq.workers.stages.common import StageOutcome, open_runtime
+from polar_mq.workers.stages.common import StageOutcome, flush_proxy, open_runtime
 from polar_mq.workers.stages.grading_runtime import grading_runtime
 
+logger = logging.getLogger(__name__)
 EVALUATIONS = cast(Table, Evaluation.__table__)
 
 
@@ -77,6 +79,16 @@ def judge_endpoint(ctx: WorkerContext, claimed: Claimed) -> LlmEndpoint:
     return LlmEndpoint(f"{settings.proxy_base_url}/v1", token, model, ctx.http)
 
 
+def _wait_judge_calls_stored(ctx: WorkerContext) -> None:
+    """The judge's calls are stored before the rollout completes (whoever reads a completed
+    rollout's calls finds them), as the run-agent stage waits for the agent's. A proxy that does
+    not answer the flush leaves them to its writer (they are spilled, never dropped)."""
+    try:
+        flush_proxy(ctx)
+    except Exception as exc:
+        logger.warning("judge calls not confirmed stored (proxy flush failed): %r", exc)
+
+
 def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
     spec = claimed.spec
     rollout = claimed.rollout
@@ -102,6 +114,8 @@ def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
             llm=judge_endpoint(ctx, claimed) if evaluator.needs_llm else None,
         )
         result = evaluate_safely(evaluator, context)  # an evaluator error: reward None, with why
+        if evaluator.needs_llm:
+            _wait_judge_calls_stored(ctx)
     except UnsafePath as exc:  # the agent swapped a file its grader uses: its failure, scored 0
         result = workspace_refused(exc, str(name))
     return StageOutcome(

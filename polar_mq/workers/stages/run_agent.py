@@ -17,7 +17,6 @@ from typing import Any, cast
 
 from redis.exceptions import RedisError
 from sqlalchemy import Table, select
-from tenacity import retry, stop_after_delay, wait_exponential
 
 from polar_mq import call_receipts
 from polar_mq.calls import AttemptCalls, CallSummary, last_call_at
@@ -37,6 +36,7 @@ from polar_mq.workers.stages.common import (
     StageFailure,
     StageOutcome,
     StageRestart,
+    flush_proxy,
     open_runtime,
 )
 from polar_mq.workers.stages.grading_runtime import start_prewarm
@@ -45,19 +45,6 @@ from polar_mq.workers.stages.prepare import TASK_FILE
 logger = logging.getLogger(__name__)
 ARTIFACTS = cast(Table, RolloutArtifact.__table__)
 SAMPLING_ENV = {"temperature": "POLAR_AGENT_TEMPERATURE", "max_tokens": "POLAR_AGENT_MAX_TOKENS"}
-
-
-@retry(stop=stop_after_delay(20), wait=wait_exponential(multiplier=0.2, max=3), reraise=True)
-def _flush_proxy(ctx: WorkerContext) -> dict[str, Any]:
-    """Wait until the proxy stored every call; its answer has `written` and `started_at`.
-
-    Retried for a while: a proxy restarting under a supervisor is back within seconds."""
-    headers = {}
-    if ctx.settings.proxy_admin_token:
-        headers["Authorization"] = f"Bearer {ctx.settings.proxy_admin_token}"
-    response = ctx.http.post(f"{ctx.settings.proxy_base_url}/admin/flush", headers=headers)
-    response.raise_for_status()
-    return dict(response.json())
 
 
 def wait_calls_stored(
@@ -91,7 +78,7 @@ def wait_calls_stored(
             )  # fmt: skip
             missing = seen
     try:
-        flushed = {**_flush_proxy(ctx), "by": "flush"}
+        flushed = {**flush_proxy(ctx), "by": "flush"}
     except Exception as exc:  # the attempt's calls may be lost with the proxy: start over
         raise StageRestart(
             TerminationReason.BACKEND_ERROR, f"proxy log flush failed: {exc!r}"
