@@ -12,7 +12,9 @@ from polar_mq.jobs.service import create_job
 from polar_mq.lifecycle.messages import StageMessage
 from polar_mq.lifecycle.stages import Stage
 from polar_mq.models import Event, Job, Rollout
+from tests.conftest import module_database
 
+pg_url, pg_engine = module_database("polar_mq_job_service")  # it counts every row
 
 def _spec(**kw: object) -> JobCreate:
     return JobCreate.model_validate(

@@ -16,6 +16,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from polar_mq.models import Event, EventKind, Job, Rollout
+from tests.conftest import module_database
 from tests.reliability.private_redis import PrivateRedis
 from tests.reliability.support import (
     RelStack,
@@ -31,6 +32,10 @@ pytestmark = [
     pytest.mark.reliability,
     pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server"),
 ]
+
+# it counts every job and rollout: another module's stack on this xdist worker leaves rows in the
+# session database
+pg_url, pg_engine = module_database("polar_mq_broker_faults")
 
 
 def _submit_status(rel: RelStack, n: int) -> httpx.Response:
