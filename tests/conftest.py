@@ -134,7 +134,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         heaviest_first(items)
     else:
         items.sort(key=lambda item: item.get_closest_marker("vllm") is not None)
+    stopping_last(items)
     record_groups(config, items)
+
+
+def stopping_last(items: list[pytest.Item]) -> None:
+    """Move the tests that stop the shared vLLM server (`stops_real_vllm`) right after the last
+    other vllm test: one server start (a minute, 4.5 GB) serves them all, the lifecycle test's
+    included."""
+    stopping = [item for item in items if item.get_closest_marker("stops_real_vllm")]
+    if not stopping:
+        return
+    for item in stopping:
+        items.remove(item)
+    vllm_at = [i for i, item in enumerate(items) if item.get_closest_marker("vllm") is not None]
+    at = vllm_at[-1] + 1 if vllm_at else len(items)
+    items[at:at] = stopping
 
 
 @pytest.fixture(scope="session")

