@@ -23,6 +23,10 @@ Formats (purpose and attempt are inside the signed payload, so they cannot be sw
 - with call receipts (`polar_mq.call_receipts`: the proxy must count the attempt's calls in
   Redis, or refuse them): the attempt segment ends in `r` (`..._agent_2r_...`); a proxy that
   predates receipts cannot parse it and refuses the token, never serving uncounted calls.
+- for a job without a token budget (`max_tokens_per_rollout`, `proxy.token_budget`): the attempt
+  segment ends in `n` (`..._agent_2n_...`, `..._agent_2rn_...`), so the proxy does not look the
+  budget up in the database on the attempt's first call. A token without the mark is read as
+  before: its budget is looked up.
 """
 
 from __future__ import annotations
@@ -60,9 +64,14 @@ class RolloutClaim:
     """The job's sampling policy the proxy enforces (None: tokens issued without one)."""
     receipts: bool = False
     """The proxy counts this attempt's calls in Redis (`call_receipts`) or refuses them."""
+    unbudgeted: bool = False
+    """The job sets no token budget: the proxy need not look one up (`proxy.token_budget`)."""
 
 
 RECEIPTS_MARK: Final = "r"
+UNBUDGETED_MARK: Final = "n"
+_ATTEMPT_MARKS: Final = ("", RECEIPTS_MARK, UNBUDGETED_MARK, RECEIPTS_MARK + UNBUDGETED_MARK)
+"""The mark suffixes an attempt segment may carry, each in this one order."""
 FIELD_CODES: Final = {"temperature": "t", "top_p": "p", "top_k": "k", "max_tokens": "m"}
 MODE_CODES: Final = {OVERRIDE: "o", CLAMP: "c"}
 _FIELDS_OF = {code: field for field, code in FIELD_CODES.items()}
@@ -104,11 +113,13 @@ def issue_rollout_token(
     attempt: int | None = None,
     sampling: SamplingPolicy | None = None,
     receipts: bool = False,
+    unbudgeted: bool = False,
 ) -> str:
     """A token for `rollout_id` valid for `ttl_s` seconds, for calls made with `purpose`.
 
     A non-empty `sampling` policy is signed into the token; without one the token is as short as
-    before policies existed. `receipts` (needs an `attempt`) asks the proxy to count the calls.
+    before policies existed. `receipts` (needs an `attempt`) asks the proxy to count the calls;
+    `unbudgeted` (needs an `attempt`) tells it the job has no token budget to look up.
     """
     if purpose not in PURPOSES:
         raise ValueError(f"unknown token purpose {purpose!r}; known: {', '.join(sorted(PURPOSES))}")
@@ -116,7 +127,10 @@ def issue_rollout_token(
         raise ValueError(f"attempt must be >= 1, got {attempt}")
     if receipts and attempt is None:
         raise ValueError("call receipts are kept per attempt: give the attempt")
-    attempt_text = None if attempt is None else f"{attempt}{RECEIPTS_MARK if receipts else ''}"
+    if unbudgeted and attempt is None:
+        raise ValueError("the budget mark is carried by the attempt: give the attempt")
+    marks = f"{RECEIPTS_MARK if receipts else ''}{UNBUDGETED_MARK if unbudgeted else ''}"
+    attempt_text = None if attempt is None else f"{attempt}{marks}"
     payload = f"{PREFIX}_{rollout_id.hex}_{int(time.time()) + ttl_s}"
     if sampling:
         attempt_part = attempt_text or ""
@@ -140,9 +154,12 @@ def verify_rollout_token(secret: str, token: str, now: float | None = None) -> R
     if purpose not in PURPOSES or (len(parts) == 5 and purpose == AGENT):
         raise InvalidToken("malformed rollout token")  # signed, but by a newer or odd issuer
     attempt_part = parts[4] if len(parts) == 6 or (len(parts) == 7 and parts[4]) else None
-    receipts = attempt_part is not None and attempt_part.endswith(RECEIPTS_MARK)
-    if receipts:
-        attempt_part = attempt_part[: -len(RECEIPTS_MARK)] if attempt_part else None
+    marks = ""
+    if attempt_part is not None:
+        digits = attempt_part.rstrip(RECEIPTS_MARK + UNBUDGETED_MARK)
+        attempt_part, marks = digits, attempt_part[len(digits) :]
+        if marks not in _ATTEMPT_MARKS:  # signed, but not an order this issuer writes
+            raise InvalidToken("malformed rollout token")
     try:
         rollout_id = uuid.UUID(hex=parts[1])
         expires_at = int(parts[2])
@@ -154,4 +171,6 @@ def verify_rollout_token(secret: str, token: str, now: float | None = None) -> R
         raise InvalidToken("rollout token expired")
     if attempt is not None and attempt < 1:
         raise InvalidToken("malformed rollout token")
-    return RolloutClaim(rollout_id, expires_at, purpose, attempt, sampling, receipts)
+    receipts = RECEIPTS_MARK in marks
+    unbudgeted = UNBUDGETED_MARK in marks
+    return RolloutClaim(rollout_id, expires_at, purpose, attempt, sampling, receipts, unbudgeted)

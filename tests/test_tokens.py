@@ -118,6 +118,32 @@ def test_attempt_is_signed_and_round_trips() -> None:
         issue_rollout_token("s3cret", rollout, 60, attempt=0)
 
 
+@pytest.mark.parametrize("receipts", [False, True])
+@pytest.mark.parametrize("sampling", [None, "policy"])
+def test_the_no_budget_mark_is_signed_into_the_attempt(
+    receipts: bool, sampling: str | None
+) -> None:
+    policy = POLICY if sampling else None
+    token = issue_rollout_token(
+        SECRET, ROLLOUT, 60, attempt=2, receipts=receipts, sampling=policy, unbudgeted=True
+    )
+    claim = verify_rollout_token(SECRET, token)
+    assert (claim.attempt, claim.receipts, claim.unbudgeted) == (2, receipts, True)
+    segment = "2rn" if receipts else "2n"
+    assert f"_agent_{segment}_" in token
+    forged = token.replace(f"_{segment}_", "_2r_" if receipts else "_2_")
+    with pytest.raises(InvalidToken):  # dropping the mark is a forgery like any other
+        verify_rollout_token(SECRET, forged)
+    plain = verify_rollout_token(SECRET, issue_rollout_token(SECRET, ROLLOUT, 60, attempt=2))
+    assert plain.unbudgeted is False
+    # signed, but in an order or repetition this issuer never writes: malformed
+    for odd in ("2nr", "2nn", "2rr", "n", "rn"):
+        with pytest.raises(InvalidToken):
+            verify_rollout_token(SECRET, signed(f"pmq_{ROLLOUT.hex}_9999999999_agent_{odd}"))
+    with pytest.raises(ValueError):
+        issue_rollout_token(SECRET, ROLLOUT, 60, unbudgeted=True)  # the mark needs an attempt
+
+
 @pytest.mark.parametrize("sampling", [None, "policy"])
 def test_call_receipts_are_signed_into_the_attempt(sampling: str | None) -> None:
     policy = POLICY if sampling else None

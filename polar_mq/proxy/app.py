@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import httpx
 from sqlalchemy import Engine
@@ -91,7 +91,7 @@ def create_proxy_app(
         policy_engine: Engine | None = None
         state_reader = rollout_states
         if sink is None:  # the proxy talks to the database: follow the recorded policy too
-            policy_engine = create_db_engine(settings.database_url, pool_size=2, max_overflow=0)
+            policy_engine = _reads_engine(settings.database_url)
             policy = PolicySync(pool, db_reader(policy_engine), settings.policy_sync_s)
             await policy.start()
             state_reader = state_reader or db_state_reader(policy_engine)
@@ -180,6 +180,18 @@ def create_proxy_app(
         middleware=[timeout],
         exception_handlers={BodyReadTimeout: _body_timeout},  # bodies read outside body.py
     )
+
+
+def _reads_engine(url: str) -> Engine:
+    """The engine of the proxy's reads: the policy state, rollout states and token budgets.
+
+    Each read is one statement (or several that need no common snapshot), so on PostgreSQL they
+    run in autocommit: no BEGIN before the read and no ROLLBACK when its connection goes back to
+    the pool, two round trips of four with the pre-ping, on every new rollout's first call."""
+    extra: dict[str, Any] = (
+        {"isolation_level": "AUTOCOMMIT"} if url.startswith("postgresql") else {}
+    )
+    return create_db_engine(url, pool_size=2, max_overflow=0, **extra)
 
 
 def _timed_out(exc: BodyReadTimeout) -> Response:

@@ -9,13 +9,14 @@ left it refuses the call with HTTP 400 `token_budget_exhausted` in the family's 
 because the budget never comes back (SDKs retry a 429 in vain). The run-agent stage then ends the
 rollout `token_budget`: an agent outcome like `max_turns`, scored, its trajectory usable.
 
-Across proxy processes: what an attempt spent is read from the database rows every proxy wrote
-(one query per calling rollout per `ttl_s`, not one per call; a job without a budget is read once
-per attempt), plus this process's calls whose rows its writer has not committed yet. Rows are
-written in submission order, so a call is counted locally until the writer's processed-rows
-counter passes its ordinal (read right after each query). The budget can be exceeded only by
-calls running at the same moment in different processes, or written between a query's snapshot
-and that counter read: each of those was clamped to what was left when it started.
+Across proxy processes: what an attempt spent is read from the database rows every proxy wrote (one
+query per calling rollout per `ttl_s`, not one per call; a job without a budget is read once per
+attempt, or never when the attempt's token says it has none), plus this process's calls whose rows
+its writer has not committed yet. Rows are written in submission order, so a call is counted locally
+until the writer's processed-rows counter passes its ordinal (read right after each query). The
+budget can be exceeded only by calls running at the same moment in different processes, or written
+between a query's snapshot and that counter read: each of those was clamped to what was left when it
+started.
 """
 
 from __future__ import annotations
@@ -203,8 +204,12 @@ class BudgetedSink(SinkWrapper):
 async def within_budget(
     budgets: TokenBudgets | None, claim: RolloutClaim, body: dict[str, Any]
 ) -> dict[str, Any] | Refusal:
-    """The chat or completions request clamped to the attempt's budget, or the refusal."""
-    if budgets is None or claim.purpose != AGENT:
+    """The chat or completions request clamped to the attempt's budget, or the refusal.
+
+    A token that says its job has no budget (`RolloutClaim.unbudgeted`, signed by the run-agent
+    stage from the job's spec, which never changes) spares the attempt's first call the database
+    read that would only find none."""
+    if budgets is None or claim.purpose != AGENT or claim.unbudgeted:
         return body
     left = await budgets.left(claim.rollout_id, claim.attempt or 1)
     if left is None:

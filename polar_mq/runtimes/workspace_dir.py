@@ -62,6 +62,8 @@ class RuntimeDir:
         self.given_agent = agent
         self.owner_only_dirs = owner_only_dirs
         self.pooled = pooled
+        self._record: dict[str, Any] | None = None
+        """`runtime.json` as this handle wrote or first read it (see `meta`)."""
 
     @property
     def workdir(self) -> Path:
@@ -73,12 +75,22 @@ class RuntimeDir:
         return (self.workdir, self.path / "home", self.path / "tmp")
 
     def meta(self) -> dict[str, Any]:
-        """The `runtime.json` record, empty when there is none (not started, or removed)."""
+        """The `runtime.json` record, empty when there is none (not started, or removed).
+
+        Read once per handle: only `create` writes it, once per runtime (the identity it records
+        must never change under a running command), and this handle forgets it when it removes
+        the runtime. A stage asks for the identity or the limits several times (start, upload,
+        exec, stop); each read was a file open, read and JSON parse."""
+        if self._record is not None:
+            return self._record
         try:
             meta = json.loads((self.path / META_FILE).read_text())
         except (OSError, ValueError):
             return {}
-        return meta if isinstance(meta, dict) else {}
+        if not isinstance(meta, dict):
+            return {}
+        self._record = meta
+        return meta
 
     @property
     def limits(self) -> ResourceLimits | None:
@@ -112,6 +124,7 @@ class RuntimeDir:
                 "agent": self.choose_agent().as_dict(),
             }
             atomic_write(meta_path, json.dumps(meta).encode())
+            self._record = meta
         self.give_dirs()
 
     def choose_agent(self) -> AgentIdentity:
@@ -182,6 +195,7 @@ class RuntimeDir:
 
     def remove_quietly(self) -> None:
         """Delete the whole runtime directory as far as it goes (see `check_removed`)."""
+        self._record = None
         shutil.rmtree(self.path, ignore_errors=True)
 
     def check_removed(self) -> None:

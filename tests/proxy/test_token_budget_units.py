@@ -124,6 +124,23 @@ def test_judge_calls_and_jobs_without_budget_are_never_limited() -> None:
     asyncio.run(scenario())
 
 
+def test_a_token_that_says_no_budget_is_never_looked_up() -> None:
+    rows = FakeRows(5)  # a budget the proxy would enforce had it read it
+    budgets = TokenBudgets(rows, ttl_s=2.0, written=lambda: 0)
+    body = {"max_tokens": 1000}
+    unbudgeted = RolloutClaim(ROLLOUT, 2**40, attempt=1, unbudgeted=True)
+
+    async def scenario() -> None:
+        assert await within_budget(budgets, unbudgeted, body) is body
+        assert (rows.reads, budgets.queries) == (0, 0)
+        # the same attempt without the mark (an older issuer's token) is read and clamped
+        clamped = await within_budget(budgets, RolloutClaim(ROLLOUT, 2**40, attempt=1), body)
+        assert clamped == {"max_tokens": 5}
+        assert rows.reads == 1
+
+    asyncio.run(scenario())
+
+
 def test_unreadable_database_serves_without_a_budget_and_retries() -> None:
     rows = FakeRows(10)
     down = [True]

@@ -272,3 +272,19 @@ def test_factory_and_ids(tmp_path: Path) -> None:
             LocalRuntime(bad, tmp_path)
     with pytest.raises(ValueError, match="positive"):
         ResourceLimits(memory_mb=0)
+
+
+def test_the_record_is_read_once_per_handle_and_forgotten_when_removed(tmp_path: Path) -> None:
+    root = tmp_path / "runtimes"
+    rid = runtime_id("rt-record")
+    started = LocalRuntime(rid, root, ResourceLimits(max_open_files=256), kill_grace_s=0.3)
+    started.start()
+    later = LocalRuntime(rid, root, kill_grace_s=0.3)  # another stage's handle: reads the file
+    assert later.limits == ResourceLimits(max_open_files=256)
+    record = started.path / "runtime.json"
+    record.write_text("{}")  # only start() writes it: a handle keeps what it read or wrote
+    assert later.limits == started.limits == ResourceLimits(max_open_files=256)
+    assert LocalRuntime(rid, root).limits is None  # a new handle reads the file again
+    later.stop()
+    assert not record.exists()
+    assert later.limits is None  # removed: nothing recorded any more
