@@ -39,8 +39,12 @@ from polar_mq.proxy.spill import (
 from polar_mq.proxy.spill_records import encode_rows, read_segment
 from polar_mq.proxy.writer import CallsNotStored
 from polar_mq.testing.fake_vllm import create_fake_vllm_app
+from tests.conftest import module_database
 
-pytestmark = pytest.mark.anyio
+# The module's fixtures are one database of its own (it counts every call row: a session stack's
+# proxy on the same xdist worker may write rows into the session database), so xdist may spread it.
+pytestmark = [pytest.mark.anyio, pytest.mark.spread]
+pg_url, pg_engine = module_database("polar_mq_proxy_spill")
 
 
 class Outage:

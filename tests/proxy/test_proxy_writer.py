@@ -24,8 +24,12 @@ from polar_mq.proxy.call_insert import PG_ARRAY_TYPES
 from polar_mq.testing.fake_vllm import create_fake_vllm_app
 from polar_mq.testing.servers import free_port
 from polar_mq.tokens import issue_rollout_token
+from tests.conftest import module_database
 
-pytestmark = pytest.mark.anyio
+# The module's fixtures are one database of its own (it counts every call row: a session stack's
+# proxy on the same xdist worker may write rows into the session database), so xdist may spread it.
+pytestmark = [pytest.mark.anyio, pytest.mark.spread]
+pg_url, pg_engine = module_database("polar_mq_proxy_writer")
 
 
 IDLE = {
