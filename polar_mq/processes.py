@@ -20,6 +20,8 @@ from pathlib import Path
 
 import httpx
 
+from polar_mq.forking import ChildProcess, ForkedProcess, can_fork
+
 LISTEN_PORTS_FLOOR = 10_000
 
 
@@ -101,12 +103,15 @@ class ManagedProcess:
         log_dir: Path,
         *,
         log_path: Path | None = None,
+        fork: bool = False,
     ) -> None:
         self.name = name
+        self.fork = fork
+        """Fork a `python -m` child from the pre-imported server (`polar_mq.forking`)."""
         self.argv = list(argv)
         self.env = dict(env)
         self.log_path = log_path or log_dir / f"{name}.log"
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: ChildProcess | None = None
         self.started_at = 0.0
         self._log_offset = 0
 
@@ -117,6 +122,11 @@ class ManagedProcess:
             log.write(f"==== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(self.argv)}\n".encode())
             log.flush()
             self.started_at = time.monotonic()
+            if self.fork and can_fork(self.argv, self.env):
+                self.proc = ForkedProcess(
+                    self.argv, self.env, log_path=self.log_path, new_session=True
+                )
+                return self
             self.proc = subprocess.Popen(
                 self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, start_new_session=True,

@@ -2,4 +2,5 @@
 
 from polar_mq.cli import main
 
-main()
+if __name__ == "__main__":  # not when multiprocessing imports it as `__mp_main__`
+    main()

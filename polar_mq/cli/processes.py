@@ -92,6 +92,13 @@ def worker(
     warm_pool: Annotated[
         bool, typer.Option(help="refill this node's warm pool (with the run_agent stage only)")
     ] = True,
+    start: Annotated[
+        str,
+        typer.Option(
+            help="forkserver: fork the stage workers from one pre-imported process (less "
+            "start-up CPU); exec: start each as a fresh `celery worker` process"
+        ),
+    ] = "forkserver",
 ) -> None:
     """Start one Celery worker process per stage on this node; restart any that dies.
 
@@ -100,6 +107,7 @@ def worker(
     """
     from polar_mq.workers.drain import unfinished_on_node
     from polar_mq.workers.launcher import (
+        START_METHODS,
         DrainPolicy,
         parse_concurrency,
         parse_stages,
@@ -125,6 +133,8 @@ def worker(
         )
     except ValueError as exc:
         raise fail(str(exc), 2) from exc
+    if start not in START_METHODS:
+        raise fail(f"--start must be one of {', '.join(START_METHODS)}, not {start!r}", 2)
     for w in plan:
         console.print(f"{w.hostname}: queue {w.queue}, concurrency {w.concurrency}")
     if janitor:
@@ -149,7 +159,7 @@ def worker(
         from polar_mq.workers.warm_refiller import start_refiller
 
         refiller = start_refiller(settings, agent_workers[0].concurrency)
-    code = supervise(plan, env=metrics.env if metrics else None, drain=drain)
+    code = supervise(plan, env=metrics.env if metrics else None, drain=drain, start=start)
     if metrics is not None:
         metrics.stop()
     if refiller is not None:

@@ -22,13 +22,13 @@ import contextlib
 import os
 import signal
 import socket
-import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import FrameType, TracebackType
 
+from polar_mq.forking import ChildProcess
 from polar_mq.processes import ManagedProcess
 
 SERVED_MODEL = "SmolLM2-135M-Instruct"
@@ -158,7 +158,7 @@ class LocalVllmServer:
     # ---- lifecycle ------------------------------------------------------------------------------
 
     @property
-    def proc(self) -> subprocess.Popen[bytes] | None:
+    def proc(self) -> ChildProcess | None:
         return None if self._process is None else self._process.proc
 
     def alive(self) -> bool:

@@ -86,7 +86,7 @@ class RelStack:
             return "celery" in command and hostname in command
 
         def celery_up() -> bool:
-            found[:] = [c for c in supervisor.children() if is_celery(c)]
+            found[:] = [c for c in supervisor.children(recursive=True) if is_celery(c)]
             return bool(found)
 
         wait_until(celery_up, timeout_s, f"the {stage} Celery worker")

@@ -76,6 +76,11 @@ def _node_of(event: Event) -> str:
 
 
 def _gone(proc: ManagedProcess) -> bool:
+    """The supervisor has exited and its group empties (its fork server follows it within
+    moments: it exits when the last process that could ask it for a fork is gone)."""
+    end = time.monotonic() + 5.0
+    while group_members(proc.pid) and time.monotonic() < end:
+        time.sleep(0.05)
     return not proc.alive() and not group_members(proc.pid)
 
 

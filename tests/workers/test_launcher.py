@@ -65,7 +65,9 @@ def sleepers(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[subprocess.Popen[
     """Stage workers replaced by sleepers that exit 0 on SIGTERM; signal handlers restored."""
     spawned: list[subprocess.Popen[bytes]] = []
 
-    def spawn(worker: StageWorker, env: object = None) -> subprocess.Popen[bytes]:
+    def spawn(
+        worker: StageWorker, env: object = None, start: str = "exec"
+    ) -> subprocess.Popen[bytes]:
         proc = subprocess.Popen([sys.executable, "-c", SLEEPER], stdout=subprocess.PIPE)
         assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
         spawned.append(proc)  # its SIGTERM handler is in place (a loaded machine starts slowly)
