@@ -11,10 +11,14 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
+import httpx
 import pytest
 from proxy_support import Harness, proxy_settings, start_harness
-from starlette.routing import Route
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.routing import Route, request_response
 
+from polar_mq.proxy.engines.retokenize import TOKENIZE_ATTEMPTS
 from polar_mq.testing.fake_vllm import create_fake_vllm_app
 
 pytestmark = pytest.mark.anyio
@@ -105,3 +109,44 @@ async def test_upstream_errors_are_stored_without_tokenizing(harness: Harness) -
     (row,) = await stored(harness)
     assert row["status_code"] == 400 and "fidelity" not in row["response"]
     assert harness.stats.paths["/tokenize"] == 0
+
+
+def _tokenize_dropping(fake: Starlette, drops: int) -> dict[str, int]:
+    """`/tokenize` whose first `drops` calls fail in transport (a connection closed under the
+    client, as a server's keep-alive timeout does), then answer as before."""
+    (route,) = [r for r in fake.router.routes if isinstance(r, Route) and r.path == "/tokenize"]
+    answer = route.endpoint
+    seen = {"calls": 0}
+
+    async def flaky(request: Request) -> Any:
+        seen["calls"] += 1
+        if seen["calls"] <= drops:
+            raise httpx.ReadError("connection closed by the server")
+        return await answer(request)
+
+    route.app = request_response(flaky)
+    return seen
+
+
+@pytest.mark.parametrize("drops", [1, 2])
+async def test_a_tokenize_call_dropped_in_transport_is_tried_again(drops: int) -> None:
+    fake = create_fake_vllm_app()
+    seen = _tokenize_dropping(fake, drops)
+    async for harness in start_harness(proxy_settings(upstream_engine="generic"), fake):
+        response = await harness.post(CHAT, {"model": "my-policy", "messages": QUESTION})
+        assert response.status_code == 200
+        (row,) = await stored(harness)
+        assert row["response"]["fidelity"] == "retokenized" and row["prompt_ids"]
+        assert harness.app.state.proxy.sink.stats()["retokenize_failed"] == 0
+        assert seen["calls"] == 2 + drops  # the prompt and the completion, and the retries
+
+
+async def test_a_backend_that_keeps_dropping_tokenize_leaves_the_ids_missing() -> None:
+    fake = create_fake_vllm_app()
+    seen = _tokenize_dropping(fake, 1000)
+    async for harness in start_harness(proxy_settings(upstream_engine="generic"), fake):
+        response = await harness.post(CHAT, {"model": "my-policy", "messages": QUESTION})
+        assert response.status_code == 200
+        (row,) = await stored(harness)
+        assert row["response"]["fidelity"] == "missing"
+        assert seen["calls"] == 2 * TOKENIZE_ATTEMPTS  # bounded: both lookups gave up

@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 import orjson
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from polar_mq.proxy.engines.base import CHAT, RETOKENIZED, choice0, exact_logprobs
 from polar_mq.proxy.writer import CallSink
@@ -26,6 +27,12 @@ logger = logging.getLogger(__name__)
 
 MISSING = "missing"
 TOKENIZE_PATH = "/tokenize"
+
+
+TOKENIZE_ATTEMPTS = 3
+"""Tries of an idempotent /tokenize call that failed in transport (a pooled keep-alive
+connection the server had just closed, a backend restarting): a transient error must not leave a
+call's ids `missing` for good."""
 
 
 class TokenizeError(Exception):
@@ -125,11 +132,18 @@ class RetokenizingSink:
         except KeyError as exc:  # the backend was removed since
             raise TokenizeError(f"backend {row['backend']!r} is gone") from exc
         try:
-            response = await client.post(
-                TOKENIZE_PATH,
-                content=orjson.dumps(body),
-                headers={"content-type": "application/json"},
-            )
+            async for attempt in AsyncRetrying(
+                stop=stop_after_attempt(TOKENIZE_ATTEMPTS),
+                wait=wait_exponential(multiplier=0.05, max=1.0),
+                retry=retry_if_exception_type(httpx.TransportError),
+                reraise=True,
+            ):
+                with attempt:
+                    response = await client.post(
+                        TOKENIZE_PATH,
+                        content=orjson.dumps(body),
+                        headers={"content-type": "application/json"},
+                    )
         except httpx.HTTPError as exc:
             raise TokenizeError(f"{type(exc).__name__} calling {TOKENIZE_PATH}") from exc
         if response.status_code != 200:
