@@ -28,7 +28,7 @@ import subprocess
 import sys
 import threading
 import types
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from multiprocessing.context import ForkContext, ForkServerContext
 from multiprocessing.process import BaseProcess
@@ -138,6 +138,17 @@ def _main_module_hidden() -> Iterator[None]:
             sys.modules["__main__"] = main
 
 
+def start_forked(
+    target: Callable[..., object], args: tuple[object, ...], name: str, method: str = "forkserver"
+) -> BaseProcess:
+    """A started multiprocessing child of the fork server (`method="fork"`: of this process)
+    running `target(*args)`; arguments are pickled (sockets passed as descriptors)."""
+    process = _contexts[method].Process(target=target, args=args, name=name)
+    with _main_module_hidden():
+        process.start()
+    return process
+
+
 class ForkedProcess:
     """A forked `python -m` child with the part of `subprocess.Popen`'s interface we use."""
 
@@ -154,13 +165,10 @@ class ForkedProcess:
         if not can_fork(argv, env):
             raise ValueError(f"cannot fork {argv[:3]}: not `python -m` with this environment")
         self.args = list(argv)
-        self._process: BaseProcess = _contexts[method].Process(
-            target=_run_module,
-            args=(self.args, dict(env), None if log_path is None else str(log_path), new_session),
-            name=argv[2],
+        log = None if log_path is None else str(log_path)
+        self._process = start_forked(
+            _run_module, (self.args, dict(env), log, new_session), argv[2], method
         )
-        with _main_module_hidden():
-            self._process.start()
 
     @property
     def pid(self) -> int:

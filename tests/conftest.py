@@ -17,6 +17,8 @@ from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from polar_mq.db import create_db_engine, make_session_factory
+from polar_mq.devstack import SERVICE_IMPORTS
+from polar_mq.forking import preload
 from polar_mq.lifecycle.messages import StageMessage
 from polar_mq.lifecycle.outbox import attach_publisher
 from polar_mq.migrate import upgrade
@@ -43,6 +45,9 @@ os.environ.setdefault("POLAR_MQ_UNSAFE_ROOT_AGENTS", "1")
 # Every process this session starts carries its owner's tag: the next session kills the stacks a
 # killed pytest left behind (tests/reaper.py).
 mark_owner()
+# The services tests start (stacks, APIs, proxies) fork from one server per pytest process that
+# has imported them once (`polar_mq.forking`).
+preload(SERVICE_IMPORTS)
 
 PG_ADMIN_URL = os.environ.get("POLAR_MQ_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 REDIS_URL = os.environ.get("POLAR_MQ_TEST_REDIS", "redis://127.0.0.1:6379")

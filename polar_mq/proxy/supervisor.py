@@ -1,13 +1,14 @@
 """`polar-mq proxy --workers N`: N proxy processes serving one port, under one supervisor.
 
 One Python process saturates one core, so a proxy with more calls than that needs processes. The
-parent binds the listening socket once and starts N children (spawned, so none inherits a
-half-initialised event loop); the kernel hands each new connection to whichever child accepts
-it. The parent only supervises: a child that dies is started again in the same slot (same spill
-subdirectory, so its spilled rows are replayed exactly once; the directories of a previous layout
-are taken over by the new children, `spill_layout`), and SIGTERM or SIGINT is passed to every
-child, each of which drains like a single proxy (stops accepting, finishes its calls,
-flushes its writer), before the parent exits.
+parent binds the listening socket once and starts N children, forked from a fork server that has
+imported the proxy once (none inherits the parent's state, and a start or a restart after a crash
+takes a fraction of a second of CPU); the kernel hands each new connection to whichever child
+accepts it. The parent only supervises: a child that dies is started again in the same slot
+(same spill subdirectory, so its spilled rows are replayed exactly once; the directories of a
+previous layout are taken over by the new children, `spill_layout`), and SIGTERM or SIGINT is
+passed to every child, each of which drains like a single proxy (stops accepting, finishes its
+calls, flushes its writer), before the parent exits.
 
 Each child keeps its own call writer and spill directory (`<spill>/worker-<i>`: two processes
 never share a segment file) and listens on a private Unix socket in a run directory the parent
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import multiprocessing
 import os
 import shutil
 import signal
@@ -32,6 +32,7 @@ from pathlib import Path
 from types import FrameType
 
 from polar_mq.config import Settings
+from polar_mq.forking import preload, start_forked
 from polar_mq.proxy.spill_layout import worker_spill_dir
 
 logger = logging.getLogger(__name__)
@@ -40,6 +41,8 @@ RESTART_BACKOFF_S = (0.5, 1.0, 2.0, 5.0)
 """Wait before restarting a slot that died again soon after its last start."""
 STABLE_AFTER_S = 30.0
 """A child that lived this long restarts at once (its backoff resets)."""
+PROXY_WORKER_IMPORTS = ("polar_mq.cli", "polar_mq.proxy.server")
+"""What the fork server imports once for the proxy's children (`polar_mq.forking`)."""
 STOP_TIMEOUT_S = 900.0
 """After SIGTERM, how long the parent waits for its children to drain before killing them."""
 
@@ -97,14 +100,11 @@ class Supervisor:
         self.started: dict[int, float] = {}
         self.failures: dict[int, int] = {}
         self.stopping = False
-        self._context = multiprocessing.get_context("spawn")
+        preload(PROXY_WORKER_IMPORTS)
 
     def start(self, index: int) -> None:
         slot = WorkerSlot(index, self.count, self.run_dir)
-        proc = self._context.Process(
-            target=_child, args=(self.settings, slot, self.sock), name=f"polar-mq-proxy-{index}"
-        )
-        proc.start()
+        proc = start_forked(_child, (self.settings, slot, self.sock), f"polar-mq-proxy-{index}")
         self.children[index] = proc
         self.started[index] = time.monotonic()
 

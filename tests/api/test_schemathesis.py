@@ -128,7 +128,9 @@ def api_base(
         POLAR_MQ_QUOTA_MAX_ROLLOUTS_PER_REQUEST="64",
     )
     log_dir = Path(tmp_path_factory.mktemp("schemathesis-api"))
-    proc = ManagedProcess("api", [sys.executable, "-m", "polar_mq.cli", "api"], env, log_dir)
+    proc = ManagedProcess(
+        "api", [sys.executable, "-m", "polar_mq.cli", "api"], env, log_dir, fork=True
+    )
     proc.start()
     client = redis.Redis.from_url(f"{REDIS_URL}/0")
     try:

@@ -83,7 +83,9 @@ def live_api(
         "POLAR_MQ_TENANT_QUOTAS": json.dumps(TENANT_QUOTAS),
     }
     log_dir = tmp_path_factory.mktemp("security-api")
-    proc = ManagedProcess("api", [sys.executable, "-m", "polar_mq.cli", "api"], env, log_dir)
+    proc = ManagedProcess(
+        "api", [sys.executable, "-m", "polar_mq.cli", "api"], env, log_dir, fork=True
+    )
     proc.start()
     try:
         base = f"http://127.0.0.1:{port}"

@@ -61,7 +61,7 @@ def servers(pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[d
     try:
         for name in ports:
             argv = [sys.executable, "-m", "polar_mq.cli", name]
-            proc = ManagedProcess(name, argv, env, Path(tmp)).start()
+            proc = ManagedProcess(name, argv, env, Path(tmp), fork=True).start()
             procs.append(proc)
             health = "/healthz"
             proc.wait_http(f"http://127.0.0.1:{ports[name]}{health}")

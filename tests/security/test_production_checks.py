@@ -104,7 +104,8 @@ def test_a_safe_proxy_starts_and_locks_admin_as_configured(
     pg_url: str, tmp_path: Path, mode: str
 ) -> None:
     env = base_env(pg_url, **_env_for(mode))
-    proc = ManagedProcess("proxy", [sys.executable, "-m", "polar_mq.cli", "proxy"], env, tmp_path)
+    argv = [sys.executable, "-m", "polar_mq.cli", "proxy"]
+    proc = ManagedProcess("proxy", argv, env, tmp_path, fork=True)
     proc.start()
     base = f"http://127.0.0.1:{env['POLAR_MQ_PROXY_PORT']}"
     try:
