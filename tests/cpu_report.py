@@ -5,7 +5,9 @@ durations under xdist say little about where the time goes: a test waiting on a 
 as long as one keeping it busy. Each test's share is the rise of `getrusage(SELF)` plus
 `getrusage(CHILDREN)` across its setup, call and teardown: children count once they are reaped,
 with their own reaped descendants, which the stacks do at teardown (a module's shared stack is
-billed to the test that tears it down: read the report per module). Every process appends JSON
+billed to the test that tears it down: read the report per module). Services forked from the
+session's fork server (`polar_mq.forking`) are its children, not ours: the rise of the fork
+server's own reaped-children time (`/proc/<pid>/stat`) is added. Every process appends JSON
 lines to FILE; `python -m tests.cpu_report FILE` prints the costliest modules and tests.
 """
 
@@ -23,8 +25,23 @@ from typing import Any
 import pytest
 
 
+def _fork_server_children_s() -> float:
+    """CPU of the fork server's reaped children (the forked services), 0 before it starts."""
+    from multiprocessing import forkserver
+
+    pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
+    if pid is None:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    cutime, cstime = int(fields[13]), int(fields[14])  # fields 16 and 17 of proc(5)
+    return (cutime + cstime) / os.sysconf("SC_CLK_TCK")
+
+
 def _cpu_s() -> float:
-    total = 0.0
+    total = _fork_server_children_s()
     for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
         usage = resource.getrusage(who)
         total += usage.ru_utime + usage.ru_stime

@@ -14,6 +14,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from polar_mq.app import create_app
 from polar_mq.config import Settings
 from polar_mq.db import create_db_engine, make_session_factory
+from tests.conftest import module_database
+
+pg_url, pg_engine = module_database("polar_mq_api_health")  # it counts every row
 
 DEAD_PORT_URL = "redis://127.0.0.1:1/0"
 

@@ -22,6 +22,9 @@ from polar_mq.jobs import results
 from polar_mq.lifecycle.stages import Stage
 from polar_mq.models import RolloutStatus
 from polar_mq.models.base import utcnow
+from tests.conftest import module_database
+
+pg_url, pg_engine = module_database("polar_mq_api_jobs")  # it counts every row
 
 
 def _job(n_tasks: int = 2, samples: int = 3, **extra: Any) -> dict[str, Any]:

@@ -14,6 +14,9 @@ from polar_mq.config import Settings
 from polar_mq.jobs.schemas import JobCreate
 from polar_mq.lifecycle.stages import Stage
 from polar_mq.submit import Enqueuer, IdempotencyConflict, enqueue_job, submit_job
+from tests.conftest import module_database
+
+pg_url, pg_engine = module_database("polar_mq_enqueue")  # it counts every row
 
 SPEC = {"tasks": [{"instruction": "a"}, {"instruction": "b"}], "samples_per_task": 2}
 
