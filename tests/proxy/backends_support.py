@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-from proxy_support import SECRET, proxy_settings
+from proxy_support import FRESH_HTTP, SECRET, proxy_settings
 from starlette.applications import Starlette
 
 from polar_mq.proxy import CallSink, MemoryCallSink, create_proxy_app
@@ -133,7 +133,7 @@ class FakeProcess:
     def _healthy(self) -> bool:
         assert self.proc is not None and self.proc.poll() is None, "fake engine exited"
         try:
-            return httpx.get(f"{self.url}/health").status_code == 200
+            return FRESH_HTTP.get(f"{self.url}/health").status_code == 200
         except httpx.TransportError:
             return False
 

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-from proxy_support import proxy_settings
+from proxy_support import FRESH_HTTP, proxy_settings
 
 from polar_mq.proxy import MemoryCallSink, create_proxy_app
 from polar_mq.testing.servers import free_port, serve_in_thread
@@ -187,7 +187,7 @@ def fake_engine_process(ttft_ms: int = 2) -> Iterator[str]:
                 stderr.seek(0)
                 raise AssertionError(f"the fake engine exited: {stderr.read().decode()}")
             try:
-                return httpx.get(f"{url}/health").status_code == 200
+                return FRESH_HTTP.get(f"{url}/health").status_code == 200
             except httpx.TransportError:
                 return False
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 from backends_support import ADMIN, ADMIN_TOKEN, CHAT, FakeProcess, wait_until
-from proxy_support import SECRET
+from proxy_support import FRESH_HTTP, SECRET
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
@@ -114,7 +114,7 @@ class WorkerProxy:
     def pids(self) -> set[int]:
         seen: set[int] = set()
         for _ in range(100):
-            seen.add(httpx.get(f"{self.url}/healthz").json()["pid"])
+            seen.add(FRESH_HTTP.get(f"{self.url}/healthz").json()["pid"])
             if len(seen) == self.workers:
                 break
         return seen
@@ -178,7 +178,7 @@ def worker_proxy(
     def up() -> bool:
         assert proc.poll() is None, log.read_text()
         try:
-            return httpx.get(f"{url}/healthz").status_code == 200
+            return FRESH_HTTP.get(f"{url}/healthz").status_code == 200
         except httpx.TransportError:
             return False
 
