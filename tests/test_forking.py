@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from polar_mq.lifecycle.stages import Stage
 from polar_mq.processes import ManagedProcess, group_members, live_groups
 from polar_mq.workers.launcher import STAGE_WORKER_IMPORTS, parse_concurrency, plan_workers
 from tests.conftest import REDIS_URL
+from tests.reliability.support import wait_until
 
 BROKER = f"{REDIS_URL}/5"
 
@@ -27,15 +27,6 @@ def _worker_argv(prefix: str) -> list[str]:
     settings = Settings(queue_prefix=prefix, pool="p", node_name="n", broker_url=BROKER)
     (plan,) = plan_workers(settings, [Stage.BUILD], parse_concurrency(None), "threads")
     return plan.argv()
-
-
-def _wait(predicate: object, timeout_s: float) -> bool:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if predicate():  # type: ignore[operator]
-            return True
-        time.sleep(0.1)
-    return False
 
 
 @pytest.fixture()
@@ -60,7 +51,7 @@ def test_a_forked_worker_is_the_celery_worker_exec_would_start(child_env: dict[s
         # a real Celery worker: it consumes its queue on the broker
         client = redis.Redis.from_url(BROKER)
         queue = argv[argv.index("-Q") + 1]
-        assert _wait(lambda: client.exists("_kombu.binding." + queue), 60), "never bound its queue"
+        wait_until(lambda: client.exists("_kombu.binding." + queue), 60, "its queue bound")
         # as `ps` and the tests' process lookups see it: the Celery command line
         cmdline = Path(f"/proc/{worker.pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
         assert "celery" in cmdline and f"-n {argv[argv.index('-n') + 1]}" in cmdline, cmdline
@@ -123,7 +114,7 @@ def test_a_forked_service_is_what_exec_would_have_started(tmp_path: Path) -> Non
 def test_stopping_a_forked_service_stops_its_group(tmp_path: Path) -> None:
     proc = ManagedProcess("child", _child_argv("0", "60"), dict(os.environ), tmp_path, fork=True)
     proc.start()
-    assert _wait(lambda: len(group_members(proc.pid)) >= 2, 30), proc.log_tail()
+    wait_until(lambda: len(group_members(proc.pid)) >= 2, 30, "the child and its grandchild")
     proc.stop(grace_s=10)
     assert not proc.alive() and proc.proc is not None and proc.proc.returncode == -signal.SIGTERM
     assert not live_groups([proc.pid])

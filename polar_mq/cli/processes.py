@@ -107,8 +107,8 @@ def worker(
     """
     from polar_mq.workers.drain import unfinished_on_node
     from polar_mq.workers.launcher import (
-        START_METHODS,
         DrainPolicy,
+        check_start_method,
         parse_concurrency,
         parse_stages,
         plan_workers,
@@ -131,10 +131,9 @@ def worker(
         plan = plan_workers(
             settings, parse_stages(stages), parse_concurrency(concurrency), pool_impl
         )
+        check_start_method(start)
     except ValueError as exc:
         raise fail(str(exc), 2) from exc
-    if start not in START_METHODS:
-        raise fail(f"--start must be one of {', '.join(START_METHODS)}, not {start!r}", 2)
     for w in plan:
         console.print(f"{w.hostname}: queue {w.queue}, concurrency {w.concurrency}")
     if janitor:

@@ -95,6 +95,14 @@ START_METHODS = ("forkserver", "exec")
 """How stage workers start: forked from a pre-imported server (`polar_mq.forking`, the default:
 0.2 instead of 1.3 CPU-s per start), or each a fresh `celery worker` process."""
 
+
+def check_start_method(start: str) -> str:
+    """`start` if it is one of `START_METHODS`; else a ValueError naming them."""
+    if start not in START_METHODS:
+        raise ValueError(f"unknown start method {start!r}; one of {', '.join(START_METHODS)}")
+    return start
+
+
 STAGE_WORKER_IMPORTS = (
     "polar_mq.cli",  # the `polar-mq` script's module: multiprocessing imports it in each child
     "polar_mq.workers.celery_app",
@@ -167,10 +175,8 @@ class Supervisor:
         drain: DrainPolicy | None = None,
         start: str = "forkserver",
     ) -> None:
-        if start not in START_METHODS:
-            raise ValueError(f"unknown start method {start!r}; one of {', '.join(START_METHODS)}")
         self.workers = list(workers)
-        self.start = start
+        self.start = check_start_method(start)
         self.env = env
         self.poll_s = poll_s
         self.drain = drain

@@ -4,6 +4,8 @@ covered end to end in tests/e2e/test_cli.py)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -39,3 +41,19 @@ def test_a_bad_job_file_is_a_clear_message(tmp_path: Path, content: str, message
     assert result.exit_code != 0
     assert message in result.output
     assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--start", "spawn"], "unknown start method 'spawn'; one of forkserver, exec"),
+        (["--concurrency", "run_agent=0"], "bad concurrency 'run_agent=0'"),
+    ],
+)
+def test_a_bad_worker_option_is_a_clear_message(args: list[str], message: str) -> None:
+    """Refused before any stage worker, thread or port is started."""
+    worker = [sys.executable, "-m", "polar_mq.cli", "worker", "--no-janitor", "--no-warm-pool"]
+    result = subprocess.run([*worker, *args], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr + result.stdout
+    assert "Traceback" not in result.stderr

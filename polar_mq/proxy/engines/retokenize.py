@@ -131,6 +131,7 @@ class RetokenizingSink:
             client = self._client_for(row["backend"])
         except KeyError as exc:  # the backend was removed since
             raise TokenizeError(f"backend {row['backend']!r} is gone") from exc
+        content = orjson.dumps(body)
         try:
             async for attempt in AsyncRetrying(
                 stop=stop_after_attempt(TOKENIZE_ATTEMPTS),
@@ -141,7 +142,7 @@ class RetokenizingSink:
                 with attempt:
                     response = await client.post(
                         TOKENIZE_PATH,
-                        content=orjson.dumps(body),
+                        content=content,
                         headers={"content-type": "application/json"},
                     )
         except httpx.HTTPError as exc:
