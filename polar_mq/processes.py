@@ -21,6 +21,7 @@ from pathlib import Path
 import httpx
 
 from polar_mq.forking import ChildProcess, ForkedProcess, can_fork
+from polar_mq.tls import client_ssl_context
 
 LISTEN_PORTS_FLOOR = 10_000
 
@@ -170,7 +171,7 @@ class ManagedProcess:
         """Poll `url` until it answers 200 and return the seconds since `start()`; fail fast,
         with the log tail, if the process exits first or `timeout_s` passes."""
         deadline = time.monotonic() + timeout_s
-        with httpx.Client(timeout=2.0) as client:
+        with httpx.Client(timeout=2.0, verify=client_ssl_context()) as client:
             while True:
                 if not self.alive():
                     code = self.proc.returncode if self.proc is not None else None

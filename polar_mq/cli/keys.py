@@ -9,15 +9,17 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
-from sqlalchemy.orm import Session
 
 from polar_mq.cli.common import fail
 from polar_mq.config import get_settings
 from polar_mq.tenants.scopes import ALL_SCOPES
+
+if TYPE_CHECKING:  # the ORM is imported when a command opens a session, not at every start of
+    from sqlalchemy.orm import Session  # the CLI (`polar-mq status` has no use for it)
 
 keys_app = typer.Typer(no_args_is_help=True, help="REST API keys (tenant, scopes, quotas).")
 console = Console(stderr=True)

@@ -17,6 +17,7 @@ import httpx
 from polar_mq.client.core import DEFAULT_TIMEOUT_S, ClientCore, headers
 from polar_mq.client.errors import PolarMQError
 from polar_mq.client.steps import Call, Emit, Op, Sleep, Stepper, Stream, decode, unreachable
+from polar_mq.tls import client_ssl_context
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -63,6 +64,7 @@ class AsyncClient:
             headers=headers(api_key),
             timeout=timeout,
             transport=transport,
+            verify=client_ssl_context(),
         )
         self._core = ClientCore(timeout)
 

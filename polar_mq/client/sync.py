@@ -18,6 +18,7 @@ from polar_mq.client.core import DEFAULT_TIMEOUT_S, ClientCore, headers
 from polar_mq.client.errors import PolarMQError
 from polar_mq.client.progress import job_progress
 from polar_mq.client.steps import Call, Emit, Op, Sleep, Stepper, Stream, decode, unreachable
+from polar_mq.tls import client_ssl_context
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -64,6 +65,7 @@ class Client:
             headers=headers(api_key),
             timeout=timeout,
             transport=transport,
+            verify=client_ssl_context(),
         )
         self._core = ClientCore(timeout)
 

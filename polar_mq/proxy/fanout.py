@@ -30,6 +30,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from polar_mq.proxy.auth import LOCAL_KEY, admin_allowed
 from polar_mq.proxy.errors import openai_error, unauthorized
+from polar_mq.tls import client_ssl_context
 
 if TYPE_CHECKING:
     from polar_mq.proxy.supervisor import WorkerSlot
@@ -57,7 +58,9 @@ class Siblings:
         self.slot = slot
         self.clients = {
             index: httpx.AsyncClient(
-                transport=httpx.AsyncHTTPTransport(uds=str(slot.control_socket(index))),
+                transport=httpx.AsyncHTTPTransport(
+                    uds=str(slot.control_socket(index)), verify=client_ssl_context()
+                ),
                 base_url="http://proxy-worker",
                 timeout=httpx.Timeout(None, connect=5.0),
             )

@@ -31,6 +31,7 @@ from polar_mq.config import Settings
 from polar_mq.lifecycle.stages import STAGE_OF_STATUS
 from polar_mq.models import Rollout
 from polar_mq.policy.state import PolicyView, current_policy
+from polar_mq.tls import client_ssl_context
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +121,9 @@ def proxies_view(settings: Settings, view: SystemView) -> None:
     headers = {}
     if settings.proxy_admin_token:
         headers["authorization"] = f"Bearer {settings.proxy_admin_token}"
-    with httpx.Client(timeout=PROXY_TIMEOUT_S, headers=headers) as client:
+    with httpx.Client(
+        timeout=PROXY_TIMEOUT_S, headers=headers, verify=client_ssl_context()
+    ) as client:
         for base in settings.proxy_admin_bases:
             try:
                 answer = client.get(f"{base}/admin/backends")

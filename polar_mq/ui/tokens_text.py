@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 
 from polar_mq.jobs.read_models import LlmCallRecord
+from polar_mq.tls import client_ssl_context
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +94,10 @@ class TokenDecoder:
         fetched: dict[int, str] = {}
         try:
             with httpx.Client(
-                base_url=self.base_url, timeout=self.timeout_s, transport=self._transport
+                base_url=self.base_url,
+                timeout=self.timeout_s,
+                transport=self._transport,
+                verify=client_ssl_context(),
             ) as client:
                 for token_id in missing:
                     if self._clock() > deadline:

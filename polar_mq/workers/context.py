@@ -21,6 +21,7 @@ from polar_mq.config import Settings
 from polar_mq.db import create_db_engine, make_session_factory
 from polar_mq.lifecycle.outbox import Publisher, attach_publisher
 from polar_mq.runtimes.warm_pool import WarmPool
+from polar_mq.tls import client_ssl_context
 from polar_mq.workers.leases import LeaseKeeper
 from polar_mq.workers.spec_cache import SpecCache
 
@@ -82,7 +83,7 @@ class WorkerContext:
 
     @cached_property
     def http(self) -> httpx.Client:
-        return httpx.Client(timeout=httpx.Timeout(30.0, connect=5.0))
+        return httpx.Client(timeout=httpx.Timeout(30.0, connect=5.0), verify=client_ssl_context())
 
     def lease_owner(self, task_id: str | None) -> str:
         return f"{self.settings.node_name}/{os.getpid()}/{task_id or '-'}"

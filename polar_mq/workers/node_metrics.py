@@ -16,6 +16,7 @@ Read at scrape time, in the supervisor:
 
 from __future__ import annotations
 
+import glob
 import logging
 import os
 import shutil
@@ -91,13 +92,46 @@ class NodeCollector(Collector):
         )
 
 
+class SettledFilesCollector(MultiProcessCollector):
+    """prometheus-client's multiprocess sum, minus the files a process is still creating.
+
+    A stage worker (or a pool child) that starts creates its metrics file empty and only then
+    sizes it; a scrape in that instant read the empty file and answered 500 (`struct.error`, seen
+    in the suite when a node started its workers). Such a file holds no value yet, so it is left
+    out of this scrape; a file removed between listing and reading (a dead process's, by
+    `mark_process_dead`) makes the scrape list the directory again."""
+
+    def __init__(self, registry: CollectorRegistry, path: str) -> None:
+        self.directory = path  # before registering: an auto-describing registry collects then
+        super().__init__(registry, path=path)
+
+    def collect(self) -> Iterator[Metric]:
+        attempts = 3
+        for attempt in range(1, attempts + 1):
+            files = [f for f in glob.glob(os.path.join(self.directory, "*.db")) if _sized(f)]
+            try:
+                return iter(self.merge(files, accumulate=True))
+            except FileNotFoundError:
+                if attempt == attempts:
+                    raise
+        raise AssertionError("unreachable")
+
+
+def _sized(path: str) -> bool:
+    """Whether the file has its header (an 8-byte used-size word), i.e. it is past creation."""
+    try:
+        return os.path.getsize(path) >= 8
+    except OSError:
+        return False
+
+
 class NodeMetrics:
     """The node's metrics directory and HTTP server; `env` is what the stage workers need."""
 
     def __init__(self, settings: Settings, queues: Sequence[str], port: int) -> None:
         self.directory = Path(tempfile.mkdtemp(prefix=f"polar-mq-metrics-{settings.node_name}-"))
         self.registry = CollectorRegistry(auto_describe=True)
-        MultiProcessCollector(self.registry, path=str(self.directory))
+        SettledFilesCollector(self.registry, path=str(self.directory))
         self.registry.register(NodeCollector(settings, queues))
         self.host = settings.metrics_host
         self.port = port

@@ -25,6 +25,7 @@ from polar_mq.client import AsyncClient, Client, delivery_ids
 from polar_mq.jobs import deliveries
 from polar_mq.lifecycle.messages import StageMessage
 from polar_mq.models import GroupDelivery
+from polar_mq.tls import client_ssl_context
 from tests.live_api import serve_api
 
 
@@ -57,7 +58,7 @@ def test_concurrent_consumers_get_disjoint_groups(
 
     def consume(name: str) -> None:
         mine: list[int] = []
-        with httpx.Client(base_url=api, timeout=30) as http:
+        with httpx.Client(base_url=api, timeout=30, verify=client_ssl_context()) as http:
             start.wait()
             while True:
                 body = {"consumer": name, "max_groups": 2, "lease_s": 60}

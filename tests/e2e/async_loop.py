@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from polar_mq.client import Client
 from polar_mq.models import GroupDelivery, LlmCall, Rollout, StaleGroup
+from polar_mq.tls import client_ssl_context
 
 
 @dataclass
@@ -70,7 +71,7 @@ def run_loop(
 def wait_for_call_in_flight(proxy_url: str, timeout_s: float) -> bool:
     """Whether the proxy holds an upstream call open within `timeout_s` (admin view, loopback)."""
     deadline = time.monotonic() + timeout_s
-    with httpx.Client(timeout=5.0) as http:
+    with httpx.Client(timeout=5.0, verify=client_ssl_context()) as http:
         while time.monotonic() < deadline:
             backends = http.get(f"{proxy_url}/admin/backends").json()["backends"]
             if sum(b["in_flight"] for b in backends) > 0:

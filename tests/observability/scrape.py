@@ -7,11 +7,13 @@ from collections import defaultdict
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from polar_mq.tls import client_ssl_context
+
 Samples = dict[str, dict[frozenset[tuple[str, str]], float]]
 
 
 def scrape(url: str) -> Samples:
-    response = httpx.get(url, timeout=10)
+    response = httpx.get(url, timeout=10, verify=client_ssl_context())
     response.raise_for_status()
     out: dict[str, dict[frozenset[tuple[str, str]], float]] = defaultdict(dict)
     for family in text_string_to_metric_families(response.text):

@@ -26,6 +26,7 @@ from polar_mq.devstack import LocalStack
 from polar_mq.lifecycle.stages import Stage
 from polar_mq.models import Event, EventKind, LlmCall, Rollout
 from polar_mq.processes import free_port
+from polar_mq.tls import client_ssl_context
 from tests.conftest import module_database
 from tests.e2e.stack import client_of, e2e_settings
 from tests.observability.scrape import Samples, scrape, value
@@ -54,7 +55,7 @@ def _wait_http(url: str, timeout_s: float = 60) -> None:
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            if httpx.get(url, timeout=5).status_code == 200:
+            if httpx.get(url, timeout=5, verify=client_ssl_context()).status_code == 200:
                 return
         except httpx.HTTPError:
             pass

@@ -117,3 +117,53 @@ def test_a_taken_metrics_port_stops_the_node_with_a_message(tmp_path: Path) -> N
     assert done.returncode == 2, said
     assert f"cannot serve node metrics on port {port}" in said
     assert "Traceback" not in said
+
+
+WRITE_A_COUNTER = """
+from prometheus_client import Counter
+Counter("polar_demo_total", "a stage worker's count").inc(5)
+"""
+
+
+def test_a_metrics_file_still_being_created_is_left_out_of_the_scrape(tmp_path: Path) -> None:
+    """A worker that starts creates its file empty, then sizes it: a scrape in between answered
+    500 (`struct.error`) before the node's collector left such files out."""
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    from polar_mq.workers.node_metrics import SettledFilesCollector
+
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    subprocess.run([sys.executable, "-c", WRITE_A_COUNTER], env=env, check=True, timeout=60)
+    (tmp_path / "counter_99999.db").touch()  # a process between creating and sizing its file
+    plain = CollectorRegistry()
+    MultiProcessCollector(plain, path=str(tmp_path))
+    with pytest.raises(Exception, match="unpack"):
+        generate_latest(plain)
+    registry = CollectorRegistry()
+    SettledFilesCollector(registry, path=str(tmp_path))
+    assert "polar_demo_total 5.0" in generate_latest(registry).decode()
+
+
+def test_a_file_removed_while_scraping_makes_the_scrape_list_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    from polar_mq.workers.node_metrics import SettledFilesCollector
+
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    subprocess.run([sys.executable, "-c", WRITE_A_COUNTER], env=env, check=True, timeout=60)
+    real_merge = MultiProcessCollector.merge
+    calls: list[list[str]] = []
+
+    def merge_racing_a_dead_process(files: list[str], accumulate: bool = True) -> object:
+        calls.append(list(files))
+        if len(calls) == 1:
+            raise FileNotFoundError(files[0])
+        return real_merge(files, accumulate)
+
+    monkeypatch.setattr(MultiProcessCollector, "merge", staticmethod(merge_racing_a_dead_process))
+    registry = CollectorRegistry()
+    SettledFilesCollector(registry, path=str(tmp_path))
+    assert "polar_demo_total 5.0" in generate_latest(registry).decode()
+    assert len(calls) == 2

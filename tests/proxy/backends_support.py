@@ -20,6 +20,7 @@ from polar_mq.proxy import CallSink, MemoryCallSink, create_proxy_app
 from polar_mq.proxy.backends.rendezvous import order_of
 from polar_mq.testing.fake_vllm import FakeStats, create_fake_vllm_app
 from polar_mq.testing.servers import free_port, serve_in_thread
+from polar_mq.tls import client_ssl_context
 from polar_mq.tokens import issue_rollout_token
 
 ADMIN_TOKEN = "admin-secret"
@@ -59,7 +60,9 @@ class Stack:
     url: str
     sink: MemoryCallSink
     fakes: dict[str, Starlette]
-    client: httpx.Client = field(default_factory=lambda: httpx.Client(timeout=30))
+    client: httpx.Client = field(
+        default_factory=lambda: httpx.Client(timeout=30, verify=client_ssl_context())
+    )
 
     def stats(self, backend: str) -> FakeStats:
         stats: FakeStats = self.fakes[backend].state.stats

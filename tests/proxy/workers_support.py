@@ -28,6 +28,7 @@ from polar_mq.config import Settings
 from polar_mq.devstack import settings_env
 from polar_mq.models import Job, JobTask, LlmCall, Rollout, RolloutStatus
 from polar_mq.processes import free_port
+from polar_mq.tls import client_ssl_context
 from polar_mq.tokens import issue_rollout_token
 from tests.conftest import REDIS_URL
 
@@ -103,6 +104,7 @@ class WorkerProxy:
                 base_url=self.url,
                 timeout=30,
                 limits=httpx.Limits(max_connections=1, max_keepalive_connections=1),
+                verify=client_ssl_context(),
             )
             answer = client.get("/healthz").json()
             if answer["worker"] == worker:
@@ -128,7 +130,9 @@ class WorkerProxy:
         return {b["name"]: b for b in body["backends"]}
 
     def flush(self) -> dict[str, Any]:
-        answer = httpx.post(f"{self.url}/admin/flush", headers=ADMIN, timeout=30)
+        answer = httpx.post(
+            f"{self.url}/admin/flush", headers=ADMIN, timeout=30, verify=client_ssl_context()
+        )
         assert answer.status_code == 200, answer.text
         body: dict[str, Any] = answer.json()
         return body

@@ -32,6 +32,7 @@ from polar_mq.jobs.schemas import JobCreate
 from polar_mq.jobs.service import create_job
 from polar_mq.models import LlmCall
 from polar_mq.processes import free_port
+from polar_mq.tls import client_ssl_context
 from polar_mq.tokens import issue_rollout_token
 from tests.reliability.tcp_relay import TcpRelay
 
@@ -58,7 +59,9 @@ class Client:
 async def _agent(url: str, client: Client, n: int, stop: asyncio.Event) -> None:
     token = issue_rollout_token(SECRET, client.rollout_id, 3600)
     headers = {"authorization": f"Bearer {token}"}
-    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=30) as http:
+    async with httpx.AsyncClient(
+        base_url=url, headers=headers, timeout=30, verify=client_ssl_context()
+    ) as http:
         while not stop.is_set():
             marker = f"client {n} call {len(client.answered) + len(client.errors)}"
             body = {

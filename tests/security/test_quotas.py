@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from polar_mq.config import QuotaLimits
 from polar_mq.models import Job, JobTask, Rollout
 from polar_mq.tenants.quotas import rollouts_in_flight
+from polar_mq.tls import client_ssl_context
 
 pytestmark = pytest.mark.e2e
 
@@ -36,7 +37,7 @@ def job(n_tasks: int, samples: int = 1, **extra: Any) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def http(live_api: LiveApi) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=live_api.base, timeout=30) as client:
+    with httpx.Client(base_url=live_api.base, timeout=30, verify=client_ssl_context()) as client:
         yield client
 
 
@@ -156,7 +157,7 @@ def test_concurrent_submissions_never_exceed_in_flight(
     lock = threading.Lock()
 
     def submit() -> None:
-        with httpx.Client(base_url=live_api.base, timeout=30) as own:
+        with httpx.Client(base_url=live_api.base, timeout=30, verify=client_ssl_context()) as own:
             status = own.post("/v1/jobs", json=job(3), headers=tenant.headers).status_code
         with lock:
             statuses.append(status)

@@ -14,6 +14,7 @@ from polar_mq.proxy.backends import aio
 from polar_mq.proxy.backends.breaker import CircuitBreaker
 from polar_mq.proxy.backends.rendezvous import hash_key
 from polar_mq.proxy.backends.upstream_pool import UpstreamClient, UpstreamPool
+from polar_mq.tls import client_ssl_context
 
 UPSTREAM_LIMITS = httpx.Limits(max_connections=64, max_keepalive_connections=16)
 """The httpx client's pool: health checks, `/tokenize`, `/v1/models` (generate calls go through
@@ -80,7 +81,11 @@ class Backend:
         self.injected = transport is not None
         """A transport given by the caller (tests): generate calls go through it too."""
         self.client = httpx.AsyncClient(
-            base_url=self.url, transport=self.transport, timeout=UPSTREAM_TIMEOUT, trust_env=False
+            base_url=self.url,
+            transport=self.transport,
+            timeout=UPSTREAM_TIMEOUT,
+            trust_env=False,
+            verify=client_ssl_context(),
         )
         self.urls = {path: httpx.URL(self.url + path) for path in paths}
         """Upstream URL per forwarded API path, parsed once (for an injected transport)."""
