@@ -41,6 +41,14 @@ calc.py
 ANSWER: 42
 """
 
+# An earlier session's chat, as aider writes it (`#### ` starts a user message): restored with
+# `--restore-chat-history`, it is over the test's history budget from the start.
+EARLIER_CHAT = (
+    "\n# aider chat started at 2026-01-01 00:00:00\n\n#### What does calc.py do?\n\n"
+    + "calc.py defines answer(), which returns a constant. " * 30
+    + "\n"
+)
+
 
 @pytest.mark.parametrize(
     ("git", "kind"),
@@ -106,9 +114,13 @@ def test_aider_edits_a_file_from_its_reply_and_job_sampling_wins(
 def test_aider_history_summary_is_auxiliary_and_not_graded(
     preset_stack: PresetStack, db_session_factory: sessionmaker[Session]
 ) -> None:
-    """A chat history over aider's budget (`--max-chat-history-tokens`, small here) makes aider
-    summarise it with a side call after the reply; the preset's rule marks it auxiliary, and the
-    rollout is graded on the main loop's reply (the summary says "ANSWER: 0")."""
+    """A restored chat history over aider's budget (`--max-chat-history-tokens`, small here)
+    makes aider summarise it with a side call, which aider waits for before it sends the message;
+    the preset's rule marks it auxiliary, and the rollout is graded on the main loop's reply (the
+    summary says "ANSWER: 0"). The history also outgrows the budget again after the reply: that
+    second summary runs in a thread that races aider's exit (it is made, or fails with "cannot
+    schedule new futures after shutdown", as in a failed run that relied on it); made or not, it
+    is auxiliary too."""
     install_preset("aider")
     long_reply = "Some reasoning about the constant. " * 40 + "\n\n" + EDIT
     tag = preset_stack.plan(
@@ -127,7 +139,7 @@ def test_aider_history_summary_is_auxiliary_and_not_graded(
     options = {
         "edit_format": "diff",
         "files": ["calc.py"],
-        "extra_args": ["--max-chat-history-tokens", "100"],
+        "extra_args": ["--max-chat-history-tokens", "100", "--restore-chat-history"],
     }
     run = run_preset(
         preset_stack,
@@ -137,7 +149,10 @@ def test_aider_history_summary_is_auxiliary_and_not_graded(
         evaluator="exact_match",
         runtime={
             "prepare": {
-                "files": {"calc.py": "def answer():\n    return 41\n"},
+                "files": {
+                    "calc.py": "def answer():\n    return 41\n",
+                    ".polar/aider/chat.history.md": EARLIER_CHAT,
+                },
                 "commands": [GIT_INIT],
             }
         },
@@ -146,7 +161,9 @@ def test_aider_history_summary_is_auxiliary_and_not_graded(
     assert_captured(run, min_calls=2)
     rollout = run.rollouts[0]
     calls = run.calls[rollout.id]
-    print(f"aider (summary): {[c.purpose for c in calls]}, {run.seconds:.1f}s")
-    assert [c.purpose for c in calls] == ["agent", "auxiliary"], explain(run)
+    purposes = [c.purpose for c in calls]
+    print(f"aider (summary): {purposes}, {run.seconds:.1f}s")
+    assert purposes[:2] == ["auxiliary", "agent"], explain(run)
+    assert purposes[2:] in ([], ["auxiliary"]), explain(run)
     assert rollout.reward == 1.0, explain(run)  # the reply's ANSWER: 42, not the summary's
     assert "+    return 6 * 7" in run.artifacts[rollout.id]["workspace.diff"].decode()
