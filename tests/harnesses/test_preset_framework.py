@@ -139,6 +139,7 @@ def test_auxiliary_rules_match_every_condition() -> None:
     assert not is_auxiliary({"messages": [{"role": "user", "content": "hi"}]}, [user])
 
 
+@pytest.mark.slow  # a real pip install in a fresh venv: not for --quick
 def test_install_is_cached_locked_and_checked_at_prepare(echo: Preset, tmp_path: Path) -> None:
     root = tmp_path / "cache"
     spec = HarnessSpec(type="echo_test")
@@ -165,6 +166,7 @@ def test_install_is_cached_locked_and_checked_at_prepare(echo: Preset, tmp_path:
     assert ensure_installed(root, HarnessSpec(type="reference"), "node-1") is None
 
 
+@pytest.mark.slow  # a real pip install in a fresh venv: not for --quick
 def test_failed_install_leaves_nothing_usable(echo: Preset, tmp_path: Path) -> None:
     root = tmp_path / "cache"
     missing = Package(Ecosystem.PYPI, "polar-mq-no-such-package-x9", "0.0.1")
