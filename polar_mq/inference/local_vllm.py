@@ -18,9 +18,9 @@ It runs lean by default, because it shares a small machine with everything else 
 stack, the test suite's): the model runs inside the engine-core process
 (`VLLM_ENABLE_V1_MULTIPROCESSING=0`: no separate worker process, whose shared-memory queue with
 the engine core busy-polls with `sched_yield` for a second after every step) on one OpenMP thread
-(`threads`). Measured on a
-2-core machine, ten 32-token chat calls: start 28.6 s / 30.6 CPU-s -> 15.6 s / 16.7 CPU-s; the
-calls 10.4 s / 20.6 CPU-s (two threads, two processes) -> 11.3 s / 11.7 CPU-s.
+(`threads`). Measured on a 2-core machine, ten 32-token chat calls: start 28.6 s / 30.6 CPU-s ->
+15.6 s / 16.7 CPU-s; the calls 10.4 s / 20.6 CPU-s (two threads, two processes) -> 11.3 s /
+11.7 CPU-s.
 """
 
 from __future__ import annotations
