@@ -130,9 +130,7 @@ class WorkerProxy:
         return {b["name"]: b for b in body["backends"]}
 
     def flush(self) -> dict[str, Any]:
-        answer = httpx.post(
-            f"{self.url}/admin/flush", headers=ADMIN, timeout=30, verify=client_ssl_context()
-        )
+        answer = FRESH_HTTP.post(f"{self.url}/admin/flush", headers=ADMIN)
         assert answer.status_code == 200, answer.text
         body: dict[str, Any] = answer.json()
         return body
