@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -25,7 +26,7 @@ from polar_mq.config import Settings
 from polar_mq.db import create_db_engine
 from polar_mq.models import LlmCall
 from polar_mq.proxy import DbCallWriter, MemoryCallSink, create_proxy_app
-from polar_mq.proxy.receipts import StartCounter
+from polar_mq.proxy.receipts import HurryListener, StartCounter
 from polar_mq.proxy.sink import CallSink
 from polar_mq.testing.fake_vllm import create_fake_vllm_app
 from polar_mq.testing.servers import free_port
@@ -113,6 +114,29 @@ async def test_a_waiting_stage_cuts_the_writers_batching_wait_short(
         assert (seen.started, seen.stored, seen.complete) == (1, 1, True)
         assert stored(db_session_factory, rollout) == 1
         assert writer.pending == 0
+
+
+async def test_the_hurry_listener_pokes_on_a_publish_and_stops_however_soon_after_its_start(
+    client: redis.Redis,
+) -> None:
+    """Stopped while it connects or subscribes, it still ends within a read: the asyncio
+    listener it replaced swallowed such a cancel now and then (a proxy worker then never exited
+    on SIGTERM)."""
+    poked = threading.Event()
+    before = _subscribers(client)
+    listener = HurryListener(REDIS_URL, poked.set, poll_s=0.02)
+    listener.start()
+    await _wait_subscribed(client, before)
+    client.publish(call_receipts.HURRY_CHANNEL, b"1")
+    assert await asyncio.to_thread(poked.wait, 10)
+    await asyncio.wait_for(listener.stop(), 5)
+    assert not listener.alive
+    for delay in [0.0, 0.0005, 0.001, 0.002, 0.005] * 8:
+        listener = HurryListener(REDIS_URL, lambda: None, poll_s=0.02)
+        listener.start()
+        await asyncio.sleep(delay)
+        await asyncio.wait_for(listener.stop(), 5)
+        assert not listener.alive, delay
 
 
 def _subscribers(client: redis.Redis) -> int:

@@ -48,7 +48,8 @@ echo mine > own.txt && echo home > "$HOME/h" && echo tmp > "$TMPDIR/t" && echo "
 
 def traversable_by_others(path: Path) -> bool:
     """Whether an agent user (not the owner, not in the group) can walk down to `path`: CI may
-    clone the checkout below a 0700 directory (`mktemp -d`), where no agent reads it, view or not."""
+    clone the checkout below a 0700 directory (`mktemp -d`), where no agent reads it, view or
+    not."""
     return all(parent.stat().st_mode & 0o001 for parent in (path, *path.parents))
 
 
