@@ -12,7 +12,6 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import datasets
 import orjson
 import pyarrow.parquet as pq
 import pytest
@@ -96,6 +95,8 @@ def _stored(factory: sessionmaker[Session], job_id: str) -> dict[tuple[str, int]
 def test_export_loads_with_datasets_and_round_trips_tokens(
     client: Client, db_session_factory: sessionmaker[Session], tmp_path: Path, fmt: str
 ) -> None:
+    import datasets  # with pandas, loaded only here: every xdist worker collects this file
+
     job_id, rollout_ids = _make_job(client, db_session_factory)
     path = tmp_path / f"out.{fmt}"
     summary = client.export(job_id, path, advantages="grpo", page_size=1)

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from polar_mq.agents.tool_agent import calculate, format_number, parse_directive, run_calculator
+from polar_mq.agents.calculator import calculate, format_number, parse_directive, run_calculator
 from polar_mq.harnesses import AgentContext, get_harness
 from polar_mq.runtimes import LocalRuntime
 from tests.conftest import runtime_id

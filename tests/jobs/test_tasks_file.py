@@ -4,13 +4,16 @@ line or item, the shipped examples are valid jobs."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import datasets
 import pytest
 
 from polar_mq.jobs.hf_tasks import load_hf_tasks
 from polar_mq.jobs.schemas import JobCreate
 from polar_mq.jobs.tasks_file import TasksFileError, load_job_file
+
+if TYPE_CHECKING:  # `datasets` (and pandas) load only where a test uses them: every xdist worker
+    import datasets  # collects this file
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -116,6 +119,8 @@ def test_shipped_examples_are_valid_jobs(name: str) -> None:
 
 
 def _dataset() -> datasets.Dataset:
+    import datasets
+
     return datasets.Dataset.from_dict(
         {
             "question": [f"What is {i} + {i}?" for i in range(5)],
@@ -145,6 +150,8 @@ def test_hf_tasks_from_an_in_memory_dataset() -> None:
 
 
 def test_hf_tasks_from_disk_and_splits(tmp_path: Path) -> None:
+    import datasets
+
     splits = datasets.DatasetDict({"train": _dataset(), "test": _dataset().select(range(2))})
     splits.save_to_disk(str(tmp_path / "saved"))
     from_disk = load_hf_tasks(tmp_path / "saved", split="test")

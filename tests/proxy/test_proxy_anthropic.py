@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import anthropic
 import pytest
 from family_support import (
     CALCULATOR_DESCRIPTION,
@@ -31,6 +30,9 @@ from polar_mq.proxy.apis import anthropic as messages_api
 from polar_mq.proxy.apis.anthropic_stream import MessagesStream
 from polar_mq.proxy.apis.base import FamilyError, FamilyRequest, Translation
 from polar_mq.tokens import issue_rollout_token
+
+if TYPE_CHECKING:  # the SDK loads only where a test uses it: every xdist worker collects this file
+    import anthropic
 
 pytestmark = pytest.mark.anyio
 
@@ -492,6 +494,8 @@ def sdk_proxy() -> Iterator[tuple[str, MemoryCallSink]]:
 
 
 def _sdk(url: str) -> tuple[anthropic.Anthropic, uuid.UUID]:
+    import anthropic
+
     rollout = uuid.uuid4()
     token = issue_rollout_token(SECRET, rollout, 600)
     return anthropic.Anthropic(base_url=url, api_key=token, max_retries=0, timeout=20), rollout
@@ -555,6 +559,8 @@ def test_sdk_messages_stream_tool_loop(sdk_proxy: tuple[str, MemoryCallSink]) ->
 
 
 def test_sdk_sees_anthropic_errors(sdk_proxy: tuple[str, MemoryCallSink]) -> None:
+    import anthropic
+
     url, _ = sdk_proxy
     client = anthropic.Anthropic(base_url=url, api_key="pmq_forged", max_retries=0, timeout=20)
     with pytest.raises(anthropic.AuthenticationError):

@@ -11,7 +11,6 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-import openai
 import orjson
 import pytest
 from proxy_support import SECRET, Harness, proxy_settings, start_harness
@@ -128,6 +127,8 @@ def test_meta_info_fallback_is_not_needed_but_response_token_ids_is_read() -> No
 
 def test_openai_sdk_streams_through_the_proxy_over_sockets() -> None:
     """Real HTTP both ways; the SDK copes with the (stripped) `choices: []` sglext chunk."""
+    import openai  # here only: every xdist worker collects this file
+
     sink = MemoryCallSink()
     with serve_in_thread(create_fake_sglang_app(ttft_s=0.002)) as upstream:
         settings = proxy_settings(upstream_engine="sglang", upstream_url=upstream)

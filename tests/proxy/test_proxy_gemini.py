@@ -11,15 +11,12 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import family_support
 import httpx
 import pytest
 from family_support import assert_like, assert_one_merged_sample, golden, parse_sse, wait_for_rows
-from google import genai
-from google.genai import errors as genai_errors
-from google.genai import types
 from proxy_support import SECRET, Harness
 
 from polar_mq.proxy import MemoryCallSink
@@ -27,6 +24,10 @@ from polar_mq.proxy.apis import gemini
 from polar_mq.proxy.apis.base import FamilyError, FamilyRequest, Translation
 from polar_mq.proxy.apis.gemini_response import GeminiStream
 from polar_mq.tokens import issue_rollout_token
+
+if TYPE_CHECKING:  # the SDK loads only where a test uses it: every xdist worker collects this file
+    from google import genai
+    from google.genai import types
 
 CHAT = "/v1/chat/completions"
 GENERATE = "/v1beta/models/policy:generateContent"
@@ -692,10 +693,15 @@ fake_engine, served = family_support.socket_fixtures()
 
 
 def sdk_client(url: str, token: str) -> genai.Client:
+    from google import genai
+    from google.genai import types
+
     return genai.Client(api_key=token, http_options=types.HttpOptions(base_url=url, timeout=20_000))
 
 
 def sdk_config() -> types.GenerateContentConfig:
+    from google.genai import types
+
     declaration = types.FunctionDeclaration(
         name="calculator",
         description="Evaluate an arithmetic expression.",
@@ -713,6 +719,8 @@ def sdk_config() -> types.GenerateContentConfig:
 
 
 def function_response(call: types.FunctionCall, result: Any) -> types.Content:
+    from google.genai import types
+
     part = types.Part(
         function_response=types.FunctionResponse(
             name=call.name, id=call.id, response={"result": result}
@@ -722,6 +730,8 @@ def function_response(call: types.FunctionCall, result: Any) -> types.Content:
 
 
 def test_google_sdk_function_call_loop(served: tuple[str, MemoryCallSink]) -> None:
+    from google.genai import types
+
     url, sink = served
     rollout = uuid.uuid4()
     client = sdk_client(url, issue_rollout_token(SECRET, rollout, 600))
@@ -756,6 +766,8 @@ def streamed_parts(chunk: types.GenerateContentResponse) -> list[types.Part]:
 
 
 def test_google_sdk_streaming_function_call_loop(served: tuple[str, MemoryCallSink]) -> None:
+    from google.genai import types
+
     url, sink = served
     client = sdk_client(url, issue_rollout_token(SECRET, uuid.uuid4(), 600))
     question = "Please compute (3 + 4) * 5."
@@ -783,6 +795,9 @@ def test_google_sdk_streaming_function_call_loop(served: tuple[str, MemoryCallSi
 
 
 def test_google_sdk_sees_google_errors(served: tuple[str, MemoryCallSink]) -> None:
+    from google.genai import errors as genai_errors
+    from google.genai import types
+
     url, sink = served
     client = sdk_client(url, "not-a-rollout-token")
     with pytest.raises(genai_errors.ClientError) as caught:

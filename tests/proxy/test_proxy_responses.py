@@ -9,18 +9,16 @@ calculator tool loop, with the history re-sent (Codex) and with `previous_respon
 
 from __future__ import annotations
 
+import functools
 import json
 import uuid
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import family_support
 import httpx
-import openai
 import orjson
 import pytest
 from family_support import assert_like, assert_one_merged_sample, golden, parse_sse, wait_for_rows
-from openai.types.responses import Response as SdkResponse
-from openai.types.responses import ResponseStreamEvent
 from proxy_support import SECRET, Harness
 from pydantic import TypeAdapter
 
@@ -29,6 +27,9 @@ from polar_mq.proxy.apis import responses
 from polar_mq.proxy.apis.base import FamilyError, FamilyRequest, Translation
 from polar_mq.proxy.apis.response_store import ResponseStore
 from polar_mq.tokens import issue_rollout_token
+
+if TYPE_CHECKING:  # the SDK loads only where a test uses it: every xdist worker collects this file
+    import openai
 
 PATH = "/v1/responses"
 CHAT = "/v1/chat/completions"
@@ -68,7 +69,20 @@ CHAT_CALCULATOR = {
 ENGINE_EXTRAS = {"model": "fake-model", "return_token_ids": True, "logprobs": True}
 """What the engine layer adds to every chat request it sends to vLLM."""
 
-EVENTS: TypeAdapter[Any] = TypeAdapter(cast(Any, ResponseStreamEvent))
+
+@functools.cache
+def sdk_events() -> TypeAdapter[Any]:
+    """The SDK's stream event union, built once and only by the tests that check events."""
+    from openai.types.responses import ResponseStreamEvent
+
+    return TypeAdapter(cast(Any, ResponseStreamEvent))
+
+
+def assert_sdk_response(answer: dict[str, Any]) -> None:
+    """The body is a valid SDK `Response` model."""
+    from openai.types.responses import Response
+
+    Response.model_validate(answer)
 
 
 def sse(raw: bytes) -> list[dict[str, Any]]:
@@ -78,7 +92,7 @@ def sse(raw: bytes) -> list[dict[str, Any]]:
     assert all(e["event"] is not None for e in events)  # parse_sse: the name is the data's type
     assert [e["data"]["sequence_number"] for e in events] == list(range(len(events)))
     for event in events:
-        EVENTS.validate_python(event["data"])  # each event is a valid SDK event model
+        sdk_events().validate_python(event["data"])  # each event is a valid SDK event model
     return events
 
 
@@ -147,7 +161,7 @@ async def test_answer_matches_golden_response(harness: Harness, name: str) -> No
     assert answer["id"].startswith("resp_")
     usage = answer["usage"]
     assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
-    SdkResponse.model_validate(answer)
+    assert_sdk_response(answer)
     no_token_ids(response.content)
 
 
@@ -590,7 +604,7 @@ def test_custom_tool_call_input_from_the_models_arguments(arguments: str, tool_i
     message = {"role": "assistant", "content": None, "tool_calls": calls}
     data = {"choices": [{"index": 0, "message": message, "finish_reason": "tool_calls"}]}
     answer = responses.render(data, translation)
-    SdkResponse.model_validate(answer)
+    assert_sdk_response(answer)
     patch, calc = answer["output"]
     assert patch["type"] == "custom_tool_call" and patch["id"].startswith("ctc_")
     assert (patch["call_id"], patch["name"], patch["input"]) == ("c1", "apply_patch", tool_input)
@@ -797,7 +811,7 @@ def test_render_reasoning_and_length() -> None:
         "prompt_token_ids": [7, 8, 9],
     }
     answer = responses.render(data, translation)
-    SdkResponse.model_validate(answer)
+    assert_sdk_response(answer)
     assert [(i["type"], i["status"]) for i in answer["output"]] == [
         ("reasoning", "completed"),
         ("message", "incomplete"),
@@ -813,6 +827,8 @@ fake_engine, served = family_support.socket_fixtures()
 
 
 def sdk_client(url: str, rollout: uuid.UUID) -> openai.OpenAI:
+    import openai
+
     token = issue_rollout_token(SECRET, rollout, 600)
     return openai.OpenAI(base_url=f"{url}/v1", api_key=token, max_retries=0, timeout=20)
 
@@ -860,6 +876,8 @@ def test_sdk_function_call_loop(
 
 
 def test_sdk_sees_openai_errors(served: tuple[str, MemoryCallSink]) -> None:
+    import openai
+
     url, sink = served
     client = sdk_client(url, uuid.uuid4())
     with pytest.raises(openai.BadRequestError) as caught:

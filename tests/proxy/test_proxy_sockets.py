@@ -12,10 +12,9 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
-import openai
 import pytest
 from proxy_support import SECRET, proxy_settings
 
@@ -23,6 +22,9 @@ from polar_mq.proxy import MemoryCallSink, create_proxy_app
 from polar_mq.testing.fake_vllm import FakeStats, create_fake_vllm_app
 from polar_mq.testing.servers import free_port, serve_in_thread
 from polar_mq.tokens import issue_rollout_token
+
+if TYPE_CHECKING:  # the SDK loads only where a test uses it: every xdist worker collects this file
+    import openai
 
 CALCULATOR: Any = {
     "type": "function",
@@ -89,6 +91,8 @@ def proxy(
 
 
 def sdk(base_url: str, api_key: str) -> openai.OpenAI:
+    import openai
+
     return openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=20)
 
 
@@ -147,6 +151,8 @@ def test_text_protocol_streaming_and_completions(proxy: tuple[str, MemoryCallSin
 
 
 def test_sdk_sees_openai_errors(proxy: tuple[str, MemoryCallSink]) -> None:
+    import openai
+
     url, sink = proxy
     client = sdk(f"{url}/v1", "pmq_not_a_real_token")
     with pytest.raises(openai.AuthenticationError) as caught:
