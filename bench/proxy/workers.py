@@ -28,7 +28,7 @@ from bench.pipeline.cpu import tree_cpu
 from bench.pipeline.infra import fresh_database
 from bench.proxy import targets
 from bench.proxy.run import DEFAULT_PG, QUESTION
-from bench.proxy.wrk import require_wrk, run_wrk
+from bench.proxy.wrk import ERROR_KINDS, require_wrk, run_wrk
 from polar_mq.db import create_db_engine
 from polar_mq.devstack import LocalStack
 from polar_mq.models import Job, JobTask, Rollout, RolloutStatus
@@ -138,6 +138,9 @@ def summary(runs: dict[str, list[Any]]) -> dict[str, Any]:
             for field in ("rate", "p50_ms", "p99_ms", "errors", "cpu_ms_per_call")
             if field in results[0]
         }
+        out[key]["error_kinds"] = {
+            kind: statistics.median(r["error_kinds"][kind] for r in results) for kind in ERROR_KINDS
+        }
     out["ratio_2_to_1"] = out["workers_2"]["rate"] / out["workers_1"]["rate"]
     return out
 
@@ -162,9 +165,10 @@ def main(argv: list[str] | None = None) -> int:
     for key in ("direct", "workers_1", "workers_2"):
         row = result[key]
         cpu = f", {row['cpu_ms_per_call']:.2f} ms CPU/call" if "cpu_ms_per_call" in row else ""
+        kinds = ", ".join(f"{k} {n:.0f}" for k, n in row["error_kinds"].items() if n)
         print(
             f"  {key:10} {row['rate']:8.0f} calls/s  p50 {row['p50_ms']:7.1f} ms  "
-            f"errors {row['errors']:.0f}{cpu}"
+            f"errors {row['errors']:.0f}{f' ({kinds})' if kinds else ''}{cpu}"
         )
     print(f"  --workers 2 / 1: {result['ratio_2_to_1']:.2f}x")
     print(json.dumps(result))

@@ -23,11 +23,15 @@ done = function(summary, latency, requests)
   local e = summary.errors
   io.write(string.format(
     '\\n{{"p50_us":%d,"p90_us":%d,"p99_us":%d,"mean_us":%.1f,"requests":%d,"duration_us":%d,' ..
-    '"errors":%d}}\\n',
+    '"errors":%d,"connect":%d,"read":%d,"write":%d,"status":%d,"timeout":%d}}\\n',
     latency:percentile(50), latency:percentile(90), latency:percentile(99), latency.mean,
-    summary.requests, summary.duration, e.connect + e.read + e.write + e.status + e.timeout))
+    summary.requests, summary.duration, e.connect + e.read + e.write + e.status + e.timeout,
+    e.connect, e.read, e.write, e.status, e.timeout))
 end
 """
+
+
+ERROR_KINDS = ("connect", "read", "write", "status", "timeout")
 
 
 @dataclass
@@ -41,6 +45,9 @@ class LoadResult:
     requests: int
     rate: float
     errors: int
+    error_kinds: dict[str, int]
+    """wrk's own split: `connect`, `read` (the server closed a keep-alive connection), `write`,
+    `status` (answers outside 2xx/3xx) and `timeout`."""
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -80,4 +87,5 @@ def run_wrk(
         requests=data["requests"],
         rate=data["requests"] / (data["duration_us"] / 1e6),
         errors=data["errors"],
+        error_kinds={kind: data[kind] for kind in ERROR_KINDS},
     )
