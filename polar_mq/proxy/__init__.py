@@ -3,9 +3,32 @@
 Hot path: `app` (routes) -> `auth` -> `body` -> `engines.<engine>` (rewrite, extract, strip) ->
 `backends` (pick a backend, retry before the first byte) -> `capture` (forward, stream relay) ->
 `writer` (enqueue only; a thread writes batches to the database, spilling to disk when it is down).
+
+The exports load on first use: a `--workers N` supervisor imports `polar_mq.proxy.run` and the
+supervisor only, never the app (its fork server imports that once for the children).
 """
 
-from polar_mq.proxy.app import create_proxy_app
-from polar_mq.proxy.writer import CallSink, DbCallWriter, MemoryCallSink
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from polar_mq.proxy.app import create_proxy_app
+    from polar_mq.proxy.writer import CallSink, DbCallWriter, MemoryCallSink
 
 __all__ = ["CallSink", "DbCallWriter", "MemoryCallSink", "create_proxy_app"]
+
+_HOMES = {
+    "create_proxy_app": "polar_mq.proxy.app",
+    "CallSink": "polar_mq.proxy.writer",
+    "DbCallWriter": "polar_mq.proxy.writer",
+    "MemoryCallSink": "polar_mq.proxy.writer",
+}
+
+
+def __getattr__(name: str) -> object:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(home), name)

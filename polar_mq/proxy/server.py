@@ -1,9 +1,9 @@
 """Serving the proxy: its lean HTTP/1.1 server (`http_server`) on uvloop, or with
 `proxy_server="uvicorn"` uvicorn with uvloop/httptools when installed and no access log.
 
-One process (`run_proxy`), or with `proxy_workers > 1` a supervisor and that many children
-(`supervisor`), each serving the shared socket and, for admin calls fanned out to it by a
-sibling, a private Unix socket (`serve_worker`).
+One process (`serve_one`), or with `proxy_workers > 1` a supervisor and that many children
+(`supervisor`, started by `run.run_proxy`), each serving the shared socket and, for admin calls
+fanned out to it by a sibling, a private Unix socket (`serve_worker`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from polar_mq.observability.logs import configure_from_settings
 from polar_mq.proxy.app import create_proxy_app
 from polar_mq.proxy.fanout import local_only
 from polar_mq.proxy.http_server import LeanServer
-from polar_mq.proxy.supervisor import WorkerSlot, run_workers
+from polar_mq.proxy.supervisor import WorkerSlot
 
 PARENT_CHECK_S = 1.0
 """How often a child checks that its supervisor still lives (an orphan stops serving)."""
@@ -53,12 +53,8 @@ def tune_gc() -> None:
     gc.set_threshold(GC_GEN0_THRESHOLD, gen1, gen2)
 
 
-def run_proxy(settings: Settings) -> None:
-    """Serve the proxy on `settings.proxy_host:proxy_port` until interrupted."""
-    configure_from_settings("proxy", settings)
-    if settings.proxy_workers > 1:
-        run_workers(settings, settings.proxy_workers)
-        return
+def serve_one(settings: Settings) -> None:
+    """The proxy as one process on `settings.proxy_host:proxy_port` (`run.run_proxy`)."""
     app = create_proxy_app(settings)
     tune_gc()
     if settings.proxy_server == "lean":

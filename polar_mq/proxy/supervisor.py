@@ -41,7 +41,7 @@ RESTART_BACKOFF_S = (0.5, 1.0, 2.0, 5.0)
 """Wait before restarting a slot that died again soon after its last start."""
 STABLE_AFTER_S = 30.0
 """A child that lived this long restarts at once (its backoff resets)."""
-PROXY_WORKER_IMPORTS = ("polar_mq.cli", "polar_mq.proxy.server")
+PROXY_WORKER_IMPORTS = ("polar_mq.proxy.server",)
 """What the fork server imports once for the proxy's children (`polar_mq.forking`)."""
 STOP_TIMEOUT_S = 900.0
 """After SIGTERM, how long the parent waits for its children to drain before killing them."""
