@@ -86,17 +86,22 @@ class RetokenizingSink:
     async def _fill(self, row: dict[str, Any]) -> None:
         fidelity = RETOKENIZED
         try:
-            async with self._slots:
-                prompt_ids, completion_ids = await asyncio.gather(
-                    self._prompt_ids(row), self._completion_ids(row)
-                )
-        except TokenizeError as exc:
+            # a task group, not `gather`: when one lookup gives up the other is cancelled (its
+            # ids are useless then) instead of retrying on after the row was stored
+            async with self._slots, asyncio.TaskGroup() as group:
+                prompt = group.create_task(self._prompt_ids(row))
+                completion = group.create_task(self._completion_ids(row))
+        except* TokenizeError as failed:
             self._failed += 1
             fidelity = MISSING
-            logger.warning("re-tokenizing call %s failed: %s", row.get("id"), exc)
+            logger.warning("re-tokenizing call %s failed: %s", row.get("id"), failed.exceptions[0])
+        except* Exception:  # a bug of ours must not lose a call the agent already has
+            self._failed += 1
+            fidelity = MISSING
+            logger.exception("re-tokenizing call %s broke", row.get("id"))
         else:
-            row["prompt_ids"] = prompt_ids
-            row["completion_ids"] = completion_ids
+            row["prompt_ids"] = prompt.result()
+            row["completion_ids"] = completion_ids = completion.result()
             row["logprobs"] = exact_logprobs(row.get("logprobs"), len(completion_ids))
         row["response"] = {**row["response"], "fidelity": fidelity}  # a copy: never the agent's
         self._inner.submit(row)
