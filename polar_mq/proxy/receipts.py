@@ -31,6 +31,7 @@ from polar_mq.call_receipts import (
     started_key,
 )
 from polar_mq.proxy.backends.pool import BackendUnavailable
+from polar_mq.proxy.redis_client import async_redis
 from polar_mq.proxy.seq import Sequencer
 from polar_mq.tokens import RolloutClaim
 
@@ -57,10 +58,7 @@ class StartCounter:
 
     @classmethod
     def from_url(cls, url: str, retry_s: float = 0.0) -> StartCounter:
-        client = redis.Redis.from_url(
-            url, socket_timeout=REDIS_TIMEOUT_S, socket_connect_timeout=REDIS_TIMEOUT_S
-        )
-        return cls(client, retry_s)
+        return cls(async_redis(url), retry_s)
 
     async def start(self, rollout_id: uuid.UUID, attempt: int) -> None:
         key = started_key(rollout_id, attempt)

@@ -24,12 +24,12 @@ from redis.exceptions import RedisError
 
 from polar_mq.config import Settings
 from polar_mq.proxy.backends.pool import BackendUnavailable
+from polar_mq.proxy.redis_client import async_redis
 
 logger = logging.getLogger(__name__)
 
 SEQ_ROLLOUTS_MAX = 100_000
 KEY_PREFIX = "polar_mq:seq:"
-REDIS_TIMEOUT_S = 2.0
 
 
 class Sequencer(Protocol):
@@ -80,10 +80,7 @@ class RedisSeq:
 
     @classmethod
     def from_url(cls, url: str, ttl_s: int) -> RedisSeq:
-        client = redis.Redis.from_url(
-            url, socket_timeout=REDIS_TIMEOUT_S, socket_connect_timeout=REDIS_TIMEOUT_S
-        )
-        return cls(client, ttl_s)
+        return cls(async_redis(url), ttl_s)
 
     async def next(self, rollout_id: uuid.UUID) -> int:
         key = KEY_PREFIX + rollout_id.hex

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 
 import pytest
@@ -10,6 +11,7 @@ from proxy_support import proxy_settings, start_harness
 
 from polar_mq.config import Settings
 from polar_mq.proxy.backends import BackendUnavailable
+from polar_mq.proxy.redis_client import POOL_CONNECTIONS
 from polar_mq.proxy.seq import KEY_PREFIX, LocalSeq, RedisSeq, sequencer
 from tests.conftest import REDIS_URL
 
@@ -31,6 +33,21 @@ async def test_two_counters_on_one_redis_number_a_rollout_as_one() -> None:
     finally:
         await first.aclose()
         await second.aclose()
+
+
+async def test_more_calls_in_flight_than_pooled_connections_wait_for_one() -> None:
+    """A proxy process with a few hundred calls in flight: each is numbered, none refused (the
+    pool used to refuse past 100 connections: 503s at 256 clients on `--workers 2`)."""
+    seqs = RedisSeq.from_url(REDIS_URL, 60)
+    rollouts = [uuid.uuid4() for _ in range(3)]
+    calls = 5 * POOL_CONNECTIONS
+    try:
+        taken = await asyncio.gather(*(seqs.next(rollouts[i % 3]) for i in range(calls)))
+    finally:
+        await seqs.aclose()
+    for index, rollout in enumerate(rollouts):
+        mine = sorted(taken[index::3])
+        assert mine == list(range(len(mine))), rollout  # gap-free per rollout
 
 
 async def test_an_unreachable_counter_refuses_the_call_with_a_retryable_503() -> None:
