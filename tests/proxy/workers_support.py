@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -149,6 +150,19 @@ def fake_engines(n: int) -> Iterator[list[FakeProcess]]:
         yield [stack.enter_context(FakeProcess()) for _ in range(n)]
 
 
+def _lost_its_port(proc: subprocess.Popen[bytes], port: int, log: Path) -> bool:
+    """Whether the proxy exited at once because its port was taken (then try another port);
+    False as soon as it answers, or when it ended for another reason (the caller reports it)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            FRESH_HTTP.get(f"http://127.0.0.1:{port}/healthz", timeout=1)
+            return False
+        except httpx.TransportError:
+            time.sleep(0.05)
+    return proc.poll() is not None and b"address already in use" in log.read_bytes()
+
+
 @contextmanager
 def worker_proxy(
     pg_url: str, tmp_path: Path, upstreams: list[str], workers: int = 2, **overrides: Any
@@ -168,12 +182,16 @@ def worker_proxy(
         "policy_sync_s": 0.2,
     }
     values.update(overrides)
-    settings = Settings(**values)
-    env = {**os.environ, **settings_env(settings)}
     log = tmp_path / "proxy.log"
     argv = [sys.executable, "-m", "polar_mq.proxy", "--workers", str(workers)]
-    with log.open("wb") as out:
-        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+    for _ in range(3):  # another test's service may bind the free port before this proxy does
+        settings = Settings(**values)
+        env = {**os.environ, **settings_env(settings)}
+        with log.open("wb") as out:
+            proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+        if not _lost_its_port(proc, settings.proxy_port, log):
+            break
+        values["proxy_port"] = free_port()
     url = f"http://127.0.0.1:{settings.proxy_port}"
     proxy = WorkerProxy(url, proc, log, workers)
 
