@@ -12,14 +12,16 @@ from __future__ import annotations
 
 import redis.asyncio as redis
 
-REDIS_TIMEOUT_S = 2.0
-"""Connect, read and wait-for-a-free-connection timeout: past it a call is refused (503)."""
+from polar_mq.call_receipts import REDIS_TIMEOUT_S
+
 POOL_CONNECTIONS = 64
 """Connections per client and process."""
 
 
 def async_redis(url: str) -> redis.Redis:
-    """A client whose calls queue for a pooled connection rather than fail when all are busy."""
+    """A client whose calls queue for a pooled connection rather than fail when all are busy;
+    connecting, reading and waiting for a connection each give up after `REDIS_TIMEOUT_S` (the
+    call is then refused with a 503)."""
     pool = redis.BlockingConnectionPool.from_url(
         url,
         max_connections=POOL_CONNECTIONS,
