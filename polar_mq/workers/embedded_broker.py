@@ -36,9 +36,9 @@ class Channel(SqlAlchemyChannel):
             self.session.rollback()  # the next publish starts from a clean session
             raise
 
-    def _put(self, queue: str, payload: Any, **kwargs: Any) -> None:
+    def _put(self, queue: str, message: Any, **kwargs: Any) -> None:
         try:
-            super()._put(queue, payload, **kwargs)
+            super()._put(queue, message, **kwargs)
         except SQLAlchemyError:
             self.session.rollback()  # kombu rolls back only an OperationalError
             raise
