@@ -36,9 +36,9 @@ class Channel(SqlAlchemyChannel):
             self.session.rollback()  # the next publish starts from a clean session
             raise
 
-    def _put(self, queue: str, message: Any, **kwargs: Any) -> None:
+    def _put(self, *args: Any, **kwargs: Any) -> None:  # kombu's two bases name them apart
         try:
-            super()._put(queue, message, **kwargs)
+            super()._put(*args, **kwargs)
         except SQLAlchemyError:
             self.session.rollback()  # kombu rolls back only an OperationalError
             raise
