@@ -18,7 +18,7 @@ from typing import Any
 from polar_mq.config import Settings
 from polar_mq.forking import preload
 from polar_mq.lifecycle.stages import Stage
-from polar_mq.processes import ManagedProcess, stop_all
+from polar_mq.processes import ManagedProcess, stop_all, stop_signals_deferred
 from polar_mq.workers.launcher import DEFAULT_CONCURRENCY, STAGE_WORKER_IMPORTS
 
 
@@ -71,8 +71,9 @@ class LocalStack:
         self, name: str, argv: Sequence[str], env: Mapping[str, str] | None = None
     ) -> ManagedProcess:
         env = {**self.env, **(env or {})}
-        proc = ManagedProcess(name, argv, env, self.log_dir, fork=self.fork).start()
-        self.processes.append(proc)
+        with stop_signals_deferred():  # a stop now finds the process on the list
+            proc = ManagedProcess(name, argv, env, self.log_dir, fork=self.fork).start()
+            self.processes.append(proc)
         return proc
 
     def _ready(self, proc: ManagedProcess, health_url: str, wait: bool) -> ManagedProcess:

@@ -27,6 +27,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import types
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -169,6 +170,21 @@ class ForkedProcess:
         self._process = start_forked(
             _run_module, (self.args, dict(env), log, new_session), argv[2], method
         )
+        if new_session:
+            self._wait_until_it_leads_its_group()
+
+    def _wait_until_it_leads_its_group(self, timeout_s: float = 30.0) -> None:
+        """Return once the child has made its own session (its first step), as `Popen` with
+        `start_new_session` does: a stop sent to its group before that reached nobody, and the
+        child lived on (a demo stopped while it started its first service, under load)."""
+        deadline = time.monotonic() + timeout_s
+        while self._process.exitcode is None and time.monotonic() < deadline:
+            try:
+                if os.getpgid(self.pid) == self.pid:
+                    return
+            except ProcessLookupError:
+                return  # gone already
+            time.sleep(0.001)
 
     @property
     def pid(self) -> int:

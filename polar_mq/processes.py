@@ -14,8 +14,9 @@ import random
 import signal
 import socket
 import subprocess
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import httpx
@@ -205,6 +206,36 @@ class ManagedProcess:
                         f"(log {self.log_path}):\n{self.log_tail()}"
                     )
                 time.sleep(poll_s)
+
+
+STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
+
+
+@contextlib.contextmanager
+def stop_signals_deferred() -> Iterator[None]:
+    """Hold SIGTERM and SIGINT back for the block: one that arrives meanwhile is raised again,
+    to the handler that was in place, as soon as the block ends.
+
+    Around a child's start and its registration in a stack: a stop that raised between the two
+    (the demo's SIGTERM handler exits by raising) left a child that nobody stopped, holding the
+    demo's stdout open (a test waiting for the demo's output waited for ever). The handlers are
+    swapped, not the signal mask: starting the first forked child starts multiprocessing's
+    resource tracker, which unblocks both signals on its way out. A Python handler only runs on
+    the main thread: elsewhere this does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, lambda signum, _frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+        for signum in dict.fromkeys(caught):
+            signal.raise_signal(signum)
 
 
 def stop_all(

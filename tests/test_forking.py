@@ -125,3 +125,23 @@ def test_a_child_that_cannot_fork_is_execd(tmp_path: Path) -> None:
     proc = ManagedProcess("child", _child_argv("3"), env, tmp_path, fork=True).start()
     assert isinstance(proc.proc, subprocess.Popen)
     assert proc.proc.wait(timeout=60) == 3
+
+
+def test_a_started_forked_service_already_leads_its_group(tmp_path: Path) -> None:
+    """`start()` returns once the child made its own session, as `Popen` does: a stop signalled
+    to the group before that reached nobody and left the child running (a demo stopped while it
+    started its first service, under load)."""
+    started = [
+        ManagedProcess(f"child{i}", _child_argv("0", "60"), dict(os.environ), tmp_path, fork=True)
+        for i in range(10)
+    ]
+    try:
+        for proc in started:
+            proc.start()
+            assert os.getpgid(proc.pid) == proc.pid
+            proc.stop(grace_s=10)  # signalled at once: the whole group goes
+            assert not live_groups([proc.pid])
+    finally:
+        for proc in started:
+            if proc.proc is not None:
+                proc.stop(grace_s=5)

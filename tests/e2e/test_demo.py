@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -15,14 +16,35 @@ import pytest
 pytestmark = pytest.mark.e2e
 
 
-def test_demo_on_embedded_defaults(tmp_path: Path) -> None:
+def _run_demo(tmp_path: Path, timeout: float) -> tuple[int, str, str]:
+    """Run the demo in its own process group; on timeout stop it with SIGTERM (it stops its
+    stack), then kill whatever of the group is left, and fail with its services' last log lines
+    (a timed-out demo killed alone left its whole stack running for the rest of the suite)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("POLAR_MQ_")}
-    done = subprocess.run(
+    demo = subprocess.Popen(
         [sys.executable, "-m", "polar_mq.cli", "demo", "--fake", "--tasks", "2", "--samples", "2"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240,
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
     )  # fmt: skip
-    assert done.returncode == 0, done.stdout + done.stderr
-    out = done.stdout
+    try:
+        out, err = demo.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        demo.send_signal(signal.SIGTERM)
+        try:
+            out, err = demo.communicate(timeout=60)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(demo.pid, signal.SIGKILL)
+        logs = sorted((tmp_path / ".polar_mq/demo/logs").glob("*.log"))
+        tails = "\n".join(f"== {p.name}\n" + "\n".join(p.read_text().splitlines()[-5:])
+                          for p in logs)  # fmt: skip
+        pytest.fail(f"the demo did not finish in {timeout} s:\n{out}\n{err}\n{tails}")
+    return demo.returncode, out, err
+
+
+def test_demo_on_embedded_defaults(tmp_path: Path) -> None:
+    returncode, out, err = _run_demo(tmp_path, timeout=240)
+    assert returncode == 0, out + err
     assert "4 rollouts" in out
     assert out.count("│ 1 1") == 2, out  # both groups: two samples, reward 1 each
     assert (tmp_path / ".polar_mq/demo/polar_mq.db").exists()
