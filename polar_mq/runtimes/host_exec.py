@@ -12,7 +12,7 @@ import signal
 import subprocess
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -102,9 +102,11 @@ def run_on_host(argv: list[str], request: ExecRequest, launch: HostLaunch) -> Ex
     )
 
 
-def kill_tagged(runtime_id: str, deadline_s: float = 10.0) -> list[int]:
+def kill_tagged(
+    runtime_id: str, deadline_s: float = 10.0, uids: Collection[int] | None = None
+) -> list[int]:
     """SIGKILL every process tagged with `runtime_id` until none is left; return pids that would
-    not die.
+    not die. `uids`: the users its processes can run as (`tagged_processes`), when known.
 
     Processes are frozen with SIGSTOP before the kill so that a forking process cannot
     outrun the scan; children forked meanwhile inherit the tag and show up on the rescan.
@@ -112,7 +114,7 @@ def kill_tagged(runtime_id: str, deadline_s: float = 10.0) -> list[int]:
     end = time.monotonic() + deadline_s
     frozen: dict[int, psutil.Process] = {}
     while time.monotonic() < end:
-        found = {p.pid: p for p in tagged_processes(RUNTIME_TAG, runtime_id)}
+        found = {p.pid: p for p in tagged_processes(RUNTIME_TAG, runtime_id, uids)}
         new = {pid: p for pid, p in found.items() if pid not in frozen}
         if not new:
             if not frozen:
@@ -126,9 +128,9 @@ def kill_tagged(runtime_id: str, deadline_s: float = 10.0) -> list[int]:
     return sorted(frozen)
 
 
-def tagged_pids(runtime_id: str) -> list[int]:
-    """Pids of the live processes tagged with `runtime_id`."""
-    return sorted(p.pid for p in tagged_processes(RUNTIME_TAG, runtime_id))
+def tagged_pids(runtime_id: str, uids: Collection[int] | None = None) -> list[int]:
+    """Pids of the live processes tagged with `runtime_id` (among those of `uids`, if given)."""
+    return sorted(p.pid for p in tagged_processes(RUNTIME_TAG, runtime_id, uids))
 
 
 def raise_on_survivors(runtime_id: str, survivors: list[int]) -> None:

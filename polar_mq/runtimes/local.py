@@ -21,6 +21,7 @@ workspace the agent user cannot reach (below a 0700 directory) is refused in pro
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -83,13 +84,13 @@ class LocalRuntime(DirBacked, Runtime):
         self.space.create()
 
     def reset(self) -> None:
-        survivors = kill_tagged(self.runtime_id)
+        survivors = kill_tagged(self.runtime_id, uids=self._owners())
         self.space.recreate_dirs()
         raise_on_survivors(self.runtime_id, survivors)
 
     def stop(self) -> None:
         agent = self.agent
-        survivors = kill_tagged(self.runtime_id)
+        survivors = kill_tagged(self.runtime_id, uids=self._owners())
         if not survivors:
             self.space.release_agent(agent)
         self.space.remove_quietly()
@@ -97,7 +98,18 @@ class LocalRuntime(DirBacked, Runtime):
         self.space.check_removed()
 
     def alive_processes(self) -> list[int]:
-        return tagged_pids(self.runtime_id)
+        return tagged_pids(self.runtime_id, self._owners())
+
+    def _owners(self) -> frozenset[int] | None:
+        """The users this runtime's processes can run as: its recorded agent, the worker (what
+        it starts itself, e.g. the private view's setup), root (a program the agent ran setuid
+        shows as root); None, every process, when its record is gone. The scan for its tagged
+        processes then reads the environments of these only, not of every other rollout's
+        agents (an environment read per process of the node, per runtime stopped)."""
+        recorded = self.space.meta().get("agent")
+        if not isinstance(recorded, dict):
+            return None
+        return frozenset({0, os.geteuid(), int(recorded["uid"])})
 
     # -- processes -----------------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -243,13 +243,20 @@ def signal_all(procs: Iterable[psutil.Process], sig: int) -> None:
             proc.send_signal(sig)  # psutil checks that the pid was not reused
 
 
-def tagged_processes(name: str, value: str) -> list[psutil.Process]:
-    """Every live process (other than this one) whose environment holds `name=value`."""
+def tagged_processes(
+    name: str, value: str, uids: Collection[int] | None = None
+) -> list[psutil.Process]:
+    """Every live process (other than this one) whose environment holds `name=value`.
+
+    `uids`: look only at processes owned by these users (the owner of `/proc/<pid>`: the
+    effective uid, root for a process that ran a setuid program). A stat is a third of an
+    environment read, and on a busy node most processes are other rollouts' agents, each under
+    its own uid: the scan then reads the environments of the few that may be this runtime's."""
     needle = f"\0{name}={value}\0".encode()
     me = os.getpid()
     found: list[psutil.Process] = []
     for pid in psutil.pids():
-        if pid == me:
+        if pid == me or (uids is not None and not _owned_by(pid, uids)):
             continue
         environ = environ_bytes(pid)
         if environ is None or needle not in b"\0" + environ + b"\0":
@@ -259,6 +266,15 @@ def tagged_processes(name: str, value: str) -> list[psutil.Process]:
         except psutil.Error:
             continue
     return found
+
+
+def _owned_by(pid: int, uids: Collection[int]) -> bool:
+    try:
+        return os.stat(f"/proc/{pid}").st_uid in uids
+    except FileNotFoundError:  # gone; or no procfs, and the environment decides
+        return not os.path.isdir("/proc/self")
+    except OSError:
+        return True
 
 
 def environ_bytes(pid: int) -> bytes | None:

@@ -1,0 +1,1 @@
+"""Runtime benchmarks (`python -m bench.runtimes.tag_scan`)."""

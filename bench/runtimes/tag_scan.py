@@ -1,0 +1,77 @@
+"""What a `local` runtime's stop costs on a node busy with other rollouts' agents.
+
+`python -m bench.runtimes.tag_scan [--others 1000] [--repeats 50]` (as root: the other agents run
+as another user). A stop kills every process carrying the runtime's tag (`kill_tagged`), found by
+reading process environments. It starts `--others` sleeping processes as `nobody`, each tagged
+with an id of its own (other rollouts' agents), then times the scan of one stopped runtime: over
+every process of the node (the baseline, no users given) and over the processes of the users the
+runtime's commands can run as (`LocalRuntime._owners`: root, the worker, its agent). Prints the
+median CPU ms per scan of each and their ratio, and writes them to `bench/results/`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import orjson
+
+from polar_mq.runtimes.identity import node_identity
+from polar_mq.runtimes.process_kit import RUNTIME_TAG, tagged_processes
+
+NOBODY = 65534
+RESULTS = Path(__file__).resolve().parents[1] / "results"
+
+
+def _cpu_ms(fn: object, repeats: int) -> float:
+    samples = []
+    for _ in range(repeats):
+        t0 = time.process_time()
+        fn()  # type: ignore[operator]
+        samples.append(1000 * (time.process_time() - t0))
+    return statistics.median(samples)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.runtimes.tag_scan")
+    parser.add_argument("--others", type=int, default=1000, help="other agents' processes")
+    parser.add_argument("--repeats", type=int, default=50)
+    opts = parser.parse_args(argv)
+    if os.geteuid() != 0:
+        print("run as root: the other agents' processes run as nobody")
+        return 2
+    rid = f"bench-{uuid.uuid4().hex[:8]}"
+    others = [
+        subprocess.Popen(["sleep", "600"], env={RUNTIME_TAG: f"other-{i}"}, user=NOBODY)
+        for i in range(opts.others)
+    ]
+    try:
+        time.sleep(0.5)  # every one exec'd: its environment is sleep's
+        processes = len(os.listdir("/proc"))
+        owners = frozenset({0, os.geteuid(), node_identity().uid})  # as LocalRuntime._owners
+        full = _cpu_ms(lambda: tagged_processes(RUNTIME_TAG, rid), opts.repeats)
+        owned = _cpu_ms(lambda: tagged_processes(RUNTIME_TAG, rid, owners), opts.repeats)
+    finally:
+        for p in others:
+            p.kill()
+        for p in others:
+            p.wait()
+    print(f"node: ~{processes} /proc entries, {opts.others} of them other agents (nobody)")
+    print(f"  every process (baseline)     {full:8.2f} ms CPU per stop's scan")
+    print(f"  its users' processes only    {owned:8.2f} ms CPU per stop's scan")
+    print(f"  ratio                        {owned / full:8.2f}")
+    RESULTS.mkdir(exist_ok=True)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    out = RESULTS / f"tag_scan-{stamp}.json"
+    out.write_bytes(orjson.dumps({"others": opts.others, "full_ms": full, "owned_ms": owned}))
+    print(f"results: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
