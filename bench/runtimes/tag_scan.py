@@ -2,11 +2,12 @@
 
 `python -m bench.runtimes.tag_scan [--others 1000] [--repeats 50]` (as root: the other agents run
 as another user). A stop kills every process carrying the runtime's tag (`kill_tagged`), found by
-reading process environments. It starts `--others` sleeping processes as `nobody`, each tagged
-with an id of its own (other rollouts' agents), then times the scan of one stopped runtime: over
-every process of the node (the baseline, no users given) and over the processes of the users the
-runtime's commands can run as (`LocalRuntime._owners`: root, the worker, its agent). Prints the
-median CPU ms per scan of each and their ratio, and writes them to `bench/results/`.
+reading process environments. It starts a real `local` runtime and `--others` sleeping processes
+as `nobody`, each tagged with an id of its own (other rollouts' agents), then times the scan for
+the runtime's processes: over every process of the node (the baseline, `tagged_pids` without
+users) and as the runtime itself does it (`LocalRuntime.alive_processes`: the processes of the
+users its commands can run as). Prints the median CPU ms per scan of each and their ratio, and
+writes them to `bench/results/`.
 """
 
 from __future__ import annotations
@@ -17,22 +18,25 @@ import statistics
 import subprocess
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
 
-from polar_mq.runtimes.identity import node_identity
-from polar_mq.runtimes.process_kit import RUNTIME_TAG, tagged_processes
+from polar_mq.config import get_settings
+from polar_mq.runtimes import LocalRuntime
+from polar_mq.runtimes.host_exec import tagged_pids
+from polar_mq.runtimes.process_kit import RUNTIME_TAG
 
 NOBODY = 65534
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 
 
-def _cpu_ms(fn: object, repeats: int) -> float:
+def _cpu_ms(fn: Callable[[], object], repeats: int) -> float:
     samples = []
     for _ in range(repeats):
         t0 = time.process_time()
-        fn()  # type: ignore[operator]
+        fn()
         samples.append(1000 * (time.process_time() - t0))
     return statistics.median(samples)
 
@@ -46,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
         print("run as root: the other agents' processes run as nobody")
         return 2
     rid = f"bench-{uuid.uuid4().hex[:8]}"
+    runtime = LocalRuntime(rid, get_settings().runtime_root)  # where the agent user may enter
+    runtime.start()
     others = [
         subprocess.Popen(["sleep", "600"], env={RUNTIME_TAG: f"other-{i}"}, user=NOBODY)
         for i in range(opts.others)
@@ -53,14 +59,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         time.sleep(0.5)  # every one exec'd: its environment is sleep's
         processes = len(os.listdir("/proc"))
-        owners = frozenset({0, os.geteuid(), node_identity().uid})  # as LocalRuntime._owners
-        full = _cpu_ms(lambda: tagged_processes(RUNTIME_TAG, rid), opts.repeats)
-        owned = _cpu_ms(lambda: tagged_processes(RUNTIME_TAG, rid, owners), opts.repeats)
+        full = _cpu_ms(lambda: tagged_pids(rid), opts.repeats)
+        owned = _cpu_ms(runtime.alive_processes, opts.repeats)
     finally:
         for p in others:
             p.kill()
         for p in others:
             p.wait()
+        runtime.stop()
     print(f"node: ~{processes} /proc entries, {opts.others} of them other agents (nobody)")
     print(f"  every process (baseline)     {full:8.2f} ms CPU per stop's scan")
     print(f"  its users' processes only    {owned:8.2f} ms CPU per stop's scan")

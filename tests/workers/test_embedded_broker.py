@@ -2,7 +2,7 @@
 
 kombu creates a queue's row on the first publish to it, guarded by a lock of one process only;
 several processes publishing to new queues at once made kombu's own channel raise
-`IntegrityError` and then fail every later publish of that process (5 runs of this test's
+`IntegrityError` and then fail every later publish of that process (3 runs of this test's
 workload against kombu's channel: every one lost messages).
 """
 
