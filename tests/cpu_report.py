@@ -17,6 +17,7 @@ import json
 import os
 import resource
 import sys
+import time
 from collections import defaultdict
 from collections.abc import Generator
 from pathlib import Path
@@ -58,9 +59,15 @@ def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, Any, None]:
     if not target:
         yield
         return
-    before = _cpu_s()
+    before, started = _cpu_s(), time.time()
     yield
-    line = {"test": item.nodeid, "cpu_s": round(_cpu_s() - before, 3), "pid": os.getpid()}
+    line = {
+        "test": item.nodeid,
+        "cpu_s": round(_cpu_s() - before, 3),
+        "pid": os.getpid(),
+        "start": round(started, 3),
+        "end": round(time.time(), 3),
+    }
     with Path(target).open("a") as out:
         out.write(json.dumps(line) + "\n")
 

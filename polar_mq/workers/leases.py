@@ -80,6 +80,13 @@ class LeaseKeeper:
             with self._lock:
                 self._held.discard(held)
 
+    def lost(self, rollout_id: uuid.UUID) -> bool:
+        """Whether a stage of this process has lost `rollout_id`'s lease (cancelled or restarted
+        elsewhere): what it still has to do is discarded, so it can stop at once (the agent
+        stage skips the proxy flush that would wait out a proxy already gone)."""
+        with self._lock:
+            return any(h.rollout_id == rollout_id and h.lost.is_set() for h in self._held)
+
     def _run(self) -> None:
         while True:
             time.sleep(self.interval_s)

@@ -114,7 +114,7 @@ def test_an_expired_lease_is_handed_out_again_and_only_the_new_delivery_can_be_a
     assert ids(old) == [f"{job_id}:0:1"]
     assert lease(client, job_id, "next-trainer")["groups"] == []  # still leased
     time.sleep(LEASE_S + 0.1)
-    new = lease(client, job_id, "next-trainer")
+    new = lease(client, job_id, "next-trainer", lease_s=LEASE_S)
     (group,) = new["groups"]
     assert group["delivery"]["delivery_count"] == 2 and group["delivery"]["redelivered"] is True
     assert group["delivery"]["delivery_id"] == f"{job_id}:0:2"
@@ -127,7 +127,7 @@ def test_an_expired_lease_is_handed_out_again_and_only_the_new_delivery_can_be_a
         "acked": [],
         "already_acked": ids(new),
     }
-    time.sleep(LEASE_S + 0.1)
+    time.sleep(LEASE_S + 0.1)  # the acked delivery's lease is over too
     assert lease(client, job_id, "third")["groups"] == []  # acked: never again
     with db_session_factory() as session:
         row = session.scalars(select(GroupDelivery)).one()

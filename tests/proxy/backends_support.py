@@ -49,8 +49,11 @@ def auth(rollout: uuid.UUID) -> dict[str, str]:
     return {"authorization": f"Bearer {issue_rollout_token(SECRET, rollout, 600)}"}
 
 
-def chat_body(stream: bool = False) -> dict[str, Any]:
-    return {"model": "policy", "messages": QUESTION, "stream": stream}
+def chat_body(stream: bool = False, max_tokens: int | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": "policy", "messages": QUESTION, "stream": stream}
+    if max_tokens is not None:
+        body["max_tokens"] = max_tokens
+    return body
 
 
 @dataclass
@@ -68,8 +71,11 @@ class Stack:
         stats: FakeStats = self.fakes[backend].state.stats
         return stats
 
-    def chat(self, rollout: uuid.UUID, stream: bool = False) -> httpx.Response:
-        return self.client.post(f"{self.url}{CHAT}", json=chat_body(stream), headers=auth(rollout))
+    def chat(
+        self, rollout: uuid.UUID, stream: bool = False, max_tokens: int | None = None
+    ) -> httpx.Response:
+        body = chat_body(stream, max_tokens)
+        return self.client.post(f"{self.url}{CHAT}", json=body, headers=auth(rollout))
 
     def admin(self, method: str, path: str, body: Any = None, **params: Any) -> httpx.Response:
         return self.client.request(

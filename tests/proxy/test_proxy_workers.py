@@ -115,10 +115,12 @@ def test_admin_calls_reach_every_worker_and_a_restarted_one_replays_them(
             assert first.admin("/admin/resume").status_code == 200  # worker 0 resumes 1 too
             assert held.result().status_code == 200
         assert first.admin("/admin/pause").status_code == 200
-        for client in (first, second):  # held, then refused, as by a paused single proxy
-            refused = client.chat(next(rollouts))
-            assert refused.status_code == 503, refused.text
-            assert refused.json()["error"]["code"] == "backend_paused"
+        # held, then refused, as by a paused single proxy (both at once: each waits out the bound)
+        with ThreadPoolExecutor(2) as pool:
+            calls = [pool.submit(c.chat, next(rollouts)) for c in (first, second)]
+            for refused in (call.result() for call in calls):
+                assert refused.status_code == 503, refused.text
+                assert refused.json()["error"]["code"] == "backend_paused"
         assert second.admin("/admin/resume").status_code == 200
 
         # A policy version and a new backend set through one worker serve on both.

@@ -111,16 +111,20 @@ def test_stage_longer_than_visibility_timeout_runs_once(
 ) -> None:
     # No sweeper republish within the test: the only second copy is the broker's redelivery.
     settings = {"visibility_timeout_s": 10, "max_agent_timeout_s": 5, "republish_after_s": 600}
+    # prepare runs until the redelivered copy has been seen (and skipped), 50 s at most
+    seen = tmp_path / "redelivery-seen"
+    hold = f"for i in $(seq 500); do [ -e {seen} ] && exit 0; sleep 0.1; done"
     with rel_stack(pg_url, tmp_path, broker_url=redis.url, **settings) as rel:
         ids = rel.submit(
             [{"instruction": "quick", "calls": 1}],
-            runtime={"prepare": {"commands": ["sleep 30"]}},
+            runtime={"prepare": {"commands": [hold]}},
             timeouts={"agent_s": 5, "prepare_s": 60},
         )
         seen_s = wait_until(
             lambda: _events(db_session_factory, ids, EventKind.SKIPPED), 60,
             "the broker to redeliver the running prepare message",
         )  # fmt: skip
+        seen.touch()
         wait_terminal(db_session_factory, ids, 60)
         check_invariants(rel, db_session_factory, ids, {ids[0]: "completed"})
         started = [

@@ -118,15 +118,18 @@ def test_the_proxy_cuts_half_sent_bodies_in_each_family_shape(
     token = issue_rollout_token(SECRET, job.rollout_ids[0], 600)
     port = servers["proxy"]
     bearer = {"Authorization": f"Bearer {token}"}
-    for elapsed, raw in stall_many(port, "/v1/chat/completions", bearer):
-        assert elapsed <= BOUND_S, elapsed
-        openai = response_body(raw)["error"]
-        assert isinstance(openai, dict) and openai["code"] == "request_timeout", openai
-    elapsed, raw = half_request(port, "/v1/messages", {"x-api-key": token})
-    anthropic = response_body(raw)
-    assert anthropic["type"] == "error" and elapsed <= BOUND_S, anthropic
-    elapsed, raw = half_request(port, "/admin/backends", {})  # loopback admin, dev mode
-    assert response_body(raw)["error"] and elapsed <= BOUND_S
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:  # the three shapes stall at once
+        messages = pool.submit(half_request, port, "/v1/messages", {"x-api-key": token})
+        admin = pool.submit(half_request, port, "/admin/backends", {})  # loopback admin, dev
+        for elapsed, raw in stall_many(port, "/v1/chat/completions", bearer):
+            assert elapsed <= BOUND_S, elapsed
+            openai = response_body(raw)["error"]
+            assert isinstance(openai, dict) and openai["code"] == "request_timeout", openai
+        elapsed, raw = messages.result()
+        anthropic = response_body(raw)
+        assert anthropic["type"] == "error" and elapsed <= BOUND_S, anthropic
+        elapsed, raw = admin.result()
+        assert response_body(raw)["error"] and elapsed <= BOUND_S
 
 
 def test_a_body_that_arrives_in_time_is_served(

@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from polar_mq.config import TOKEN_GRACE_S
 from polar_mq.devstack import LocalStack
 from polar_mq.models import LlmCall
+from polar_mq.runtimes.host_exec import tagged_pids
 from polar_mq.tokens import JUDGE, issue_rollout_token, verify_rollout_token
 from tests.e2e.stack import client_of, fake_upstream_stack
 
@@ -48,7 +49,10 @@ CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "RESULT:
 @pytest.fixture(scope="module")
 def stack(pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
     tmp = tmp_path_factory.mktemp("token-death")
-    with fake_upstream_stack(pg_url, tmp, proxy_rollout_state_ttl_s=STATE_TTL_S) as running:
+    # a short lease: a cancelled agent is killed at the next heartbeat (lease_s / 3)
+    with fake_upstream_stack(
+        pg_url, tmp, proxy_rollout_state_ttl_s=STATE_TTL_S, lease_s=3.0
+    ) as running:
         yield running
 
 
@@ -176,6 +180,10 @@ def test_tokens_die_when_their_rollout_is_cancelled(stack: LocalStack) -> None:
     client.cancel(str(submitted.job_id))
     refused_within(stack, token, BOUND_S)
     assert_refused_everywhere(calls(stack, token), 403, "rollout_ended")
+    deadline = time.monotonic() + 30  # and the agent itself is stopped (found by its tag)
+    while tagged_pids(f"{rollout_id.hex}-1"):
+        assert time.monotonic() < deadline, "the cancelled rollout's agent still runs"
+        time.sleep(0.1)
 
 
 def test_a_signed_token_of_an_unknown_rollout_is_refused(stack: LocalStack) -> None:

@@ -52,7 +52,7 @@ def _agent_env(
     settings = Settings(secret_key=SECRET, runtime_root=tmp_path)
     ctx = SimpleNamespace(
         settings=settings, http=FakeHttp(), session_factory=None, autocommit_engine=None,
-        receipts=None,
+        receipts=None, leases=SimpleNamespace(lost=lambda _rollout_id: False),
     )  # fmt: skip
     rollout = SimpleNamespace(id=uuid.uuid4(), attempt=2, created_at=None)
     claimed = SimpleNamespace(

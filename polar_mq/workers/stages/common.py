@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import Table
-from tenacity import retry, stop_after_delay, wait_exponential
+from tenacity import RetryCallState, Retrying, stop_after_delay, wait_exponential
 
 from polar_mq.config import Settings
 from polar_mq.lifecycle.transitions import RolloutRef
@@ -98,15 +98,32 @@ def release_runtime(
     }
 
 
-@retry(stop=stop_after_delay(20), wait=wait_exponential(multiplier=0.2, max=3), reraise=True)
-def flush_proxy(ctx: WorkerContext) -> dict[str, Any]:
+FLUSH_RETRY_S = 20.0
+
+
+def flush_proxy(ctx: WorkerContext, give_up: Callable[[], bool] = lambda: False) -> dict[str, Any]:
     """Wait until the proxy stored every call it answered; its answer has `written` and
     `started_at` (the run-agent stage after the agent, evaluate after a judge).
 
-    Retried for a while: a proxy restarting under a supervisor is back within seconds."""
+    Retried for a while: a proxy restarting under a supervisor is back within seconds. Not once
+    `give_up()` says the answer no longer matters (the stage's lease was lost: its result is
+    discarded), so a cancelled rollout's stage does not wait out a proxy that is gone too."""
     headers = {}
     if ctx.settings.proxy_admin_token:
         headers["Authorization"] = f"Bearer {ctx.settings.proxy_admin_token}"
-    response = ctx.http.post(f"{ctx.settings.proxy_base_url}/admin/flush", headers=headers)
-    response.raise_for_status()
-    return dict(response.json())
+    out_of_time = stop_after_delay(FLUSH_RETRY_S)
+
+    def stop(state: RetryCallState) -> bool:
+        return give_up() or out_of_time(state)
+
+    retrying = Retrying(
+        stop=stop,
+        wait=wait_exponential(multiplier=0.2, max=3),
+        reraise=True,
+    )
+    for attempt in retrying:
+        with attempt:
+            response = ctx.http.post(f"{ctx.settings.proxy_base_url}/admin/flush", headers=headers)
+            response.raise_for_status()
+            return dict(response.json())
+    raise AssertionError("unreachable: tenacity re-raises the last error")  # pragma: no cover

@@ -13,7 +13,9 @@ database down) is raised, so the stage is retried and ends `runtime_error`, unsc
 
 from __future__ import annotations
 
+import functools
 import logging
+import uuid
 from typing import Any, cast
 
 from sqlalchemy import Table
@@ -79,12 +81,13 @@ def judge_endpoint(ctx: WorkerContext, claimed: Claimed) -> LlmEndpoint:
     return LlmEndpoint(f"{settings.proxy_base_url}/v1", token, model, ctx.http)
 
 
-def _wait_judge_calls_stored(ctx: WorkerContext) -> None:
+def _wait_judge_calls_stored(ctx: WorkerContext, rollout_id: uuid.UUID) -> None:
     """The judge's calls are stored before the rollout completes (whoever reads a completed
     rollout's calls finds them), as the run-agent stage waits for the agent's. A proxy that does
-    not answer the flush leaves them to its writer (they are spilled, never dropped)."""
+    not answer the flush leaves them to its writer (they are spilled, never dropped); nor is it
+    waited for once the rollout was taken from this worker (its result is discarded)."""
     try:
-        flush_proxy(ctx)
+        flush_proxy(ctx, give_up=functools.partial(ctx.leases.lost, rollout_id))
     except Exception as exc:
         logger.warning("judge calls not confirmed stored (proxy flush failed): %r", exc)
 
@@ -115,7 +118,7 @@ def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
         )
         result = evaluate_safely(evaluator, context)  # an evaluator error: reward None, with why
         if evaluator.needs_llm:
-            _wait_judge_calls_stored(ctx)
+            _wait_judge_calls_stored(ctx, rollout.id)
     except UnsafePath as exc:  # the agent swapped a file its grader uses: its failure, scored 0
         result = workspace_refused(exc, str(name))
     return StageOutcome(

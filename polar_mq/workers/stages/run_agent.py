@@ -5,11 +5,14 @@ attributed to the rollout by the proxy; the token also carries the job's samplin
 proxy enforces on those calls (`polar_mq.sampling`). A wall-clock timeout and an optional inactivity
 watchdog kill the whole process tree. After the agent exits the stage waits until every call the
 agent made is stored, so the build stage sees them all: by the attempt's call receipts in Redis
-(`call_receipts`, no round trip to the proxy), or by flushing the proxy's log writer.
+(`call_receipts`, no round trip to the proxy), or by flushing the proxy's log writer. Not when
+the rollout was taken from this worker meanwhile (cancelled, or restarted elsewhere): its result
+is discarded, so the stage ends at once instead of waiting on a proxy that may be gone too.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from datetime import datetime
@@ -22,7 +25,7 @@ from polar_mq import call_receipts
 from polar_mq.calls import AttemptCalls, CallSummary, last_call_at
 from polar_mq.harnesses import AgentContext, get_harness
 from polar_mq.harnesses.presets.setup import harness_root_for
-from polar_mq.lifecycle.transitions import Claimed
+from polar_mq.lifecycle.transitions import Claimed, LeaseLost
 from polar_mq.models import Rollout, RolloutArtifact, TerminationReason
 from polar_mq.models.base import utcnow
 from polar_mq.rollouts.agent_outcome import classify, summarize_calls
@@ -77,9 +80,12 @@ def wait_calls_stored(
                 ctx.settings.call_receipts_wait_s,
             )  # fmt: skip
             missing = seen
+    taken = functools.partial(ctx.leases.lost, rollout.id)  # cancelled meanwhile: stop waiting
     try:
-        flushed = {**flush_proxy(ctx), "by": "flush"}
+        flushed = {**flush_proxy(ctx, give_up=taken), "by": "flush"}
     except Exception as exc:  # the attempt's calls may be lost with the proxy: start over
+        if taken():  # nothing to start over: the rollout was taken from this worker
+            raise LeaseLost(f"rollout {rollout.id} was taken while the proxy was flushed") from exc
         raise StageRestart(
             TerminationReason.BACKEND_ERROR, f"proxy log flush failed: {exc!r}"
         ) from exc
@@ -211,6 +217,8 @@ def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
         )
     finally:
         grading = prewarm.join() if prewarm is not None else {}
+    if ctx.leases.lost(claimed.rollout.id):  # cancelled or taken under the agent: all discarded
+        raise LeaseLost(f"rollout {claimed.rollout.id} was taken from this worker under its agent")
     flush_at = time.monotonic()
     flushed = wait_calls_stored(ctx, claimed, result.ok and receipts, agent_started)
     flushed_at = time.monotonic()
