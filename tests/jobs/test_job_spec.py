@@ -156,8 +156,9 @@ def test_the_agent_stage_sees_the_default_when_the_job_omitted_it(
     )
     settings = Settings(secret_key="s" * 32, runtime_root=tmp_path, max_agent_timeout_s=10_000)
     ctx = SimpleNamespace(
-        settings=settings, http=http, session_factory=None, autocommit_engine=None, receipts=None
-    )
+        settings=settings, http=http, session_factory=None, autocommit_engine=None, receipts=None,
+        leases=SimpleNamespace(lost=lambda _rollout_id: False),
+    )  # fmt: skip
     row = JobCreate(tasks=TASKS).stored_spec("default")
     del row["timeouts"]  # a row that never said: the model's default fills it in
     rollout = SimpleNamespace(id=uuid.uuid4(), attempt=1, created_at=None)
