@@ -32,14 +32,27 @@ class WorkerContext:
     publisher: Publisher
 
     @cached_property
-    def session_factory(self) -> sessionmaker[Session]:
+    def _engine(self) -> Engine:
+        """This process's one pool. On PostgreSQL its connections are in autocommit: most of a
+        stage's statements are one-statement writes and reads (`autocommit_factory`), which then
+        check a connection out as it is; `session_factory`'s transactions switch theirs to READ
+        COMMITTED for the checkout (SQLAlchemy sets and resets the level per checkout, about
+        0.1 ms of CPU each, so it is paid by the rarer transactions, not the claims and
+        finishes)."""
         url = self.settings.database_url
         if url.startswith("sqlite"):
-            engine = create_db_engine(url)
-        else:
-            # No pre-ping: a stage is two short transactions, and the runner retries one whose
-            # connection dropped; a SELECT 1 before each would add a round trip to every one.
-            engine = create_db_engine(url, pool_size=4, max_overflow=8, pool_pre_ping=False)
+            return create_db_engine(url)
+        # No pre-ping: a stage is two short transactions, and the runner retries one whose
+        # connection dropped; a SELECT 1 before each would add a round trip to every one.
+        return create_db_engine(
+            url, pool_size=4, max_overflow=8, pool_pre_ping=False, isolation_level="AUTOCOMMIT"
+        )
+
+    @cached_property
+    def session_factory(self) -> sessionmaker[Session]:
+        engine = self._engine
+        if engine.dialect.name == "postgresql":
+            engine = engine.execution_options(isolation_level="READ COMMITTED")
         factory = make_session_factory(engine)
         attach_publisher(factory, self.publisher)
         return factory
@@ -49,10 +62,9 @@ class WorkerContext:
         """Sessions for writes that are one statement (a claim, a row-less finish, an event):
         on PostgreSQL in autocommit mode, which saves the BEGIN and COMMIT round trips; the
         same pool as `session_factory`, the same publish after commit."""
-        engine = self.session_factory.kw["bind"]
-        if engine.dialect.name != "postgresql":
+        if self._engine.dialect.name != "postgresql":
             return self.session_factory
-        factory = make_session_factory(engine.execution_options(isolation_level="AUTOCOMMIT"))
+        factory = make_session_factory(self._engine)
         attach_publisher(factory, self.publisher)
         return factory
 
