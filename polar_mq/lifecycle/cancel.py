@@ -2,9 +2,9 @@
 
 Cancelling only writes the database: every non-terminal rollout becomes `cancelled` (an
 infrastructure outcome: no reward, excluded from group statistics). Queued messages then find a
-terminal rollout and are no-ops; a running stage loses its lease at its next heartbeat and the
-lease keeper kills the agent's process tree and releases the runtime; runtimes left on a node by a
-rollout cancelled between stages are removed by that node's janitor.
+terminal rollout and are no-ops; a running stage's lease keeper sees it within seconds (it checks
+every 2 s, between renewals) and kills the agent's process tree and releases the runtime;
+runtimes left on a node by a rollout cancelled between stages are removed by that node's janitor.
 """
 
 from __future__ import annotations

@@ -177,7 +177,8 @@ def _cancel_unfinished(
     session: Session, job_id: uuid.UUID, indexes: list[int], worker: str
 ) -> None:
     """Cancel the unfinished rollouts of dropped groups with reason `stale`. Running stages see
-    the change at their next heartbeat and stop (their fenced commits then find nothing)."""
+    the change within seconds (their lease keeper's check) and stop (their fenced commits then
+    find nothing)."""
     scope = and_(Rollout.job_id == job_id, Rollout.task_index.in_(indexes))
     detail = {"reason": TerminationReason.STALE}
     cancel_where(session, scope, worker, detail, reason=TerminationReason.STALE)

@@ -7,8 +7,11 @@ short lease, and a worker that dies (kill -9, lost node) stops renewing: the swe
 expired lease within `lease_s` and restarts the rollout.
 
 A renewal that matches no row means the rollout was taken from this worker: cancelled, or
-restarted by the sweeper after a stall. The keeper then calls the stage's `on_lost` (e.g. kill the
-agent's process tree) so a cancelled agent stops burning GPU time right away. Once the stage
+restarted by the sweeper after a stall. Between renewals the keeper also reads, every `check_s`
+(2 s), whether its rollouts are still held (one SELECT for all of them), so a cancel is seen
+within seconds, not at the next renewal (20 s with the default lease). It then calls the stage's
+`on_lost` (e.g. kill the agent's process tree) so a cancelled agent stops burning GPU time right
+away. Once the stage
 `settle()`s (its work done, its outcome being committed) a miss is its own commit and is ignored:
 a heartbeat racing the commit must not tear down what the next stage needs.
 """
@@ -27,10 +30,12 @@ from datetime import timedelta
 from sqlalchemy.orm import Session, sessionmaker
 
 from polar_mq.lifecycle.stages import STAGE_STATES
-from polar_mq.lifecycle.transitions import Claimed, renew_lease
+from polar_mq.lifecycle.transitions import Claimed, renew_lease, still_held
 from polar_mq.models.base import utcnow
 
 log = logging.getLogger(__name__)
+CHECK_S = 2.0
+"""How often a keeper reads whether its rollouts are still held (a cancel is seen this soon)."""
 
 
 @dataclass(eq=False)
@@ -54,10 +59,13 @@ class Held:
 class LeaseKeeper:
     """Renews the leases of the stages running in this process (one daemon thread, lazily)."""
 
-    def __init__(self, factory: sessionmaker[Session], lease_s: float) -> None:
+    def __init__(
+        self, factory: sessionmaker[Session], lease_s: float, check_s: float = CHECK_S
+    ) -> None:
         self.factory = factory
         self.lease_s = float(lease_s)
         self.interval_s = max(0.2, self.lease_s / 3)
+        self.check_s = min(self.interval_s, max(0.1, float(check_s)))
         self._held: set[Held] = set()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -88,15 +96,19 @@ class LeaseKeeper:
             return any(h.rollout_id == rollout_id and h.lost.is_set() for h in self._held)
 
     def _run(self) -> None:
+        renew_at = time.monotonic() + self.interval_s
         while True:
-            time.sleep(self.interval_s)
+            time.sleep(self.check_s)
             with self._lock:
                 batch = list(self._held)
+            renewing = time.monotonic() >= renew_at
+            if renewing:
+                renew_at = time.monotonic() + self.interval_s
             if batch:
                 try:
-                    self.renew(batch)
+                    self.renew(batch) if renewing else self.check(batch)
                 except Exception:  # a database blip: the lease has 2/3 of its length left
-                    log.warning("lease renewal failed; retrying next beat", exc_info=True)
+                    log.warning("lease renewal or check failed; retrying", exc_info=True)
 
     def renew(self, batch: list[Held]) -> None:
         """Extend every lease in `batch`; report the ones that are no longer ours."""
@@ -106,6 +118,16 @@ class LeaseKeeper:
             for held in batch:
                 if not renew_lease(session, held.rollout_id, held.busy, held.owner, expires):
                     lost.append(held)
+        self._report(lost)
+
+    def check(self, batch: list[Held]) -> None:
+        """Report the stages of `batch` whose rollout is no longer ours, without renewing."""
+        holds = {h.rollout_id: (h.busy, h.owner) for h in batch}
+        with self.factory() as session:
+            held = still_held(session, holds)
+        self._report([h for h in batch if h.rollout_id not in held])
+
+    def _report(self, lost: list[Held]) -> None:
         for held in lost:
             if held.lost.is_set() or held.settling.is_set():
                 continue

@@ -4,6 +4,7 @@ next stage needed)."""
 
 from __future__ import annotations
 
+import threading
 import uuid
 
 from sqlalchemy import update
@@ -61,3 +62,58 @@ def test_a_heartbeat_after_the_stage_own_finish_commit_is_not_a_loss(
     assert calls == [] and not held.lost.is_set()
     with unit_of_work(db_session_factory) as session:
         assert session.get_one(Rollout, claimed.rollout.id).status == RolloutStatus.PREPARED
+
+
+def _cancel(factory: sessionmaker[Session], claimed: Claimed) -> None:
+    with unit_of_work(factory) as session:
+        session.execute(
+            update(Rollout)
+            .where(Rollout.id == claimed.rollout.id)
+            .values(status=RolloutStatus.CANCELLED)
+        )
+
+
+def test_a_check_between_renewals_reports_a_cancel_and_renews_nothing(
+    db_session_factory: sessionmaker[Session],
+) -> None:
+    claimed = _claimed(db_session_factory)
+    keeper = LeaseKeeper(db_session_factory, lease_s=60)
+    calls: list[uuid.UUID] = []
+    with keeper.hold(claimed, lambda: calls.append(claimed.rollout.id)) as held:
+        with db_session_factory() as session:
+            expires = session.get_one(Rollout, claimed.rollout.id).lease_expires_at
+        keeper.check([held])
+        assert calls == [] and not held.lost.is_set() and not keeper.lost(claimed.rollout.id)
+        with db_session_factory() as session:  # a read: the lease is where the claim put it
+            assert session.get_one(Rollout, claimed.rollout.id).lease_expires_at == expires
+        _cancel(db_session_factory, claimed)
+        keeper.check([held])
+        keeper.check([held])
+        assert keeper.lost(claimed.rollout.id)
+    assert calls == [claimed.rollout.id] and held.lost.is_set()
+
+
+def test_a_check_after_the_stage_own_finish_commit_is_not_a_loss(
+    db_session_factory: sessionmaker[Session],
+) -> None:
+    claimed = _claimed(db_session_factory)
+    keeper = LeaseKeeper(db_session_factory, lease_s=60)
+    calls: list[str] = []
+    with keeper.hold(claimed, lambda: calls.append("destroy runtime")) as held:
+        held.settle()
+        with unit_of_work(db_session_factory) as session:
+            finish(session, claimed, {}, {}, {}, None)
+        keeper.check([held])
+    assert calls == [] and not held.lost.is_set()
+
+
+def test_the_keeper_sees_a_cancel_long_before_its_next_renewal(
+    db_session_factory: sessionmaker[Session],
+) -> None:
+    """Renewals every 20 s (a 60 s lease); the keeper's thread reads every 0.2 s here."""
+    claimed = _claimed(db_session_factory)
+    keeper = LeaseKeeper(db_session_factory, lease_s=60, check_s=0.2)
+    stopped = threading.Event()
+    with keeper.hold(claimed, stopped.set):
+        _cancel(db_session_factory, claimed)
+        assert stopped.wait(10), "the cancel was not seen before the next renewal (20 s)"
