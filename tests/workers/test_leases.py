@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 import uuid
 
+import pytest
 from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -28,42 +29,6 @@ def _claimed(factory: sessionmaker[Session]) -> Claimed:
     return won
 
 
-def test_a_cancelled_rollout_is_reported_lost_once(
-    db_session_factory: sessionmaker[Session],
-) -> None:
-    claimed = _claimed(db_session_factory)
-    keeper = LeaseKeeper(db_session_factory, lease_s=60)
-    calls: list[uuid.UUID] = []
-    with keeper.hold(claimed, lambda: calls.append(claimed.rollout.id)) as held:
-        keeper.renew([held])
-        assert calls == [] and not held.lost.is_set()
-        with unit_of_work(db_session_factory) as session:
-            session.execute(
-                update(Rollout)
-                .where(Rollout.id == claimed.rollout.id)
-                .values(status=RolloutStatus.CANCELLED)
-            )
-        keeper.renew([held])
-        keeper.renew([held])
-    assert calls == [claimed.rollout.id] and held.lost.is_set()
-
-
-def test_a_heartbeat_after_the_stage_own_finish_commit_is_not_a_loss(
-    db_session_factory: sessionmaker[Session],
-) -> None:
-    claimed = _claimed(db_session_factory)
-    keeper = LeaseKeeper(db_session_factory, lease_s=60)
-    calls: list[str] = []
-    with keeper.hold(claimed, lambda: calls.append("destroy runtime")) as held:
-        held.settle()  # the stage's work is done; its outcome is being committed
-        with unit_of_work(db_session_factory) as session:
-            finish(session, claimed, {}, {}, {}, None)
-        keeper.renew([held])  # a heartbeat that raced the commit finds the rollout moved on
-    assert calls == [] and not held.lost.is_set()
-    with unit_of_work(db_session_factory) as session:
-        assert session.get_one(Rollout, claimed.rollout.id).status == RolloutStatus.PREPARED
-
-
 def _cancel(factory: sessionmaker[Session], claimed: Claimed) -> None:
     with unit_of_work(factory) as session:
         session.execute(
@@ -73,38 +38,46 @@ def _cancel(factory: sessionmaker[Session], claimed: Claimed) -> None:
         )
 
 
-def test_a_check_between_renewals_reports_a_cancel_and_renews_nothing(
-    db_session_factory: sessionmaker[Session],
+@pytest.mark.parametrize("heartbeat", ["renew", "check"])
+def test_a_cancelled_rollout_is_reported_lost_once(
+    heartbeat: str, db_session_factory: sessionmaker[Session]
 ) -> None:
+    """By a renewal, or by the check the keeper makes between renewals (a read only)."""
     claimed = _claimed(db_session_factory)
     keeper = LeaseKeeper(db_session_factory, lease_s=60)
+    beat = getattr(keeper, heartbeat)
     calls: list[uuid.UUID] = []
     with keeper.hold(claimed, lambda: calls.append(claimed.rollout.id)) as held:
         with db_session_factory() as session:
             expires = session.get_one(Rollout, claimed.rollout.id).lease_expires_at
-        keeper.check([held])
+        beat([held])
         assert calls == [] and not held.lost.is_set() and not keeper.lost(claimed.rollout.id)
-        with db_session_factory() as session:  # a read: the lease is where the claim put it
-            assert session.get_one(Rollout, claimed.rollout.id).lease_expires_at == expires
+        with db_session_factory() as session:
+            renewed = session.get_one(Rollout, claimed.rollout.id).lease_expires_at != expires
+        assert renewed == (heartbeat == "renew")
         _cancel(db_session_factory, claimed)
-        keeper.check([held])
-        keeper.check([held])
+        beat([held])
+        beat([held])
         assert keeper.lost(claimed.rollout.id)
     assert calls == [claimed.rollout.id] and held.lost.is_set()
 
 
-def test_a_check_after_the_stage_own_finish_commit_is_not_a_loss(
-    db_session_factory: sessionmaker[Session],
+@pytest.mark.parametrize("heartbeat", ["renew", "check"])
+def test_a_heartbeat_after_the_stage_own_finish_commit_is_not_a_loss(
+    heartbeat: str, db_session_factory: sessionmaker[Session]
 ) -> None:
     claimed = _claimed(db_session_factory)
     keeper = LeaseKeeper(db_session_factory, lease_s=60)
     calls: list[str] = []
     with keeper.hold(claimed, lambda: calls.append("destroy runtime")) as held:
-        held.settle()
+        held.settle()  # the stage's work is done; its outcome is being committed
         with unit_of_work(db_session_factory) as session:
             finish(session, claimed, {}, {}, {}, None)
-        keeper.check([held])
+        # a renewal or a check that raced the commit finds the rollout moved on
+        getattr(keeper, heartbeat)([held])
     assert calls == [] and not held.lost.is_set()
+    with unit_of_work(db_session_factory) as session:
+        assert session.get_one(Rollout, claimed.rollout.id).status == RolloutStatus.PREPARED
 
 
 def test_the_keeper_sees_a_cancel_long_before_its_next_renewal(
