@@ -106,7 +106,10 @@ class LeaseKeeper:
                 renew_at = time.monotonic() + self.interval_s
             if batch:
                 try:
-                    self.renew(batch) if renewing else self.check(batch)
+                    if renewing:
+                        self.renew(batch)
+                    else:
+                        self.check(batch)
                 except Exception:  # a database blip: the lease has 2/3 of its length left
                     log.warning("lease renewal or check failed; retrying", exc_info=True)
 

@@ -202,16 +202,14 @@ def run_stage(
         try:
             with allowing(ctx.settings.import_allowlist):  # the job's evaluator and builder
                 outcome = STAGE_FUNCTIONS[stage](ctx, claimed)
-        except StageRestart as exc:
+        except Exception as exc:
             held.settle()
-            return _unexpected(ctx, claimed, retries, str(exc), exc.reason)
-        except StageFailure as exc:
-            held.settle()
-            return _failed(ctx, claimed, exc.reason, str(exc))
-        except Exception:
-            held.settle()
-            if held.lost.is_set():
+            if held.lost.is_set():  # taken meanwhile (its agent killed): nothing of it is kept
                 return "lease_lost"
+            if isinstance(exc, StageRestart):
+                return _unexpected(ctx, claimed, retries, str(exc), exc.reason)
+            if isinstance(exc, StageFailure):
+                return _failed(ctx, claimed, exc.reason, str(exc))
             return _unexpected(ctx, claimed, retries, traceback.format_exc())
         held.settle()  # from here on a heartbeat missing the row is our own commit
         outcome.detail["duration_s"] = round(time.monotonic() - started, 4)

@@ -84,8 +84,6 @@ def wait_calls_stored(
     try:
         flushed = {**flush_proxy(ctx, give_up=taken), "by": "flush"}
     except Exception as exc:  # the attempt's calls may be lost with the proxy: start over
-        if taken():  # nothing to start over: the rollout was taken from this worker
-            raise LeaseLost(f"rollout {rollout.id} was taken while the proxy was flushed") from exc
         raise StageRestart(
             TerminationReason.BACKEND_ERROR, f"proxy log flush failed: {exc!r}"
         ) from exc
