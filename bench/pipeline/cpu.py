@@ -58,15 +58,49 @@ def tree_cpu(pid: int) -> dict[int, float]:
     return result
 
 
+def thread_split(pid: int) -> tuple[float, float]:
+    """CPU seconds of `pid`'s tree (agents left out) as (main threads, other threads).
+
+    In a stage worker the main thread is Celery's consumer (receive, reserve, the event loop)
+    and the other threads its pool (the stage bodies, their acks and publishes); in the proxy,
+    the event loop against its writer and resolver threads. A process's total cannot tell a
+    costly consumer from a costly stage body; this can (py-spy's samples could not: it
+    over-attributes to a thread that holds the GIL while descheduled). A thread that ended
+    inside the window drops out of the split (not of the process total)."""
+    main = other = 0.0
+    try:
+        root = psutil.Process(pid)
+        members = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return main, other
+    for proc in members:
+        if proc.pid != pid and _is_agent(proc.pid):
+            continue
+        try:
+            threads = proc.threads()
+        except psutil.Error:
+            continue
+        for thread in threads:
+            spent = float(thread.user_time + thread.system_time)
+            if thread.id == proc.pid:
+                main += spent
+            else:
+                other += spent
+    return main, other
+
+
 @dataclass
 class CpuSnapshot:
     by_name: dict[str, dict[int, float]] = field(default_factory=dict)
+    threads: dict[str, tuple[float, float]] = field(default_factory=dict)
+    """(main, other threads) CPU seconds of each tracked tree (`thread_split`)."""
 
 
 @dataclass
 class CpuDelta:
     seconds: dict[str, float]
     lost: dict[str, list[int]]
+    threads: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     def total(self, names: list[str] | None = None) -> float:
         return sum(v for k, v in self.seconds.items() if names is None or k in names)
@@ -76,6 +110,7 @@ def snapshot(
     pids: Mapping[str, int], extra: Mapping[str, Callable[[], dict[int, float]]] | None = None
 ) -> CpuSnapshot:
     """Trees of the named pids, plus groups found by the `extra` scanners (e.g. PostgreSQL)."""
+    threads = {name: thread_split(pid) for name, pid in pids.items()}
     by_name = {name: tree_cpu(pid) for name, pid in pids.items()}
     for name, scan in (extra or {}).items():
         by_name[name] = scan()
@@ -86,7 +121,7 @@ def snapshot(
     ours = tree_pids(list(pids.values()))
     by_name[OTHERS] = other_processes(lambda: named | ours)
     by_name[KERNEL] = kernel_irq_s()
-    return CpuSnapshot(by_name)
+    return CpuSnapshot(by_name, threads)
 
 
 def delta(before: CpuSnapshot, after: CpuSnapshot) -> CpuDelta:
@@ -101,7 +136,12 @@ def delta(before: CpuSnapshot, after: CpuSnapshot) -> CpuDelta:
         gone = sorted(set(start) - set(end))
         if gone:
             lost[name] = gone
-    return CpuDelta(seconds, lost)
+    threads = {
+        name: (main - before.threads[name][0], other - before.threads[name][1])
+        for name, (main, other) in after.threads.items()
+        if name in before.threads
+    }
+    return CpuDelta(seconds, lost, threads)
 
 
 def find_processes(name: str, cmdline_contains: str | None = None) -> dict[int, float]:

@@ -60,6 +60,8 @@ class Measurement:
     warnings: list[str] = field(default_factory=list)
     stage_ms: dict[str, float] = field(default_factory=dict)
     statuses: dict[str, int] = field(default_factory=dict)
+    threads_s: dict[str, tuple[float, float]] = field(default_factory=dict)
+    """(main thread, other threads) CPU seconds per tracked process tree (`cpu.thread_split`)."""
 
     @property
     def rate(self) -> float:
@@ -81,6 +83,7 @@ class Measurement:
             "machine_busy_s": round(self.machine_busy_s, 3),
             "stage_ms_median": {k: round(v, 3) for k, v in self.stage_ms.items()},
             "statuses": self.statuses,
+            "threads_s": {k: [round(v, 4) for v in pair] for k, pair in self.threads_s.items()},
             "warnings": self.warnings,
         }
 
@@ -150,7 +153,7 @@ def run_chains(
         warnings.append(f"baseline: only {done}/{n} chains finished within {timeout_s:.0f}s")
     return Measurement(
         "baseline", n, elapsed, submit_wall, submit_cpu, delta.seconds, busy, warnings,
-        statuses={"finished": done},
+        statuses={"finished": done}, threads_s=delta.threads,
     )  # fmt: skip
 
 
@@ -269,5 +272,5 @@ def run_pipeline(
     statuses, stage_ms, check_warnings = _check_job(engine, job.job_id, n, expect_calls)
     return Measurement(
         kind, n, elapsed, submit_wall, submit_cpu, delta.seconds, busy,
-        warnings + [f"{kind}: {w}" for w in check_warnings], stage_ms, statuses,
+        warnings + [f"{kind}: {w}" for w in check_warnings], stage_ms, statuses, delta.threads,
     )  # fmt: skip

@@ -183,6 +183,7 @@ def _breakdown(
         )
     lines.append(f"  {'proxy':<56}{'-':>12}{cell(noop, per_item('proxy')):>13}"
                  f"{cell(agent, per_item('proxy')):>13}")  # fmt: skip
+    lines += _thread_rows(base, noop, agent)
     baseline_names = [f"baseline-step{i}" for i in range(1, 5)]
     lines.append(
         f"  {'= counted (workers + proxy)':<56}"
@@ -234,6 +235,31 @@ def _breakdown(
                 phase = _stage_ms(f"    {key}")
                 label = f"  stage's own: {key}"
                 lines.append(f"  {label:<68}{cell(noop, phase):>13}{cell(agent, phase):>13}")
+    return lines
+
+
+def _thread_rows(
+    base: list[Measurement], noop: list[Measurement], agent: list[Measurement]
+) -> list[str]:
+    """Each process's CPU per item split as main thread + other threads (`cpu.thread_split`):
+    in a worker, Celery's consumer against its pool threads (the stage bodies)."""
+
+    def cell(ms: list[Measurement], name: str) -> str:
+        pairs = [(m.threads_s[name], m.n) for m in ms if name in m.threads_s]
+        if not pairs:
+            return "-"
+        main = _median([1000.0 * p[0] / n for p, n in pairs])
+        other = _median([1000.0 * p[1] / n for p, n in pairs])
+        return f"{main:.2f}+{other:.2f}"
+
+    lines = ["  by thread, main + others (a worker: Celery's consumer + its pool threads)"]
+    for i, stage in enumerate(STAGES, start=1):
+        worker = f"worker-{stage}"
+        lines.append(
+            f"    {f'stage {i}':<54}{cell(base, f'baseline-step{i}'):>12}"
+            f"{cell(noop, worker):>13}{cell(agent, worker):>13}"
+        )
+    lines.append(f"    {'proxy':<54}{'-':>12}{cell(noop, 'proxy'):>13}{cell(agent, 'proxy'):>13}")
     return lines
 
 

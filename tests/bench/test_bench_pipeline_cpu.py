@@ -38,3 +38,35 @@ def test_other_jobs_agents_count_and_ours_do_not() -> None:
         for proc in (theirs, worker):
             proc.kill()
             proc.wait()
+
+
+SPINS_IN_A_THREAD = """
+import threading, time
+def spin():
+    end = time.thread_time() + 0.6
+    while time.thread_time() < end:
+        pass
+    print("spun", flush=True)
+    time.sleep(30)  # alive at the second snapshot: an ended thread leaves the thread list
+threading.Thread(target=spin).start()
+time.sleep(30)
+"""
+
+
+def test_thread_split_tells_the_main_thread_from_the_others() -> None:
+    """A process whose only busy thread is not its main one: the split bills that thread's CPU
+    to "other threads" (a stage worker's pool), and a snapshot's delta carries the split."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SPINS_IN_A_THREAD], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        before = cpu.snapshot({"spinner": proc.pid})
+        assert proc.stdout is not None and proc.stdout.readline() == "spun\n"
+        delta = cpu.delta(before, cpu.snapshot({"spinner": proc.pid}))
+        main, other = delta.threads["spinner"]
+        assert other >= 0.5  # the spinning thread's 0.6 s, less what ran before the snapshot
+        assert main < 0.2  # the main thread only sleeps
+        assert abs(main + other - delta.seconds["spinner"]) < 0.05  # the same CPU, split
+    finally:
+        proc.kill()
+        proc.wait()
