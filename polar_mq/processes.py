@@ -238,21 +238,42 @@ def stop_signals_deferred() -> Iterator[None]:
             signal.raise_signal(signum)
 
 
+@contextlib.contextmanager
+def stop_signals_ignored() -> Iterator[None]:
+    """Ignore SIGTERM and SIGINT for the block (on the main thread; elsewhere nothing to do).
+
+    Around a stop: the demo and `python -m polar_mq.inference.local_vllm` turn SIGTERM into an
+    exception, so a second one during their stop (a supervisor forwarding signals, a second
+    Ctrl-C) raised in the middle of it: a traceback, and the SIGKILL after the grace skipped,
+    which could leave a service running. The stop itself is bounded by its grace."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+
+
 def stop_all(
     processes: Sequence[ManagedProcess], sig: int = signal.SIGTERM, grace_s: float = 15.0
 ) -> None:
     """Stop several process groups at once: signal every group, wait for them together, SIGKILL
     what is left after `grace_s`. A stack's services shut down in parallel (their warm shutdowns
-    overlap) instead of one grace period after another; safe to repeat."""
-    signalled = [p for p in processes if p._signal_group(sig)]
-    if not _wait_gone(signalled, grace_s):
-        for proc in signalled:
-            proc._signal_group(signal.SIGKILL)
-        _wait_gone(signalled, 10.0)
-    for proc in processes:
-        if proc.proc is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.proc.wait(timeout=5.0)
+    overlap) instead of one grace period after another; safe to repeat. A stop signal that
+    arrives meanwhile is ignored (`stop_signals_ignored`)."""
+    with stop_signals_ignored():
+        signalled = [p for p in processes if p._signal_group(sig)]
+        if not _wait_gone(signalled, grace_s):
+            for proc in signalled:
+                proc._signal_group(signal.SIGKILL)
+            _wait_gone(signalled, 10.0)
+        for proc in processes:
+            if proc.proc is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.proc.wait(timeout=5.0)
 
 
 def _wait_gone(processes: Sequence[ManagedProcess], timeout: float) -> bool:

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
+
+import pytest
 
 from polar_mq.processes import ManagedProcess, group_exists, live_groups, stop_all
 
@@ -58,3 +63,37 @@ def test_a_group_exists_until_its_last_member_is_gone(tmp_path: Path) -> None:
     while group_exists(proc.pid):
         assert time.monotonic() < deadline, "the group outlived its members by 20 s"
         time.sleep(0.05)
+
+
+# A service whose warm shutdown takes a while: SIGTERM makes it exit after 1 s.
+SLOW_TO_STOP = "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *_: (time.sleep(1), sys.exit(0))); print('re' + 'ady', flush=True); time.sleep(60)"  # noqa: E501
+
+
+def test_a_second_stop_signal_does_not_cut_a_stop_short(tmp_path: Path) -> None:
+    """The demo and the vLLM CLI raise on SIGTERM; another one during their stop (a supervisor
+    forwarding signals, a second Ctrl-C) raised out of `stop_all` before its SIGKILL, which
+    could leave a service running. It is ignored while the stop runs, then the handler is back."""
+    proc = ManagedProcess("slow", [sys.executable, "-c", SLOW_TO_STOP], {}, tmp_path).start()
+    log = proc.log_path
+    deadline = time.monotonic() + 20
+    while "\nready\n" not in (log.read_text() if log.exists() else ""):  # its handler is set
+        assert time.monotonic() < deadline, "the service did not start"
+        time.sleep(0.05)
+
+    def interrupt(_signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    sender = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM))
+    try:
+        sender.start()
+        try:
+            stop_all([proc], grace_s=5.0)
+        except KeyboardInterrupt:
+            pytest.fail("the second SIGTERM raised out of the stop")
+        assert not proc.alive() and not group_exists(proc.pid)
+        assert signal.getsignal(signal.SIGTERM) is interrupt  # restored after the stop
+    finally:
+        sender.cancel()
+        signal.signal(signal.SIGTERM, previous)
+        stop_all([proc])
