@@ -83,8 +83,9 @@ def create_proxy_app(
         stored_sink = sink if sink is not None else DbCallWriter.from_settings(settings, worker)
         # Budgets count the rows with their token ids, so inside the retokenizing sink.
         call_sink: CallSink = BudgetedSink(stored_sink, lambda: budgets)
+        retokenizer: RetokenizingSink | None = None
         if engine.FIDELITY == RETOKENIZED:  # ids from the backend's /tokenize, after the call
-            call_sink = RetokenizingSink(call_sink, lambda name: pool.get(name).client)
+            call_sink = retokenizer = RetokenizingSink(call_sink, lambda n: pool.get(n).client)
         call_sink = CallLogSink(call_sink)  # a log line per call, with its rollout
         await call_sink.start()
         policy: PolicySync | None = None
@@ -147,6 +148,8 @@ def create_proxy_app(
             if policy_engine is not None:
                 policy_engine.dispose()
             await health.stop()
+            if retokenizer is not None:  # its lookups need the backends' clients: closed first,
+                await retokenizer.drain()  # they failed and the calls lost their ids
             await pool.aclose()
             await call_sink.close()
 

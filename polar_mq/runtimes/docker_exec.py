@@ -11,6 +11,7 @@ on this node, which the workspace bind mount needs anyway.
 from __future__ import annotations
 
 import contextlib
+import logging
 import queue
 import signal
 import threading
@@ -31,6 +32,7 @@ from polar_mq.runtimes.process_kit import (
     wait_gone,
 )
 
+log = logging.getLogger(__name__)
 _POLL_S = 0.2  # how often a silent exec is asked whether it has exited
 _EOF = None
 
@@ -44,6 +46,8 @@ class StreamPump:
         self.stdout = Tail()
         self.stderr = Tail()
         self.eof = False
+        self.error: Exception | None = None
+        """What ended the stream other than its end (a closed socket, a framing error)."""
         self._queue: queue.SimpleQueue[tuple[bytes | None, bytes | None] | None] = (
             queue.SimpleQueue()
         )
@@ -54,8 +58,8 @@ class StreamPump:
         try:
             for frame in self.stream:
                 self._queue.put(frame)
-        except Exception:  # a closed socket ends the stream like EOF
-            pass
+        except Exception as exc:  # a closed socket ends the stream like EOF
+            self.error = exc
         finally:
             self._queue.put(_EOF)
 
@@ -176,6 +180,10 @@ def run_exec(
         if sink is not None:
             sink.close()
     exit_code = api.exec_inspect(handle).get("ExitCode")
+    if pump.error is not None and reason is None:
+        # kept for the record: an exec whose output came back empty once in CI (a missing
+        # program, exit 126, without the engine's message) left nothing to tell why
+        log.warning("docker exec %s: its output stream ended on %r", handle[:12], pump.error)
     return ExecResult(
         exit_code=None if reason else exit_code,
         stdout_tail=pump.stdout.text(),

@@ -185,3 +185,31 @@ async def test_an_unexpected_error_while_retokenizing_still_stores_the_call() ->
     (row,) = inner.rows
     assert row["response"]["fidelity"] == "missing" and row["completion_ids"] is None
     assert sink.stats()["retokenize_failed"] == 1
+
+
+async def test_a_proxy_stopping_waits_for_the_retokenizing_before_closing_its_backends() -> None:
+    """Shutting down closed the backends' clients before the sink's drain: a /tokenize still to
+    be sent (here a retry after a dropped connection) met a closed client and the call lost its
+    ids (`missing`; seen with real vLLM on a slow host, where /tokenize outlasted the rest of the
+    shutdown)."""
+    fake = create_fake_vllm_app()
+    (route,) = [r for r in fake.router.routes if isinstance(r, Route) and r.path == "/tokenize"]
+    answer = route.endpoint
+    seen = {"calls": 0}
+
+    async def slow_then_dropped_once(request: Request) -> Any:
+        seen["calls"] += 1
+        if seen["calls"] == 1:
+            await asyncio.sleep(0.3)  # the proxy is stopping meanwhile
+            raise httpx.ReadError("connection closed by the server")
+        return await answer(request)
+
+    route.app = request_response(slow_then_dropped_once)
+    async for harness in start_harness(proxy_settings(upstream_engine="generic"), fake):
+        response = await harness.post(CHAT, {"model": "my-policy", "messages": QUESTION})
+        assert response.status_code == 200
+        sink = harness.sink
+        assert sink.rows == []  # still re-tokenizing when the proxy stops
+    (row,) = sink.rows
+    assert row["response"]["fidelity"] == "retokenized" and row["prompt_ids"]
+    assert seen["calls"] == 3  # the prompt, the completion and the retry

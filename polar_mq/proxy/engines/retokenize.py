@@ -65,11 +65,11 @@ class RetokenizingSink:
         task.add_done_callback(self._tasks.discard)
 
     async def flush(self) -> int:
-        await self._drain()
+        await self.drain()
         return await self._inner.flush()
 
     async def close(self) -> None:
-        await self._drain()
+        await self.drain()
         await self._inner.close()
 
     def stats(self) -> dict[str, int]:
@@ -79,7 +79,9 @@ class RetokenizingSink:
             "retokenize_failed": self._failed,
         }
 
-    async def _drain(self) -> None:
+    async def drain(self) -> None:
+        """Wait until every row held for its ids has gone on to the wrapped sink. The proxy
+        drains before it closes the backends' clients, which the lookups use."""
         while self._tasks:
             await asyncio.wait(list(self._tasks))
 
