@@ -16,8 +16,9 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
+from types import FrameType
 
 import httpx
 
@@ -212,6 +213,21 @@ STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
 
 
 @contextlib.contextmanager
+def _stop_handlers(handler: Callable[[int, FrameType | None], object] | int) -> Iterator[None]:
+    """SIGTERM and SIGINT go to `handler` for the block, then to what was in place before. A
+    Python handler only runs on the main thread: elsewhere this does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, before in previous.items():
+            signal.signal(sig, signal.SIG_DFL if before is None else before)
+
+
+@contextlib.contextmanager
 def stop_signals_deferred() -> Iterator[None]:
     """Hold SIGTERM and SIGINT back for the block: one that arrives meanwhile is raised again,
     to the handler that was in place, as soon as the block ends.
@@ -220,41 +236,27 @@ def stop_signals_deferred() -> Iterator[None]:
     (the demo's SIGTERM handler exits by raising) left a child that nobody stopped, holding the
     demo's stdout open (a test waiting for the demo's output waited for ever). The handlers are
     swapped, not the signal mask: starting the first forked child starts multiprocessing's
-    resource tracker, which unblocks both signals on its way out. A Python handler only runs on
-    the main thread: elsewhere this does nothing."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
+    resource tracker, which unblocks both signals on its way out."""
     caught: list[int] = []
-    previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
-    for sig in STOP_SIGNALS:
-        signal.signal(sig, lambda signum, _frame: caught.append(signum))
     try:
-        yield
+        with _stop_handlers(lambda signum, _frame: caught.append(signum)):
+            yield
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
         for signum in dict.fromkeys(caught):
             signal.raise_signal(signum)
 
 
 @contextlib.contextmanager
 def stop_signals_ignored() -> Iterator[None]:
-    """Ignore SIGTERM and SIGINT for the block (on the main thread; elsewhere nothing to do).
+    """Ignore SIGTERM and SIGINT for the block.
 
     Around a stop: the demo and `python -m polar_mq.inference.local_vllm` turn SIGTERM into an
     exception, so a second one during their stop (a supervisor forwarding signals, a second
     Ctrl-C) raised in the middle of it: a traceback, and the SIGKILL after the grace skipped,
-    which could leave a service running. The stop itself is bounded by its grace."""
-    if threading.current_thread() is not threading.main_thread():
+    which could leave a service running. The stop itself is bounded by its grace. The signal is
+    dropped, not deferred: this process is stopping what it started already."""
+    with _stop_handlers(signal.SIG_IGN):
         yield
-        return
-    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in STOP_SIGNALS}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
 
 
 def stop_all(

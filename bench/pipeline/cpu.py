@@ -41,25 +41,32 @@ def _cpu(proc: psutil.Process) -> float | None:
     return float(times.user + times.system)
 
 
-def tree_cpu(pid: int) -> dict[int, float]:
-    """CPU seconds of `pid` and of its non-agent descendants, by pid."""
-    result: dict[int, float] = {}
+def _tree(pid: int) -> list[psutil.Process]:
+    """`pid` and its descendants, without the rollouts' agents."""
     try:
         root = psutil.Process(pid)
         members = [root, *root.children(recursive=True)]
     except psutil.Error:
-        return result
+        return []
+    return [p for p in members if p.pid == pid or not _is_agent(p.pid)]
+
+
+def _cpu_by_pid(members: list[psutil.Process]) -> dict[int, float]:
+    result: dict[int, float] = {}
     for proc in members:
-        if proc.pid != pid and _is_agent(proc.pid):
-            continue
         value = _cpu(proc)
         if value is not None:
             result[proc.pid] = value
     return result
 
 
-def thread_split(pid: int) -> tuple[float, float]:
-    """CPU seconds of `pid`'s tree (agents left out) as (main threads, other threads).
+def tree_cpu(pid: int) -> dict[int, float]:
+    """CPU seconds of `pid` and of its non-agent descendants, by pid."""
+    return _cpu_by_pid(_tree(pid))
+
+
+def thread_split(members: list[psutil.Process]) -> tuple[float, float]:
+    """CPU seconds of a tracked tree's `members` (`_tree`) as (main threads, other threads).
 
     In a stage worker the main thread is Celery's consumer (receive, reserve, the event loop)
     and the other threads its pool (the stage bodies, their acks and publishes); in the proxy,
@@ -68,14 +75,7 @@ def thread_split(pid: int) -> tuple[float, float]:
     over-attributes to a thread that holds the GIL while descheduled). A thread that ended
     inside the window drops out of the split (not of the process total)."""
     main = other = 0.0
-    try:
-        root = psutil.Process(pid)
-        members = [root, *root.children(recursive=True)]
-    except psutil.Error:
-        return main, other
     for proc in members:
-        if proc.pid != pid and _is_agent(proc.pid):
-            continue
         try:
             threads = proc.threads()
         except psutil.Error:
@@ -110,8 +110,9 @@ def snapshot(
     pids: Mapping[str, int], extra: Mapping[str, Callable[[], dict[int, float]]] | None = None
 ) -> CpuSnapshot:
     """Trees of the named pids, plus groups found by the `extra` scanners (e.g. PostgreSQL)."""
-    threads = {name: thread_split(pid) for name, pid in pids.items()}
-    by_name = {name: tree_cpu(pid) for name, pid in pids.items()}
+    trees = {name: _tree(pid) for name, pid in pids.items()}  # one walk for both views
+    threads = {name: thread_split(members) for name, members in trees.items()}
+    by_name = {name: _cpu_by_pid(members) for name, members in trees.items()}
     for name, scan in (extra or {}).items():
         by_name[name] = scan()
     me = os.getpid()
