@@ -59,10 +59,12 @@ def _docker_ready() -> None:
 def _our_containers(runtime_root: Path) -> list[str]:
     from polar_mq.runtimes.docker import LABEL_ROOT, default_client
 
-    found = default_client().containers.list(
+    # the list call alone: `containers.list` inspects each container it listed, and one being
+    # removed meanwhile (as the stages do) made it raise NotFound (seen in CI)
+    found = default_client().api.containers(
         all=True, filters={"label": f"{LABEL_ROOT}={runtime_root.resolve()}"}
     )
-    return [c.name or "" for c in found]
+    return [str((c.get("Names") or [""])[0]).lstrip("/") for c in found]
 
 
 def _assert_no_containers_left(runtime_root: Path, timeout_s: float = 30.0) -> None:
