@@ -16,6 +16,7 @@ from typing import Any
 import redis
 from celery import Celery, chain
 
+from bench.pipeline.floor import FloorSteps
 from polar_mq.config import Settings
 from polar_mq.lifecycle.stages import Stage
 from polar_mq.workers.celery_app import create_celery
@@ -57,41 +58,72 @@ def shared_conf(settings: Settings) -> dict[str, Any]:
 
 
 def create_baseline_app(settings: Settings) -> Celery:
+    """The four step tasks. Called without arguments (a raw chain) a step does nothing; with a
+    floor mode and an item (`--floors`) it does that floor's work (`bench.pipeline.floor`)."""
     app = Celery("bench_baseline", broker=settings.broker_url)
     app.conf.update(shared_conf(settings))
     app.conf.task_default_queue = f"{settings.queue_prefix}.baseline.default"
     counter: dict[str, redis.Redis] = {}
+    floors: dict[str, FloorSteps] = {}
 
-    def _noop() -> None:
-        return None
+    def _floor(mode: str | None, step: int, item: int) -> None:
+        if mode is None:
+            return
+        steps = floors.get("steps")
+        if steps is None:
+            steps = floors.setdefault(
+                "steps", FloorSteps(settings.database_url, settings.runtime_root)
+            )
+        steps.run(mode, step, item)
 
-    def _last(counter_key: str) -> None:
+    def _step_task(step: int) -> Any:
+        def step_body(mode: str | None = None, item: int = 0) -> None:
+            _floor(mode, step, item)
+
+        step_body.__name__ = f"step{step}"
+        return step_body
+
+    def _last(counter_key: str, mode: str | None = None, item: int = 0) -> None:
+        _floor(mode, STEPS, item)
         client = counter.get("client")
         if client is None:
             client = counter.setdefault("client", redis.Redis.from_url(settings.broker_url))
         client.incr(counter_key)
 
     for step in range(1, STEPS):
-        app.task(name=step_task_name(step), ignore_result=True)(_noop)
+        app.task(name=step_task_name(step), ignore_result=True)(_step_task(step))
     app.task(name=step_task_name(STEPS), ignore_result=True)(_last)
     return app
 
 
-def make_chain(app: Celery, prefix: str, counter_key: str) -> Any:
-    """One chain of the four steps, each routed to its own queue."""
+def make_chain(
+    app: Celery, prefix: str, counter_key: str, mode: str | None = None, item: int = 0
+) -> Any:
+    """One chain of the four steps, each routed to its own queue (a floor's: with its item)."""
+    extra: dict[str, Any] = {} if mode is None else {"mode": mode, "item": item}
     sigs = [
-        app.signature(step_task_name(step), immutable=True).set(queue=step_queue(prefix, step))
+        app.signature(step_task_name(step), kwargs=extra, immutable=True).set(
+            queue=step_queue(prefix, step)
+        )
         for step in range(1, STEPS)
     ]
-    last = app.signature(step_task_name(STEPS), args=(counter_key,), immutable=True)
+    last = app.signature(step_task_name(STEPS), args=(counter_key,), kwargs=extra, immutable=True)
     sigs.append(last.set(queue=step_queue(prefix, STEPS)))
     return chain(*sigs)
 
 
-def submit_chains(app: Celery, prefix: str, counter_key: str, n: int) -> None:
+def submit_chains(
+    app: Celery,
+    prefix: str,
+    counter_key: str,
+    n: int,
+    mode: str | None = None,
+    items: Sequence[int] = (),
+) -> None:
     with app.producer_or_acquire() as producer:
-        for _ in range(n):
-            make_chain(app, prefix, counter_key).apply_async(producer=producer)
+        for i in range(n):
+            item = items[i] if mode is not None else 0
+            make_chain(app, prefix, counter_key, mode, item).apply_async(producer=producer)
 
 
 def worker_argvs(

@@ -24,6 +24,7 @@ from celery import Celery
 from sqlalchemy import Engine, func, select
 
 from bench.pipeline import baseline, cpu
+from bench.pipeline import floor as floor_steps
 from polar_mq.config import Settings
 from polar_mq.models import Event, EventKind, LlmCall, Rollout, RolloutStatus
 from polar_mq.submit import enqueue_job
@@ -131,12 +132,16 @@ def run_chains(
     n: int,
     timer: Timer,
     timeout_s: float,
+    floor: FloorRun | None = None,
 ) -> Measurement:
+    """`n` chains; with `floor`, of that floor's mode, over items seeded before the timing."""
     key = f"{prefix}.counter.{uuid.uuid4().hex[:8]}"
     client.delete(key)
+    items = floor.seed(n) if floor is not None else []
+    mode = floor.mode if floor is not None else None
     started = timer.start()
     cpu0 = time.thread_time()
-    baseline.submit_chains(app, prefix, key, n)
+    baseline.submit_chains(app, prefix, key, n, mode, items)
     submit_cpu = time.thread_time() - cpu0
     submit_wall = time.perf_counter() - started[0]
     deadline = time.monotonic() + timeout_s
@@ -149,12 +154,37 @@ def run_chains(
     elapsed, busy, delta = timer.stop(started)
     client.delete(key)
     warnings = _lost_warnings(delta)
+    kind = mode or "baseline"
     if done < n:
-        warnings.append(f"baseline: only {done}/{n} chains finished within {timeout_s:.0f}s")
+        warnings.append(f"{kind}: only {done}/{n} chains finished within {timeout_s:.0f}s")
+    if floor is not None:
+        behind, odd = floor.check(items)
+        if behind or odd:
+            warnings.append(
+                f"{kind}: {behind} items not at the last stage, {odd} without 2 events per step"
+            )
     return Measurement(
-        "baseline", n, elapsed, submit_wall, submit_cpu, delta.seconds, busy, warnings,
+        kind, n, elapsed, submit_wall, submit_cpu, delta.seconds, busy, warnings,
         statuses={"finished": done}, threads_s=delta.threads,
     )  # fmt: skip
+
+
+@dataclass
+class FloorRun:
+    """A floor mode's chains (`bench.pipeline.floor`): their items, seeded in `engine` with
+    ids that never repeat across runs, and the check that each went through every step once."""
+
+    mode: str
+    engine: Engine
+    next_id: list[int] = field(default_factory=lambda: [1])
+
+    def seed(self, n: int) -> list[int]:
+        first = self.next_id[0]
+        self.next_id[0] += n
+        return floor_steps.seed(self.engine, first, n)
+
+    def check(self, items: list[int]) -> tuple[int, int]:
+        return floor_steps.unfinished(self.engine, items)
 
 
 # -- (2) and (3) polar_mq's pipeline ----------------------------------------------------------

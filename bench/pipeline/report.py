@@ -116,6 +116,9 @@ def render(
         f"{_median(attributed):.1f} %", _runs(attributed),
         f"target ≥ {TARGET_ATTRIBUTED:.0f} % → {_verdict(attributed_ok)}",
     )  # fmt: skip
+    floors = {mode: runs[mode] for mode in FLOOR_LABELS if runs.get(mode)}
+    if floors:
+        lines += ["", *_floor_rows(base, noop, floors)]
     lines += ["", *_breakdown(base, noop, agent, cores)]
     warnings = [w for ms in runs.values() for m in ms for w in m.warnings]
     if ctx["dead_processes"]:
@@ -159,6 +162,47 @@ def render(
         "runs": {kind: [m.as_json() for m in ms] for kind, ms in runs.items()},
     }
     return "\n".join(lines), data
+
+
+FLOOR_LABELS = {
+    "durable": "(1) + a claim and a finish in PostgreSQL per step",
+    "runtime": "durable + workspace dirs, a spawned `true`",
+}
+FLOOR_COSTS = {
+    "workers": [f"baseline-step{i}" for i in range(1, 5)],
+    "postgres": ["postgres backends (bench db, approx.)"],
+    "spawned": ["agent processes (reaped by the workers)"],
+    "redis": ["redis-server (whole server)"],
+}
+
+
+def _floor_rows(
+    base: list[Measurement], noop: list[Measurement], floors: dict[str, list[Measurement]]
+) -> list[str]:
+    """The floors (`bench.pipeline.floor`): each one's rate, its ratio to the raw chain of the
+    same repeat, polar_mq's no-op rate against it, and its CPU per chain by process."""
+    lines = [
+        "floors: the raw chain plus only what a durable staged design must do (--floors)",
+        f"{'':4}{'measurement':<52}{'median':>18}   {'ratio to (1)':<16}{'(2) / floor':<14}"
+        "CPU ms per chain: " + ", ".join(FLOOR_COSTS),
+    ]
+    for mode, ms in floors.items():
+        rate = _median([m.rate for m in ms])
+        to_raw = _median([f.rate / b.rate for f, b in zip(ms, base, strict=False)])
+        noop_to = _median([n.rate / f.rate for f, n in zip(ms, noop, strict=False)])
+        costs = ", ".join(
+            f"{_median([m.cpu_ms_per_item(names) for m in ms]):.2f}"
+            for names in FLOOR_COSTS.values()
+        )
+        lines.append(
+            f"{'':4}{mode + ': ' + FLOOR_LABELS[mode]:<52}{f'{rate:.1f} chains/s':>18}   "
+            f"{to_raw:<16.2f}{noop_to:<14.2f}{costs}"
+        )
+    raw_costs = ", ".join(
+        f"{_median([m.cpu_ms_per_item(names) for m in base]):.2f}" for names in FLOOR_COSTS.values()
+    )
+    lines.append(f"{'':4}{'(1) for comparison':<52}{'':>18}   {'':<16}{'':<14}{raw_costs}")
+    return lines
 
 
 def _breakdown(

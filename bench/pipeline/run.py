@@ -12,7 +12,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -21,11 +21,12 @@ from typing import Any
 
 import redis
 
-from bench.pipeline import baseline, cpu, profile, report
+from bench.pipeline import baseline, cpu, floor, profile, report
 from bench.pipeline.infra import stack_settings
 from bench.pipeline.measure import (
     AGENT_CALLS,
     NOOP_HARNESS,
+    FloorRun,
     Measurement,
     Timer,
     run_chains,
@@ -57,6 +58,7 @@ class Options:
     redis_url: str = DEFAULT_REDIS
     pg_admin_url: str = DEFAULT_PG
     keep_logs: bool = False
+    floors: bool = False
     profile_dir: Path | None = None
     results_dir: Path = RESULTS_DIR
 
@@ -83,6 +85,12 @@ def parse_args(argv: list[str] | None = None) -> Options:
     parser.add_argument("--pg-admin-url", default=DEFAULT_PG, help="server to create the db on")
     parser.add_argument("--keep-logs", action="store_true", help="keep process logs after a run")
     parser.add_argument(
+        "--floors",
+        action="store_true",
+        help="also the raw chain plus a claim and a finish in PostgreSQL per step (durable), and "
+        "plus workspace directories and a spawned `true` (runtime): bench.pipeline.floor",
+    )
+    parser.add_argument(
         "--profile",
         type=Path,
         default=None,
@@ -108,6 +116,7 @@ def parse_args(argv: list[str] | None = None) -> Options:
         redis_url=ns.redis_url,
         pg_admin_url=ns.pg_admin_url,
         keep_logs=ns.keep_logs,
+        floors=ns.floors,
         profile_dir=ns.profile,
     )
 
@@ -170,27 +179,46 @@ def main(argv: list[str] | None = None) -> int:
             info = {
                 "redis-server (whole server)": lambda: cpu.find_processes("redis-server"),
             }
+            postgres = {
+                "postgres backends (bench db, approx.)": lambda: cpu.find_processes(
+                    "postgres", f" {db_name} "
+                )
+            }
             chain_pids = {p.name: p.pid for p in base_procs}
             chain_timer = Timer(chain_pids, info)
             polar_pids = {p.name: p.pid for p in [proxy, *workers]}
+            spawned = "agent processes (reaped by the workers)"
             polar_timer = Timer(
                 polar_pids,
                 {
                     "fake-upstream": lambda: cpu.tree_cpu(upstream.pid),
-                    "agent processes (reaped by the workers)": lambda: cpu.reaped_in_trees(
-                        [w.pid for w in workers]
-                    ),
-                    "postgres backends (bench db, approx.)": lambda: cpu.find_processes(
-                        "postgres", f" {db_name} "
-                    ),
+                    spawned: lambda: cpu.reaped_in_trees([w.pid for w in workers]),
+                    **postgres,
                     **info,
                 },
             )
+            floor_timer = Timer(
+                chain_pids,
+                {
+                    spawned: lambda: cpu.reaped_in_trees([p.pid for p in base_procs]),
+                    **postgres,
+                    **info,
+                },
+            )
+            floor_ids = [1]
+            if opts.floors:
+                floor.create_tables(engine)
             agent = trivial_agent_harness()
             prefix = settings.queue_prefix
 
             def chains(n: int) -> Measurement:
                 return run_chains(app, client, prefix, n, chain_timer, timeout_s=60 + n * 0.2)
+
+            def floor_of(mode: str) -> Callable[[int], Measurement]:
+                run = FloorRun(mode, engine, floor_ids)
+                return lambda n: run_chains(
+                    app, client, prefix, n, floor_timer, timeout_s=60 + n * 0.5, floor=run
+                )
 
             def noop(n: int) -> Measurement:
                 return run_pipeline(
@@ -204,19 +232,21 @@ def main(argv: list[str] | None = None) -> int:
                     timeout_s=90 + n * 1.0, expect_calls=AGENT_CALLS,
                 )  # fmt: skip
 
-            print(f"warm-up ({opts.warmup} chains, {opts.warmup} no-op, {opts.warmup} agent) …")
-            warm = [chains(opts.warmup), noop(opts.warmup), agents(opts.warmup)]
-            for m in warm:
+            kinds: list[tuple[str, Callable[[int], Measurement], int]] = [
+                ("baseline", chains, opts.chains),
+                *((mode, floor_of(mode), opts.chains) for mode in floor.MODES if opts.floors),
+                ("noop", noop, opts.rollouts),
+                ("agent", agents, opts.agent_rollouts),
+            ]
+            print(f"warm-up ({opts.warmup} of each: {', '.join(k for k, _, _ in kinds)}) …")
+            for _, fn, _ in kinds:
+                m = fn(opts.warmup)
                 if m.warnings:
                     raise RuntimeError(f"warm-up failed: {m.warnings}")
-            runs: dict[str, list[Measurement]] = {"baseline": [], "noop": [], "agent": []}
+            runs: dict[str, list[Measurement]] = {kind: [] for kind, _, _ in kinds}
             for i in range(opts.repeats):
                 print(f"run {i + 1}/{opts.repeats}:", end=" ", flush=True)
-                for kind, fn, n in (
-                    ("baseline", chains, opts.chains),
-                    ("noop", noop, opts.rollouts),
-                    ("agent", agents, opts.agent_rollouts),
-                ):
+                for kind, fn, n in kinds:
                     m = fn(n)
                     runs[kind].append(m)
                     print(f"{kind} {m.rate:.1f}/s", end="; " if kind != "agent" else "\n")

@@ -74,7 +74,7 @@ def _answer() -> dict[str, Any]:
 def _stream_bytes() -> bytes:
     """The engine's SSE stream of the same answer, one token per chunk."""
     head = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "model": "fake-model"}
-    events = [
+    events: list[dict[str, object]] = [
         {
             **head,
             "prompt_token_ids": list(range(30)),

@@ -7,6 +7,9 @@ PostgreSQL database, and loads it from `wrk` with `--clients` keep-alive connect
 calls are one live rollout's (the proxy refuses calls of unknown rollouts). One worker numbers
 calls itself; two share the per-rollout counter in Redis (`POLAR_MQ_PROXY_REDIS_URL`), as they
 do in production. The engine called directly is measured in the same repeats: the ceiling.
+Each run also splits the machine's busy time into the proxy, the engine, `wrk`, PostgreSQL and
+Redis (`bench.proxy.machine`), and prints the calls/s at which one worker's run, at its CPU per
+call of every process, would fill both cores: what a second worker could at most reach.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -26,7 +30,7 @@ from sqlalchemy.orm import Session
 
 from bench.pipeline.cpu import tree_cpu
 from bench.pipeline.infra import fresh_database
-from bench.proxy import targets
+from bench.proxy import machine, targets
 from bench.proxy.run import DEFAULT_PG, QUESTION
 from bench.proxy.wrk import ERROR_KINDS, require_wrk, run_wrk
 from polar_mq.db import create_db_engine
@@ -85,7 +89,9 @@ def body(stream: bool, served: bool) -> dict[str, Any]:
     return data
 
 
-def measure(args: argparse.Namespace, tmp: Path, database_url: str) -> dict[str, list[Any]]:
+def measure(
+    args: argparse.Namespace, tmp: Path, database_url: str, database: str
+) -> dict[str, list[Any]]:
     secret = "bench-" + uuid.uuid4().hex
     rollout = live_rollout(database_url)
     auth = {"Authorization": f"Bearer {issue_rollout_token(secret, rollout, 7200)}"}
@@ -94,17 +100,25 @@ def measure(args: argparse.Namespace, tmp: Path, database_url: str) -> dict[str,
     runs: dict[str, list[Any]] = {}
     base = targets.polar_settings(database_url, upstream, tmp / "spill", secret)
     with LocalStack(base, tmp / "logs") as engine_stack:
-        engine_stack.fake_upstream(upstream_port, ttft_ms=20.0, token_delay_ms=0.0)
+        engine = engine_stack.fake_upstream(upstream_port, ttft_ms=20.0, token_delay_ms=0.0)
+        shared = {
+            "engine": machine.tree(engine.pid),
+            "postgres": machine.named("postgres", f" {database} "),
+            "redis": machine.named("redis-server"),
+        }
         for repeat in range(args.repeats):
             print(f"repeat {repeat + 1}/{args.repeats} ...", flush=True)
-            direct = run_wrk(
-                f"{upstream}/v1/chat/completions",
-                body(args.stream, True),
-                {},
-                args.clients,
-                args.duration,
+            with machine.MachineWindow(shared) as window:
+                direct = run_wrk(
+                    f"{upstream}/v1/chat/completions",
+                    body(args.stream, True),
+                    {},
+                    args.clients,
+                    args.duration,
+                )
+            runs.setdefault("direct", []).append(
+                {**direct.as_json(), **_machine_json(window, direct.requests)}
             )
-            runs.setdefault("direct", []).append(direct.as_json())
             for workers in (1, 2):
                 settings = base.model_copy(
                     update={
@@ -120,14 +134,30 @@ def measure(args: argparse.Namespace, tmp: Path, database_url: str) -> dict[str,
                     url = f"{settings.proxy_base_url}/v1/chat/completions"
                     run_wrk(url, body(args.stream, False), auth, args.clients, 2)  # warm-up
                     before = sum(tree_cpu(proxy.pid).values())
-                    result = run_wrk(
-                        url, body(args.stream, False), auth, args.clients, args.duration
-                    )
+                    groups = {"proxy": machine.tree(proxy.pid), **shared}
+                    with machine.MachineWindow(groups) as window:
+                        result = run_wrk(
+                            url, body(args.stream, False), auth, args.clients, args.duration
+                        )
                     cpu_s = sum(tree_cpu(proxy.pid).values()) - before
                 runs.setdefault(f"workers_{workers}", []).append(
-                    {**result.as_json(), "cpu_ms_per_call": 1e3 * cpu_s / max(result.requests, 1)}
+                    {
+                        **result.as_json(),
+                        "cpu_ms_per_call": 1e3 * cpu_s / max(result.requests, 1),
+                        **_machine_json(window, result.requests),
+                    }
                 )
     return runs
+
+
+def _machine_json(window: machine.MachineWindow, calls: int) -> dict[str, Any]:
+    split = window.split
+    assert split is not None
+    return {
+        "busy_cores": split.busy,
+        "cores": {**split.cores, "other": split.other},
+        "ceiling_calls_per_s": split.ceiling(calls, os.cpu_count() or 1),
+    }
 
 
 def summary(runs: dict[str, list[Any]]) -> dict[str, Any]:
@@ -135,8 +165,15 @@ def summary(runs: dict[str, list[Any]]) -> dict[str, Any]:
     for key, results in runs.items():
         out[key] = {
             field: statistics.median(r[field] for r in results)
-            for field in ("rate", "p50_ms", "p99_ms", "errors", "cpu_ms_per_call")
+            for field in (
+                "rate", "p50_ms", "p99_ms", "errors", "cpu_ms_per_call", "busy_cores",
+                "ceiling_calls_per_s",
+            )
             if field in results[0]
+        }  # fmt: skip
+        out[key]["cores"] = {
+            name: statistics.median(r["cores"][name] for r in results)
+            for name in results[0]["cores"]
         }
         out[key]["error_kinds"] = {
             kind: statistics.median(r["error_kinds"][kind] for r in results) for kind in ERROR_KINDS
@@ -157,8 +194,10 @@ def main(argv: list[str] | None = None) -> int:
     require_wrk()
     with contextlib.ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-workers-")))
-        database_url, _ = stack.enter_context(fresh_database(args.pg_admin_url, "polar_mq_bwork"))
-        runs = measure(args, tmp, database_url)
+        database_url, database = stack.enter_context(
+            fresh_database(args.pg_admin_url, "polar_mq_bwork")
+        )
+        runs = measure(args, tmp, database_url, database)
     result = summary(runs)
     mode = "streamed" if args.stream else "non-streamed"
     print(f"\n{mode}, {args.clients} clients, medians of {args.repeats} repeats:")
@@ -171,6 +210,17 @@ def main(argv: list[str] | None = None) -> int:
             f"errors {row['errors']:.0f}{f' ({kinds})' if kinds else ''}{cpu}"
         )
     print(f"  --workers 2 / 1: {result['ratio_2_to_1']:.2f}x")
+    print("where the machine's time went (cores of 2, medians):")
+    for key in ("direct", "workers_1", "workers_2"):
+        row = result[key]
+        parts = ", ".join(f"{name} {value:.2f}" for name, value in row["cores"].items())
+        print(f"  {key:10} busy {row['busy_cores']:.2f}: {parts}")
+    one = result["workers_1"]
+    print(
+        f"  machine ceiling at workers_1's CPU per call (all processes): "
+        f"{one['ceiling_calls_per_s']:.0f} calls/s = "
+        f"{one['ceiling_calls_per_s'] / one['rate']:.2f}x one worker's rate"
+    )
     print(json.dumps(result))
     return 0
 
