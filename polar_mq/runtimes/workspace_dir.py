@@ -14,6 +14,7 @@ or falls back to the worker's identity (development, `POLAR_MQ_UNSAFE_ROOT_AGENT
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -226,11 +227,16 @@ class RuntimeDir:
         )
         # only into the agent's own directories: a link the agent planted must not make the
         # worker overwrite the runtime's records (runtime.json names the user commands run as)
-        mine = [*self.agent_dirs, *(d.resolve() for d in self.agent_dirs)]
+        # (resolved only when the lexical paths do not match: a root below a linked directory)
+        mine = itertools.chain(self.agent_dirs, (d.resolve() for d in self.agent_dirs))
         if not any(target.is_relative_to(d) and target != d for d in mine):
             where = "runtime" if not target.is_relative_to(self.path) else "workspace, home and tmp"
             raise safe_files.UnsafePath(f"path {dest!r} is outside {where} {self.runtime_id}")
-        made = [p for p in target.parents if p.is_relative_to(self.path) and not p.exists()]
+        made = []  # the missing parents up to the first that exists (its own parents exist)
+        for parent in target.parents:
+            if not parent.is_relative_to(self.path) or parent.exists():
+                break
+            made.append(parent)
         safe_files.write_file(self.path, dest, self.workdir, data)
         agent = self.agent
         if agent.switch:
