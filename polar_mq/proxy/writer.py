@@ -285,12 +285,19 @@ class DbCallWriter:
     def _create_engine(self, url: str) -> Engine:
         """The writer's one connection. On PostgreSQL in autocommit: a batch is one statement
         (`call_insert`), atomic on its own, so the BEGIN and COMMIT round trips around it bought
-        nothing but CPU in this process and in the database, on every batch."""
+        nothing but CPU in this process and in the database, on every batch.
+
+        No pre-ping: it was a `SELECT 1` round trip before every batch, and at a pipeline's
+        pace a batch is one to three calls (py-spy put 4 % of the proxy's CPU there under the
+        pipeline bench's trivial agent). A connection that died meanwhile fails the insert
+        before anything is sent; the pool invalidates it and the store's retry (`call_store`)
+        sends the batch again on a fresh one (`ON CONFLICT DO NOTHING` either way)."""
         postgres = url.startswith("postgresql")
         return create_db_engine(
             url,
             pool_size=1,
             max_overflow=0,
+            pool_pre_ping=False,
             **(
                 {"connect_args": PG_CONNECT_ARGS, "isolation_level": "AUTOCOMMIT"}
                 if postgres

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -14,7 +15,7 @@ import httpx
 import psycopg
 import pytest
 from proxy_support import SECRET, proxy_settings
-from sqlalchemy import Engine, event, func, select
+from sqlalchemy import Engine, event, func, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from polar_mq.db import create_db_engine
@@ -267,3 +268,35 @@ async def test_sqlite_embedded_default(tmp_path: Path) -> None:
     assert stored[0].logprobs == rows[0]["logprobs"]
     assert stored[0].request == rows[0]["request"]
     engine.dispose()
+
+
+async def test_a_connection_killed_while_idle_is_replaced_and_nothing_is_lost(
+    pg_url: str,
+    pg_engine: Engine,
+    db_session_factory: sessionmaker[Session],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The writer sends no ping before a batch: a connection the server ended between two
+    batches fails the next insert, which is sent again on a fresh connection, once."""
+    writer = DbCallWriter(database_url=pg_url, retry_max_wait_s=0.05)
+    await writer.start()
+    before = count(db_session_factory)
+    writer.submit(call_row(0))
+    assert await asyncio.wait_for(writer.flush(), 10) == 1
+    with pg_engine.connect() as conn:  # end the writer's connection (the only other client)
+        killed = conn.execute(
+            text(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid() "
+                "AND application_name = '' AND backend_type = 'client backend'"
+            )
+        ).all()
+    assert killed, "the writer's connection was not found"
+    writer.submit(call_row(1))
+    with caplog.at_level(logging.WARNING, logger="polar_mq.proxy.call_store"):
+        assert await asyncio.wait_for(writer.flush(), 10) == 2
+    await writer.close()
+    assert count(db_session_factory) == before + 2
+    assert writer.stats()["failed"] == 0
+    # the dead connection was found by the insert itself (no ping before it), then retried
+    assert any("retrying" in r.getMessage() for r in caplog.records), caplog.text
