@@ -217,6 +217,12 @@ def other_processes(exclude: Callable[[], set[int]]) -> dict[int, float]:
     return result
 
 
+def machine_busy_s() -> float:
+    """CPU seconds the whole machine has been busy (all cores, interrupts included)."""
+    t = psutil.cpu_times()
+    return float(t.user + t.nice + t.system + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0))
+
+
 def kernel_irq_s() -> dict[int, float]:
     """The machine's interrupt time (irq + softirq): kernel work no process is charged for."""
     t = psutil.cpu_times()

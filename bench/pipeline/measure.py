@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import psutil
 import redis
 from celery import Celery
 from sqlalchemy import Engine, func, select
@@ -40,11 +39,6 @@ def trivial_agent_harness() -> dict[str, Any]:
     # -I -S: isolated, no site-packages scan; the agent needs only the standard library.
     command = f"{shlex.quote(sys.executable)} -I -S {shlex.quote(str(TRIVIAL_AGENT))}"
     return {"type": "command", "command": command}
-
-
-def _machine_busy_s() -> float:
-    t = psutil.cpu_times()
-    return float(t.user + t.nice + t.system + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0))
 
 
 @dataclass
@@ -102,13 +96,13 @@ class Timer:
 
     def start(self) -> tuple[float, float, cpu.CpuSnapshot]:
         snap = cpu.snapshot(self.pids, self.extra)
-        return time.perf_counter(), _machine_busy_s(), snap
+        return time.perf_counter(), cpu.machine_busy_s(), snap
 
     def stop(
         self, started: tuple[float, float, cpu.CpuSnapshot]
     ) -> tuple[float, float, cpu.CpuDelta]:
         elapsed = time.perf_counter() - started[0]
-        busy = _machine_busy_s() - started[1]
+        busy = cpu.machine_busy_s() - started[1]
         change = cpu.delta(started[2], cpu.snapshot(self.pids, self.extra))
         # only the tracked trees matter; scanned groups (PostgreSQL backends) come and go
         change.lost = {k: v for k, v in change.lost.items() if k in self.pids}

@@ -188,8 +188,8 @@ def _floor_rows(
     ]
     for mode, ms in floors.items():
         rate = _median([m.rate for m in ms])
-        to_raw = _median([f.rate / b.rate for f, b in zip(ms, base, strict=False)])
-        noop_to = _median([n.rate / f.rate for f, n in zip(ms, noop, strict=False)])
+        to_raw = _median([f.rate / b.rate for f, b in zip(ms, base, strict=True)])
+        noop_to = _median([n.rate / f.rate for f, n in zip(ms, noop, strict=True)])
         costs = ", ".join(
             f"{_median([m.cpu_ms_per_item(names) for m in ms]):.2f}"
             for names in FLOOR_COSTS.values()

@@ -14,17 +14,10 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-import psutil
-
-from bench.pipeline.cpu import find_processes, tree_cpu
+from bench.pipeline.cpu import find_processes, machine_busy_s, tree_cpu
 
 Sampler = Callable[[], float]
 """CPU seconds so far of one group of processes."""
-
-
-def machine_busy_s() -> float:
-    t = psutil.cpu_times()
-    return float(t.user + t.nice + t.system + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0))
 
 
 def children_s() -> float:
@@ -52,10 +45,6 @@ class MachineSplit:
     @property
     def other(self) -> float:
         return max(0.0, self.busy - sum(self.cores.values()))
-
-    def text(self) -> str:
-        parts = ", ".join(f"{name} {value:.2f}" for name, value in self.cores.items())
-        return f"busy {self.busy:.2f} cores: {parts}, other {self.other:.2f}"
 
     def ceiling(self, calls: int, machine_cores: int) -> float:
         """Calls/s at which the measured CPU per call of every process (busy time over calls)

@@ -28,7 +28,6 @@ from typing import Any
 import httpx
 from sqlalchemy.orm import Session
 
-from bench.pipeline.cpu import tree_cpu
 from bench.pipeline.infra import fresh_database
 from bench.proxy import machine, targets
 from bench.proxy.run import DEFAULT_PG, QUESTION
@@ -133,13 +132,13 @@ def measure(
                     wait_for_workers(settings.proxy_base_url, workers)
                     url = f"{settings.proxy_base_url}/v1/chat/completions"
                     run_wrk(url, body(args.stream, False), auth, args.clients, 2)  # warm-up
-                    before = sum(tree_cpu(proxy.pid).values())
                     groups = {"proxy": machine.tree(proxy.pid), **shared}
                     with machine.MachineWindow(groups) as window:
                         result = run_wrk(
                             url, body(args.stream, False), auth, args.clients, args.duration
                         )
-                    cpu_s = sum(tree_cpu(proxy.pid).values()) - before
+                    assert window.split is not None
+                    cpu_s = window.split.cores["proxy"] * window.split.wall_s
                 runs.setdefault(f"workers_{workers}", []).append(
                     {
                         **result.as_json(),
