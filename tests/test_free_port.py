@@ -37,3 +37,23 @@ def test_without_room_below_the_kernel_picks(monkeypatch: pytest.MonkeyPatch) ->
     port = processes.free_port()
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", port))
+
+
+def test_a_port_handed_out_is_not_handed_out_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stack picks its upstream's, proxy's and API's ports before starting any of them: each is
+    still free when the next is picked, so only memory keeps two of them apart."""
+    monkeypatch.setattr(processes, "_handed_out", {})
+    picks = [processes.free_port() for _ in range(2_000)]
+    assert len(set(picks)) == len(picks)  # 2,000 random picks of ~22,000 ports: ~90 repeats
+
+
+def test_the_memory_is_bounded_and_the_kernel_fallback_respects_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(processes, "_handed_out", {})
+    monkeypatch.setattr(processes, "RECENT_PORTS", 10)
+    monkeypatch.setattr(processes, "_ephemeral_floor", lambda: 1024)  # the kernel picks
+    picks = [processes.free_port() for _ in range(30)]
+    assert len(set(picks[-10:])) == 10
+    assert len(processes._handed_out) == 10
+    assert list(processes._handed_out) == picks[-10:]
