@@ -160,7 +160,7 @@ def local_stack() -> Iterator[str]:
     from polar_mq.devstack import LocalStack
     from polar_mq.lifecycle.stages import Stage
     from polar_mq.migrate import upgrade
-    from polar_mq.processes import free_port
+    from polar_mq.ports import free_port
 
     root = Path(tempfile.mkdtemp(prefix="polar-async-example-"))
     upstream = free_port()

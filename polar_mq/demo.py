@@ -28,7 +28,7 @@ from polar_mq.devstack import LocalStack
 from polar_mq.inference import local_vllm
 from polar_mq.lifecycle.stages import Stage
 from polar_mq.migrate import upgrade
-from polar_mq.processes import free_port
+from polar_mq.ports import free_port
 
 console = Console()
 DEMO_DIR = Path(".polar_mq") / "demo"

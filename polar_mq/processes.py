@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import random
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -24,66 +22,6 @@ import httpx
 
 from polar_mq.forking import ChildProcess, ForkedProcess, can_fork
 from polar_mq.tls import client_ssl_context
-
-LISTEN_PORTS_FLOOR = 10_000
-
-
-def _ephemeral_floor() -> int:
-    """The lowest port the kernel hands to outgoing connections (Linux: 32768 by default)."""
-    try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
-RECENT_PORTS = 4_096
-"""How many ports one process remembers having handed out, and never hands out again."""
-_handed_out: dict[int, None] = {}  # insertion-ordered: the oldest is forgotten first
-_handed_out_lock = threading.Lock()
-
-
-def free_port() -> int:
-    """A port free to listen on, for a service started a moment later.
-
-    Taken below the kernel's ephemeral range when there is room: a port the kernel picked
-    (`bind(0)`) is one it also gives to outgoing connections, so a busy machine's clients (to
-    PostgreSQL, Redis, the proxy) could take it before the service binds it (a proxy failed to
-    start with "address already in use" that way). Random, and checked by binding it.
-
-    Never a port this process handed out recently (`RECENT_PORTS`): a stack asks for its ports
-    (upstream, proxy, API) before it starts any of them, so each is still free when the next is
-    picked, and two random picks from the range's ~22,000 ports collided once in a few dozen
-    test-suite runs (an engine and a proxy given the same port, the proxy failing to bind it).
-    """
-    with _handed_out_lock:
-        port = _pick_port()
-        _handed_out[port] = None
-        if len(_handed_out) > RECENT_PORTS:
-            del _handed_out[next(iter(_handed_out))]
-        return port
-
-
-def _pick_port() -> int:
-    floor = _ephemeral_floor()
-    if floor - LISTEN_PORTS_FLOOR >= 1_000:
-        for _ in range(100):
-            port = random.randrange(LISTEN_PORTS_FLOOR, floor)
-            if port in _handed_out:
-                continue
-            with socket.socket() as sock:
-                try:
-                    sock.bind(("127.0.0.1", port))
-                except OSError:
-                    continue
-                return port
-    for _ in range(100):
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = int(sock.getsockname()[1])
-        if port not in _handed_out:
-            return port
-    return port
-
 
 ZOMBIE_WALK_S = 0.5
 """How often a stop that is waiting for groups walks /proc to tell zombies from live members; in

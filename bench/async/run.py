@@ -34,7 +34,7 @@ from bench.pipeline.infra import cleanup_redis, fresh_database, stack_settings
 from polar_mq.client import Client
 from polar_mq.devstack import LocalStack
 from polar_mq.lifecycle.stages import Stage
-from polar_mq.processes import free_port
+from polar_mq.ports import free_port
 
 from .trainer import LoopRun, run_async, run_sync
 

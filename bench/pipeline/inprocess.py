@@ -32,7 +32,7 @@ from polar_mq.jobs.schemas import JobCreate
 from polar_mq.jobs.service import create_job
 from polar_mq.lifecycle.messages import StageMessage
 from polar_mq.lifecycle.stages import Stage
-from polar_mq.processes import free_port
+from polar_mq.ports import free_port
 from polar_mq.workers.context import WorkerContext
 from polar_mq.workers.runner import run_stage
 

@@ -36,7 +36,8 @@ from bench.pipeline.measure import (
 from polar_mq.db import create_db_engine
 from polar_mq.devstack import LocalStack
 from polar_mq.lifecycle.stages import Stage
-from polar_mq.processes import ManagedProcess, free_port
+from polar_mq.ports import free_port
+from polar_mq.processes import ManagedProcess
 from polar_mq.workers.launcher import DEFAULT_CONCURRENCY, parse_concurrency
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -26,7 +26,8 @@ from bench.pipeline.infra import fresh_database
 from bench.proxy import families, report, targets, writer_rate
 from bench.proxy.wrk import LoadResult, require_wrk, run_wrk
 from polar_mq.devstack import LocalStack
-from polar_mq.processes import ManagedProcess, free_port
+from polar_mq.ports import free_port
+from polar_mq.processes import ManagedProcess
 from polar_mq.tokens import issue_rollout_token
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

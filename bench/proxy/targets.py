@@ -14,7 +14,8 @@ from pathlib import Path
 
 from polar_mq.config import Settings
 from polar_mq.devstack import LocalStack
-from polar_mq.processes import ManagedProcess, free_port
+from polar_mq.ports import free_port
+from polar_mq.processes import ManagedProcess
 
 MODEL = "fake-model"
 LITELLM_KEY = "sk-bench-proxy"

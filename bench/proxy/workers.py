@@ -35,7 +35,7 @@ from bench.proxy.wrk import ERROR_KINDS, require_wrk, run_wrk
 from polar_mq.db import create_db_engine
 from polar_mq.devstack import LocalStack
 from polar_mq.models import Job, JobTask, Rollout, RolloutStatus
-from polar_mq.processes import free_port
+from polar_mq.ports import free_port
 from polar_mq.tokens import issue_rollout_token
 
 DEFAULT_REDIS = "redis://127.0.0.1:6379"

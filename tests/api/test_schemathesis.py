@@ -35,7 +35,8 @@ from polar_mq.jobs import deliveries
 from polar_mq.jobs.schemas import JobCreate
 from polar_mq.jobs.service import create_job
 from polar_mq.models.artifact import RolloutArtifact
-from polar_mq.processes import ManagedProcess, free_port
+from polar_mq.ports import free_port
+from polar_mq.processes import ManagedProcess
 from polar_mq.tenants.keys import create_api_key
 from polar_mq.tenants.quotas import Owner
 from polar_mq.tenants.scopes import ALL_SCOPES

@@ -19,7 +19,7 @@ from polar_mq.jobs import results
 from polar_mq.lifecycle.messages import StageMessage
 from polar_mq.models import LlmCall, Rollout, RolloutStatus, TrajectorySample
 from polar_mq.models.base import utcnow
-from polar_mq.processes import free_port
+from polar_mq.ports import free_port
 from tests.live_api import serve_api
 
 TASKS = [{"instruction": f"task {i}"} for i in range(5)]

@@ -12,7 +12,7 @@ from polar_mq.config import Settings
 from polar_mq.devstack import LocalStack
 from polar_mq.inference import local_vllm
 from polar_mq.lifecycle.stages import Stage
-from polar_mq.processes import free_port
+from polar_mq.ports import free_port
 
 REDIS_E2E_URL = "redis://127.0.0.1:6379/3"
 

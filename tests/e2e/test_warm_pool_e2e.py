@@ -19,7 +19,7 @@ import pytest
 from polar_mq.client import Client
 from polar_mq.devstack import LocalStack
 from polar_mq.lifecycle.stages import Stage
-from polar_mq.processes import free_port
+from polar_mq.ports import free_port
 from polar_mq.runtimes.janitor import present_runtimes
 from polar_mq.runtimes.warm_pool import WarmPool, is_pooled
 from polar_mq.workers.janitor import local_runtime_ids

@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from polar_mq.devstack import LocalStack
 from polar_mq.lifecycle.stages import Stage
 from polar_mq.models import Event, EventKind, LlmCall, Rollout
-from polar_mq.processes import free_port
+from polar_mq.ports import free_port
 from polar_mq.tls import client_ssl_context
 from tests.conftest import module_database
 from tests.e2e.stack import client_of, e2e_settings

@@ -28,7 +28,7 @@ from sqlalchemy.orm import Session
 from polar_mq.config import Settings
 from polar_mq.devstack import settings_env
 from polar_mq.models import Job, JobTask, LlmCall, Rollout, RolloutStatus
-from polar_mq.processes import free_port
+from polar_mq.ports import free_port
 from polar_mq.tls import client_ssl_context
 from polar_mq.tokens import issue_rollout_token
 from tests.conftest import REDIS_URL

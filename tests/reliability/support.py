@@ -38,7 +38,8 @@ from polar_mq.models import (
     RolloutStatus,
     TrajectorySample,
 )
-from polar_mq.processes import ManagedProcess, free_port
+from polar_mq.ports import free_port
+from polar_mq.processes import ManagedProcess
 from polar_mq.runtimes.local import RUNTIME_TAG
 from polar_mq.workers.janitor import local_runtime_ids
 from tests.e2e.stack import e2e_settings

@@ -31,7 +31,7 @@ from polar_mq.devstack import LocalStack
 from polar_mq.jobs.schemas import JobCreate
 from polar_mq.jobs.service import create_job
 from polar_mq.models import LlmCall
-from polar_mq.processes import free_port
+from polar_mq.ports import free_port
 from polar_mq.tls import client_ssl_context
 from polar_mq.tokens import issue_rollout_token
 from tests.reliability.tcp_relay import TcpRelay

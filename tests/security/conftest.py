@@ -21,7 +21,8 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from polar_mq.db import create_db_engine, make_session_factory
-from polar_mq.processes import ManagedProcess, free_port
+from polar_mq.ports import free_port
+from polar_mq.processes import ManagedProcess
 from tests.conftest import REDIS_URL, scratch_database
 
 

@@ -17,7 +17,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from polar_mq.processes import ManagedProcess, free_port
+from polar_mq.ports import free_port
+from polar_mq.processes import ManagedProcess
 
 GOOD_SECRET = "s" * 32
 ADMIN = "admin-" + "t" * 26

@@ -27,7 +27,7 @@ from polar_mq.lifecycle.cancel import cancel_where
 from polar_mq.lifecycle.outbox import attach_publisher
 from polar_mq.lifecycle.stages import Stage
 from polar_mq.models import Rollout, RolloutStatus
-from polar_mq.processes import free_port
+from polar_mq.ports import free_port
 from polar_mq.runtimes.host_exec import tagged_pids
 from polar_mq.workers import runner
 from polar_mq.workers.context import WorkerContext
