@@ -1,5 +1,5 @@
-"""The package graph of polar_mq: no import cycle between packages, the layers in their order, and
-no module over 500 lines.
+"""The package graph of polar_mq: no import cycle between packages, the layers in their order, no
+module over 500 lines, and a tests folder for every package of four or more modules.
 
 Read from the source with `ast` (every import counts: module level, inside functions and under
 `TYPE_CHECKING`), so a cycle hidden in a function-level import fails here too. A "package" is a
@@ -130,3 +130,15 @@ def test_no_module_over_500_lines() -> None:
         if (n := len(path.read_text().splitlines())) > MAX_LINES
     }
     assert not too_long, f"modules over {MAX_LINES} lines (split them): {too_long}"
+
+
+def test_every_package_of_four_or_more_modules_has_its_tests_folder() -> None:
+    """`tests/<package>/` with tests of its own, for each subpackage of polar_mq holding four or
+    more modules (its own subpackages' counted in: their tests live in the package's folder)."""
+    tests = Path(__file__).resolve().parent
+    missing = []
+    for package in sorted(p for p in ROOT.iterdir() if (p / "__init__.py").is_file()):
+        modules = [m for m in package.rglob("*.py") if m.name != "__init__.py"]
+        if len(modules) >= 4 and not any((tests / package.name).glob("test_*.py")):
+            missing.append(f"{package.name} ({len(modules)} modules)")
+    assert not missing, f"packages without tests/<package>/test_*.py: {missing}"
