@@ -90,18 +90,18 @@ def _reserve(port: int) -> bool:
     path = RESERVATIONS / str(port)
     try:
         RESERVATIONS.mkdir(mode=0o777, exist_ok=True)
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)
-    except FileExistsError:
-        try:
-            if time.time() - path.stat().st_mtime < RESERVE_S:
-                return False
-            os.utime(path)  # an old claim: its service bound the port long ago, or never will
-        except FileNotFoundError:  # removed meanwhile: whoever removed it may be claiming it
-            return False
-        except OSError:
-            return True
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
         return True
+    except FileExistsError:
+        pass  # claimed before: by whom, and how long ago
     except OSError:
         return True
-    os.close(fd)
+    try:
+        if time.time() - path.stat().st_mtime < RESERVE_S:
+            return False
+        os.utime(path)  # an old claim: its service bound the port long ago, or never will
+    except FileNotFoundError:  # removed meanwhile: whoever removed it may be claiming it
+        return False
+    except OSError:
+        return True
     return True

@@ -33,7 +33,7 @@ MODES = ("durable", "runtime")
 TABLE = "bench_floor"
 EVENTS = "bench_floor_events"
 DDL = (
-    f"CREATE TABLE IF NOT EXISTS {TABLE} (id bigint PRIMARY KEY, stage int NOT NULL, "
+    f"CREATE TABLE IF NOT EXISTS {TABLE} (id bigserial PRIMARY KEY, stage int NOT NULL, "
     "owner text, lease_until timestamptz, detail jsonb NOT NULL DEFAULT '{}')",
     f"CREATE TABLE IF NOT EXISTS {EVENTS} (id bigserial PRIMARY KEY, item bigint NOT NULL, "
     "step int NOT NULL, kind text NOT NULL, at timestamptz NOT NULL DEFAULT now(), detail jsonb)",
@@ -63,17 +63,16 @@ def create_tables(engine: Engine) -> None:
             conn.execute(text(statement))
 
 
-def seed(engine: Engine, first: int, n: int) -> list[int]:
-    """`n` items ready for step 1 (their ids), inserted before a timed run starts."""
+def seed(engine: Engine, n: int) -> list[int]:
+    """`n` items ready for step 1, inserted before a timed run starts: their ids (from the
+    table's sequence, so no two runs share one)."""
     with engine.begin() as conn:
-        conn.execute(
-            text(
-                f"INSERT INTO {TABLE} (id, stage) "
-                "SELECT g, 0 FROM generate_series(CAST(:first AS bigint), CAST(:last AS bigint)) g"
-            ),
-            {"first": first, "last": first + n - 1},
+        result = conn.execute(
+            text(f"INSERT INTO {TABLE} (stage) SELECT 0 FROM generate_series(1, :n) RETURNING id"),
+            {"n": n},
         )
-    return list(range(first, first + n))
+        ids: list[int] = list(result.scalars())
+        return sorted(ids)
 
 
 def unfinished(engine: Engine, items: list[int]) -> tuple[int, int]:

@@ -41,6 +41,12 @@ def trivial_agent_harness() -> dict[str, Any]:
     return {"type": "command", "command": command}
 
 
+SPAWNED = "agent processes (reaped by the workers)"
+POSTGRES = "postgres backends (bench db, approx.)"
+REDIS = "redis-server (whole server)"
+"""The names of the process groups a `Timer` samples beside its workers (the report reads them)."""
+
+
 @dataclass
 class Measurement:
     """One timed run: throughput, CPU by process group, and what the checks found."""
@@ -165,17 +171,14 @@ def run_chains(
 
 @dataclass
 class FloorRun:
-    """A floor mode's chains (`bench.pipeline.floor`): their items, seeded in `engine` with
-    ids that never repeat across runs, and the check that each went through every step once."""
+    """A floor mode's chains (`bench.pipeline.floor`): their items, seeded in `engine`, and the
+    check that each went through every step once."""
 
     mode: str
     engine: Engine
-    next_id: list[int] = field(default_factory=lambda: [1])
 
     def seed(self, n: int) -> list[int]:
-        first = self.next_id[0]
-        self.next_id[0] += n
-        return floor_steps.seed(self.engine, first, n)
+        return floor_steps.seed(self.engine, n)
 
     def check(self, items: list[int]) -> tuple[int, int]:
         return floor_steps.unfinished(self.engine, items)

@@ -11,7 +11,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bench.pipeline import cpu
-from bench.pipeline.measure import AGENT_CALLS, AGENT_OWN, AGENT_PHASES, Measurement
+from bench.pipeline.measure import (
+    AGENT_CALLS,
+    AGENT_OWN,
+    AGENT_PHASES,
+    POSTGRES,
+    REDIS,
+    SPAWNED,
+    Measurement,
+)
 from polar_mq.lifecycle.stages import Stage
 
 if TYPE_CHECKING:
@@ -170,9 +178,9 @@ FLOOR_LABELS = {
 }
 FLOOR_COSTS = {
     "workers": [f"baseline-step{i}" for i in range(1, 5)],
-    "postgres": ["postgres backends (bench db, approx.)"],
-    "spawned": ["agent processes (reaped by the workers)"],
-    "redis": ["redis-server (whole server)"],
+    "postgres": [POSTGRES],
+    "spawned": [SPAWNED],
+    "redis": [REDIS],
 }
 
 

@@ -26,6 +26,9 @@ from bench.pipeline.infra import stack_settings
 from bench.pipeline.measure import (
     AGENT_CALLS,
     NOOP_HARNESS,
+    POSTGRES,
+    REDIS,
+    SPAWNED,
     FloorRun,
     Measurement,
     Timer,
@@ -178,22 +181,17 @@ def main(argv: list[str] | None = None) -> int:
             stack.callback(engine.dispose)
 
             info = {
-                "redis-server (whole server)": lambda: cpu.find_processes("redis-server"),
+                REDIS: lambda: cpu.find_processes("redis-server"),
             }
-            postgres = {
-                "postgres backends (bench db, approx.)": lambda: cpu.find_processes(
-                    "postgres", f" {db_name} "
-                )
-            }
+            postgres = {POSTGRES: lambda: cpu.find_processes("postgres", f" {db_name} ")}
             chain_pids = {p.name: p.pid for p in base_procs}
             chain_timer = Timer(chain_pids, info)
             polar_pids = {p.name: p.pid for p in [proxy, *workers]}
-            spawned = "agent processes (reaped by the workers)"
             polar_timer = Timer(
                 polar_pids,
                 {
                     "fake-upstream": lambda: cpu.tree_cpu(upstream.pid),
-                    spawned: lambda: cpu.reaped_in_trees([w.pid for w in workers]),
+                    SPAWNED: lambda: cpu.reaped_in_trees([w.pid for w in workers]),
                     **postgres,
                     **info,
                 },
@@ -201,12 +199,11 @@ def main(argv: list[str] | None = None) -> int:
             floor_timer = Timer(
                 chain_pids,
                 {
-                    spawned: lambda: cpu.reaped_in_trees([p.pid for p in base_procs]),
+                    SPAWNED: lambda: cpu.reaped_in_trees([p.pid for p in base_procs]),
                     **postgres,
                     **info,
                 },
             )
-            floor_ids = [1]
             if opts.floors:
                 floor.create_tables(engine)
             agent = trivial_agent_harness()
@@ -216,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
                 return run_chains(app, client, prefix, n, chain_timer, timeout_s=60 + n * 0.2)
 
             def floor_of(mode: str) -> Callable[[int], Measurement]:
-                run = FloorRun(mode, engine, floor_ids)
+                run = FloorRun(mode, engine)
                 return lambda n: run_chains(
                     app, client, prefix, n, floor_timer, timeout_s=60 + n * 0.5, floor=run
                 )

@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
             f"errors {row['errors']:.0f}{f' ({kinds})' if kinds else ''}{cpu}"
         )
     print(f"  --workers 2 / 1: {result['ratio_2_to_1']:.2f}x")
-    print("where the machine's time went (cores of 2, medians):")
+    print(f"where the machine's time went (cores of {os.cpu_count() or 1}, medians):")
     for key in ("direct", "workers_1", "workers_2"):
         row = result[key]
         parts = ", ".join(f"{name} {value:.2f}" for name, value in row["cores"].items())

@@ -17,7 +17,7 @@ def test_every_step_claims_and_finishes_once(
     pg_url: str, pg_engine: Engine, tmp_path: Path
 ) -> None:
     floor.create_tables(pg_engine)
-    items = floor.seed(pg_engine, 100, 2)
+    items = floor.seed(pg_engine, 2)
     steps = floor.FloorSteps(pg_url, tmp_path)
     assert floor.unfinished(pg_engine, items) == (2, 2)
     for step in range(1, floor.LAST_STEP + 1):
@@ -40,7 +40,7 @@ def test_the_runtime_floor_makes_spawns_and_removes(
     pg_url: str, pg_engine: Engine, tmp_path: Path
 ) -> None:
     floor.create_tables(pg_engine)
-    (item,) = floor.seed(pg_engine, 200, 1)
+    (item,) = floor.seed(pg_engine, 1)
     steps = floor.FloorSteps(pg_url, tmp_path)
     here = tmp_path / "floor" / str(item)
     assert steps.run("runtime", 1, item)
