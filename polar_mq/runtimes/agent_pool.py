@@ -13,6 +13,11 @@ run in different worker processes. A claim is stale, and taken over, when its ru
 is gone or records another user (a worker died before `stop()`). When every pool user is busy,
 the runtime falls back to the node's shared agent user and says so once: size the pool at least
 to the node's worker slots plus its warm pool.
+
+A free user is handed out only when no process of it is alive (`uid_sweep`): its last holder's
+`stop()` kills them all, and what is found here anyway (a worker died before the stop) is killed
+first. A user whose process survives that is *quarantined* (a claim file naming no runtime) and
+never handed out again until an operator looks at it (`QUARANTINE`).
 """
 
 from __future__ import annotations
@@ -26,12 +31,15 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
+from polar_mq.runtimes import uid_sweep
 from polar_mq.runtimes.identity import AgentIdentity, say_once
 
 POOL_PREFIX = "polar-agent-"
 _MEMBER = re.compile(rf"^{re.escape(POOL_PREFIX)}(\d+)$")
 _LOCK_FILE = ".lock"
 _META_FILE = "runtime.json"
+QUARANTINE = "quarantined: a process of this user survived SIGKILL"
+"""The claim of a quarantined user: no runtime holds it, and no runtime may take it."""
 
 
 _PASSWD = "/etc/passwd"
@@ -88,7 +96,8 @@ class AgentPool:
                 holder = self._holder(member) if str(member.uid) in claimed else None
                 if holder == holder_of:
                     return member
-                if free is None and (holder is None or not _still_held(holder, member)):
+                unheld = holder is None or not _still_held(holder, member)
+                if free is None and unheld and self._vacant(member):
                     free = member
             if free is not None:
                 self._write(free, holder_of)
@@ -99,6 +108,29 @@ class AgentPool:
             "worker slots plus its warm pool (POLAR_MQ_AGENT_POOL_SIZE in scripts/bootstrap.sh)"
         )
         return None
+
+    def _vacant(self, member: AgentIdentity) -> bool:
+        """Whether no process of `member` is alive, after killing the leftovers of a holder that
+        never stopped; quarantine the user when one survives (its claim names no runtime)."""
+        if member.uid in (0, os.geteuid()):
+            return True  # never swept: that would be the worker itself
+        if not uid_sweep.pids_of(member.uid, setuid_root=False):  # a stat per process: cheap
+            return True
+        survivors = uid_sweep.kill_uid(member.uid, deadline_s=5.0)
+        if not survivors:
+            return True
+        self._write(member, QUARANTINE)
+        say_once(
+            f"agent pool user {member.name} (uid {member.uid}) is quarantined: processes "
+            f"{survivors} survived SIGKILL; it is not handed out again until its claim file "
+            f"{self.claims_dir / str(member.uid)} is removed"
+        )
+        return False
+
+    def holder(self, uid: int) -> str | None:
+        """The runtime directory holding `uid` (or `QUARANTINE`); None when nobody does."""
+        with self._locked():
+            return self._holder_uid(uid)
 
     def release(self, runtime_path: Path, uid: int) -> None:
         """Give the user back, if `runtime_path` still holds it."""
@@ -116,8 +148,11 @@ class AgentPool:
             return set()
 
     def _holder(self, member: AgentIdentity) -> str | None:
+        return self._holder_uid(member.uid)
+
+    def _holder_uid(self, uid: int) -> str | None:
         try:
-            return (self.claims_dir / str(member.uid)).read_text()
+            return (self.claims_dir / str(uid)).read_text()
         except OSError:
             return None
 
@@ -142,6 +177,8 @@ def _still_held(holder: str, member: AgentIdentity) -> bool:
     """Whether the runtime named by a claim still exists and has not recorded another user.
 
     A runtime that exists without its record yet is being started (it claims before it writes)."""
+    if holder == QUARANTINE:
+        return True
     runtime = Path(holder)
     if not runtime.is_dir():
         return False

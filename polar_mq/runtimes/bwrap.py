@@ -278,8 +278,10 @@ class BwrapRuntime(DirBacked, Runtime):
         if settings.network in ("none", "proxy_only"):
             argv.append("--unshare-net")
         # /tmp first: a bind below it (a checkout or venv under /tmp) is mounted onto the tmpfs
-        # instead of being hidden by it
-        argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+        # instead of being hidden by it. Sticky and world-writable like the node's (bwrap makes
+        # them 0755 root's): the agent's own temporary space, gone with the exec's namespace
+        argv += ["--proc", "/proc", "--dev", "/dev"]
+        argv += ["--perms", "1777", "--tmpfs", "/dev/shm", "--perms", "1777", "--tmpfs", "/tmp"]
         ro = [*_SYSTEM_DIRS, *_python_dirs(), *settings.ro]
         made: set[str] = {"/", "/tmp"}
         for path in dict.fromkeys(ro):  # ordered, no duplicates

@@ -4,7 +4,9 @@ The container is the sandbox: an image, memory/cpu/pids limits enforced by its c
 of `none` (no interface but loopback), `host` (the node's network, so the proxy on 127.0.0.1 is
 reachable) or `proxy_only` (`none` plus the proxy, through a relay: `docker_relay.py`), no new
 privileges. Its init (`docker-init`) reaps orphans and `sleep infinity` keeps
-it up between stages, so processes an exec leaves in the background live until reset or stop.
+it up between stages, so processes an exec leaves in the background live until reset or stop
+(both kill every process of the container). `/tmp` and `/var/tmp` are tmpfs mounts made afresh at
+each container start, so a runtime reset for the warm pool keeps none of the last agent's files.
 
 Re-attach: the container is named from the runtime id and the runtime root, so any process on the
 node finds it by name; labels (`LABEL_RUNTIME`, `LABEL_ROOT`) let the janitor find orphans. Files:
@@ -47,6 +49,9 @@ LABEL_RUNTIME = "org.polar-mq.runtime-id"
 LABEL_ROOT = "org.polar-mq.runtime-root"
 LABEL_NETWORK = "org.polar-mq.network"
 KEEPALIVE = ["sleep", "infinity"]
+PRIVATE_TMP = ("/tmp", "/var/tmp")
+"""Temporary directories on a tmpfs of the container's own (its /dev/shm already is one)."""
+PRIVATE_TMP_OPTIONS = "rw,exec,nosuid,nodev,mode=1777"
 
 
 @lru_cache(maxsize=1)
@@ -205,6 +210,9 @@ class DockerRuntime(DirBacked, Runtime):
             "network_mode": "none" if self.network == "proxy_only" else self.network,
             "working_dir": str(self.workdir),
             "volumes": {str(d): {"bind": str(d), "mode": "rw"} for d in binds},
+            # mounted afresh at every (re)start: a reset runtime keeps nothing of the last
+            # rollout's temporary files (the engine puts the binds below /tmp on top)
+            "tmpfs": {path: PRIVATE_TMP_OPTIONS for path in PRIVATE_TMP},
             "security_opt": ["no-new-privileges"],
         }
         if self.network == "proxy_only":
@@ -219,6 +227,9 @@ class DockerRuntime(DirBacked, Runtime):
         if limits is not None and limits.max_open_files is not None:
             n = limits.max_open_files
             ulimits.append(Ulimit(name="nofile", soft=n, hard=n))
+        if limits is not None and limits.file_size_mb is not None:
+            size = limits.file_size_mb * 1024 * 1024
+            ulimits.append(Ulimit(name="fsize", soft=size, hard=size))
         if ulimits:
             args["ulimits"] = ulimits
         if self.cpus is not None:

@@ -8,11 +8,12 @@ through the engine instead (`docker_exec.py`).
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import time
 import uuid
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +21,7 @@ import psutil
 
 from polar_mq.runtimes.base import ExecRequest, ExecResult, ResourceLimits
 from polar_mq.runtimes.identity import AgentIdentity
+from polar_mq.runtimes.kill_group import join_in_child
 from polar_mq.runtimes.process_kit import (
     EXEC_TAG,
     RUNTIME_TAG,
@@ -38,7 +40,9 @@ class HostLaunch:
     """How a runtime starts a request's process: `kill_grace_s` is how long an expired command
     gets between SIGTERM and SIGKILL; `drain_s` how long output is still collected after the
     command exited while a background child keeps its pipes open. `user` None: the worker's.
-    `pass_fds`: descriptors the command inherits (the `local` view helper's status pipe)."""
+    `pass_fds`: descriptors the command inherits (the `local` view helper's status pipe).
+    `cgroup_procs`: the `cgroup.procs` file of the runtime's kill group (`kill_group`), which
+    the child joins before it becomes `user`, so that nothing it starts can leave the group."""
 
     runtime_id: str
     base_env: Mapping[str, str]
@@ -48,6 +52,7 @@ class HostLaunch:
     kill_grace_s: float
     drain_s: float
     pass_fds: tuple[int, ...] = ()
+    cgroup_procs: str | None = None
 
 
 def run_on_host(argv: list[str], request: ExecRequest, launch: HostLaunch) -> ExecResult:
@@ -56,6 +61,8 @@ def run_on_host(argv: list[str], request: ExecRequest, launch: HostLaunch) -> Ex
     full_env = {**launch.base_env, **request.env, RUNTIME_TAG: launch.runtime_id}
     full_env[EXEC_TAG] = exec_id
     user = launch.user
+    preexec = child_setup(launch)
+    popen_user = user if launch.cgroup_procs is None else None  # else `child_setup` switches
     sink = open_sink(request.stdout_path)
     started = time.monotonic()
     try:
@@ -67,10 +74,10 @@ def run_on_host(argv: list[str], request: ExecRequest, launch: HostLaunch) -> Ex
             cwd=launch.cwd,
             env=full_env,
             start_new_session=True,
-            preexec_fn=rlimit_setter(launch.limits) if launch.limits else None,
-            user=user.uid if user else None,
-            group=user.gid if user else None,
-            extra_groups=[] if user else None,
+            preexec_fn=preexec,
+            user=popen_user.uid if popen_user else None,
+            group=popen_user.gid if popen_user else None,
+            extra_groups=[] if popen_user else None,
             pass_fds=launch.pass_fds,
         )
     except BaseException as exc:
@@ -100,6 +107,27 @@ def run_on_host(argv: list[str], request: ExecRequest, launch: HostLaunch) -> Ex
         inactive=reason == "inactive",
         duration_s=time.monotonic() - started,
     )
+
+
+def child_setup(launch: HostLaunch) -> Callable[[], None] | None:
+    """What the forked child does before exec: its limits and, with a kill group, join it and
+    only then become the agent (Popen switches users before it calls this, and an agent may
+    not write the group's files)."""
+    limits = rlimit_setter(launch.limits) if launch.limits else None
+    procs, user = launch.cgroup_procs, launch.user
+    if procs is None:
+        return limits
+
+    def setup() -> None:
+        join_in_child(procs)
+        if limits is not None:
+            limits()
+        if user is not None:
+            os.setgroups([])
+            os.setresgid(user.gid, user.gid, user.gid)
+            os.setresuid(user.uid, user.uid, user.uid)
+
+    return setup
 
 
 def kill_tagged(

@@ -1,7 +1,8 @@
 """Find and remove the runtimes of one runtime root, whatever their kind.
 
 A worker killed with -9 leaves its sandboxes behind: the directory under the runtime root, the
-processes (local, bwrap), the container (docker) and the pids cgroup (bwrap with a pids limit).
+processes (local, bwrap), the container (docker), the pids cgroup (bwrap with a pids limit) and
+the kill group (local).
 Every one of those carries the runtime id and is tied to its root (directory path, container label,
 cgroup name suffix), so this module can list them for one root without touching another
 deployment's on the same host, and remove each with its own kind's `stop()`.
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from polar_mq.runtimes import cgroups, get_runtime
+from polar_mq.runtimes import cgroups, get_runtime, kill_group
 from polar_mq.runtimes.base import validate_runtime_id
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,8 @@ def present_runtimes(root: Path, docker_client: Any | None = None) -> dict[str, 
     found.update(_docker_runtimes(root, docker_client))
     for runtime_id in _cgroup_runtimes(root):
         found.setdefault(runtime_id, "bwrap")
+    for runtime_id in _kill_group_runtimes(root):
+        found.setdefault(runtime_id, "local")
     if root.is_dir():
         for entry in root.iterdir():
             recorded = _directory_kind(entry)
@@ -134,6 +137,18 @@ def _cgroup_runtimes(root: Path) -> list[str]:
     names: list[str] = []
     with contextlib.suppress(OSError):
         names = [p.name for p in base.iterdir() if p.is_dir()]
+    return [n[: -len(suffix)] for n in names if n.endswith(suffix) and _valid_id(n[: -len(suffix)])]
+
+
+def _kill_group_runtimes(root: Path) -> list[str]:
+    """Ids of `local` kill groups made for `root` (a worker killed before the stop)."""
+    group = kill_group.group_for("x", root)
+    if group is None:
+        return []
+    suffix = group.name[1:]  # "-<digest>"
+    names: list[str] = []
+    with contextlib.suppress(OSError):
+        names = [p.name for p in group.parent.iterdir() if p.is_dir()]
     return [n[: -len(suffix)] for n in names if n.endswith(suffix) and _valid_id(n[: -len(suffix)])]
 
 

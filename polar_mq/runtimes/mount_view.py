@@ -1,10 +1,13 @@
 """The child half of `local`'s private view: hide paths in a mount namespace, then become the agent.
 
 Run by the worker (root) in place of an agent command:
-`python -I -S mount_view.py STATUS_FD UID GID CWD [--hide P | --keep P | --keep-rw P]... --
-COMMAND...`. It enters a new mount namespace of
+`python -I -S mount_view.py STATUS_FD UID GID CWD [--hide P | --keep P | --keep-rw P |
+--private-tmp P]... -- COMMAND...`. It enters a new mount namespace of
 its own (nothing it mounts reaches the node's), covers each `hide` path with an empty read-only
-tmpfs (a file with an empty read-only file), binds each `keep` path back at its own path (opened
+tmpfs (a file with an empty read-only file), covers each `private-tmp` directory (`/tmp`,
+`/dev/shm`, `/var/tmp`) with an empty writable tmpfs of its own (sticky, like the node's: what the
+agent writes there is never on the node and is gone with the command's last process), binds each
+`keep` path back at its own path (opened
 before anything was covered, so it is the node's), switches to the agent's uid and gid for good
 and becomes COMMAND: the command keeps the pid the worker supervises and the environment tags
 that find it. A mount namespace, unlike a pid namespace, does not end with its first process, so
@@ -36,6 +39,7 @@ SETUP_FAILED = 125
 _COVER = MS_NOSUID | MS_NODEV | MS_NOEXEC
 # enter, not list: the agent reaches the paths bound back below a cover, nothing else
 _COVER_DATA = b"mode=0711,size=64k,nr_inodes=256"
+_PRIVATE_TMP_DATA = b"mode=1777"
 
 _libc = ctypes.CDLL(None, use_errno=True)  # the C library the interpreter runs on
 
@@ -67,16 +71,25 @@ def private_namespace() -> None:
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
 
 
-def build_view(hide: list[str], keep: list[tuple[str, bool]]) -> None:
-    """Cover `hide`, bind `keep` back (writable when flagged), then cover what is to be hidden
-    inside a path bound back; every cover ends read-only."""
+def build_view(
+    hide: list[str], keep: list[tuple[str, bool]], private: list[str] | None = None
+) -> None:
+    """Cover `hide` and give each `private` directory a writable tmpfs, bind `keep` back
+    (writable when flagged), then cover what is to be hidden inside a path bound back; every
+    `hide` cover ends read-only."""
     sources = {path: os.open(path, os.O_PATH) for path, _ in keep if os.path.lexists(path)}
     covers: list[str] = []
-    inner = [path for path in hide if any(_below(path, other) for other in hide)]
-    for path in sorted(set(hide) - set(inner), key=_depth):
-        _cover(path, covers)
+    tops = [*hide, *(private or [])]
+    inner = [path for path in hide if any(_below(path, other) for other in tops)]
+    mounted: list[str] = []
+    for path in sorted(set(tops) - set(inner), key=_depth):
+        if path in hide:
+            _cover(path, covers)
+        elif os.path.isdir(path) and not os.path.islink(path):
+            _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, _PRIVATE_TMP_DATA)
+            mounted.append(path)
     for path, writable in sorted(keep, key=lambda item: _depth(item[0])):
-        if path not in sources or not any(_below(path, c) for c in covers):
+        if path not in sources or not any(_below(path, c) for c in [*covers, *mounted]):
             continue  # visible anyway
         source = f"/proc/self/fd/{sources[path]}"  # the node's, though covered by now
         _mount_point(path, os.path.isdir(source))
@@ -136,22 +149,26 @@ def probe(directory: str) -> int:
     return 0
 
 
-def parse(args: list[str]) -> tuple[list[str], list[tuple[str, bool]], list[str]]:
-    """`--hide P`, `--keep P`, `--keep-rw P` up to `--`, then the command (standard library
-    only and no json: this runs before every agent command, its start-up time counts)."""
+def parse(args: list[str]) -> tuple[list[str], list[tuple[str, bool]], list[str], list[str]]:
+    """`--hide P`, `--keep P`, `--keep-rw P`, `--private-tmp P` up to `--`, then the command
+    (standard library only and no json: this runs before every agent command, its start-up time
+    counts). Returns (hide, keep, command, private)."""
     hide: list[str] = []
     keep: list[tuple[str, bool]] = []
+    private: list[str] = []
     index = 0
     while args[index] != "--":
         flag, path = args[index], args[index + 1]
         if flag == "--hide":
             hide.append(path)
+        elif flag == "--private-tmp":
+            private.append(path)
         elif flag in ("--keep", "--keep-rw"):
             keep.append((path, flag == "--keep-rw"))
         else:
             raise ValueError(f"unknown option {flag!r}")
         index += 2
-    return hide, keep, args[index + 1 :]
+    return hide, keep, args[index + 1 :], private
 
 
 def main(argv: list[str]) -> int:
@@ -160,11 +177,11 @@ def main(argv: list[str]) -> int:
     status = int(argv[0])
     try:
         uid, gid, cwd = int(argv[1]), int(argv[2]), argv[3]
-        hide, keep, command = parse(argv[4:])
+        hide, keep, command, private = parse(argv[4:])
         if not command:
             raise ValueError("no command")
         private_namespace()
-        build_view(hide, keep)
+        build_view(hide, keep, private)
         become(uid, gid)
         os.chdir(cwd)
     except (OSError, ValueError, IndexError) as exc:

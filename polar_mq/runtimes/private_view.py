@@ -15,7 +15,11 @@ read-only mounts in a mount namespace of its own before it drops to the agent's 
   the checkout stays visible, read-only), the `polar_mq` package (read-only, as under `bwrap`) and
   the harness installs (`harness_root`). A directory the agent may not enter above one of them
   (an interpreter in root's 0700 home) is covered as well, so the kept path becomes reachable and
-  nothing else there.
+  nothing else there;
+- private (`PRIVATE_TMP`): `/tmp`, `/dev/shm` and `/var/tmp` become an empty writable tmpfs of
+  the command's own, so nothing the agent writes there reaches the node (or the next holder of
+  its pool uid); it is gone with the command's last process, as under `bwrap`. The agent's
+  `TMPDIR` (its runtime's `tmp`) is what persists between its commands.
 
 Paths are hidden, not inodes: a hard link or another mount of the same files elsewhere stays
 visible. Where the node cannot (the worker is not root, no mount namespaces), commands run as
@@ -48,6 +52,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 HELPER = Path(__file__).with_name("mount_view.py")
+PRIVATE_TMP = ("/tmp", "/dev/shm", "/var/tmp")
 _INSTALL_DIRS = ("site-packages", "dist-packages")
 
 
@@ -57,6 +62,8 @@ class ViewPlan:
 
     hide: tuple[str, ...]
     keep: tuple[tuple[str, bool], ...]
+    private: tuple[str, ...] = ()
+    """Shared temporary directories replaced by a tmpfs of the command's own."""
 
     def argv(
         self, command: list[str], status_fd: int, agent: AgentIdentity, cwd: Path
@@ -68,6 +75,8 @@ class ViewPlan:
             args += ["--hide", path]
         for path, writable in self.keep:
             args += ["--keep-rw" if writable else "--keep", path]
+        for path in self.private:
+            args += ["--private-tmp", path]
         return [*args, "--", *command]
 
 
@@ -94,7 +103,12 @@ def plan_view(
             continue
         if os.path.lexists(real) and real not in hide:
             hide.append(real)
-    return ViewPlan(tuple(hide), tuple(dict.fromkeys(keep)))
+    private = [
+        real
+        for real in dict.fromkeys(map(_real, PRIVATE_TMP))
+        if os.path.isdir(real) and real != "/" and real not in kept and real not in hide
+    ]
+    return ViewPlan(tuple(hide), tuple(dict.fromkeys(keep)), tuple(private))
 
 
 def _shared_keeps(settings: Settings) -> list[str]:

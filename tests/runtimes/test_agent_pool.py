@@ -11,6 +11,7 @@ import json
 import os
 import pwd
 import shutil
+import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -185,3 +186,32 @@ def test_pool_members_are_read_again_when_the_passwd_file_changes(
     assert [m.name for m in agent_pool.pool_members()] == ["polar-agent-1"]  # cached
     passwd.write_text("one\ntwo\n")
     assert [m.name for m in agent_pool.pool_members()] == ["polar-agent-1", "polar-agent-2"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to start a process as another uid")
+def test_a_free_user_is_handed_out_only_once_its_leftover_processes_are_dead(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A holder that never stopped (its worker was killed) left a process under the uid: the
+    claim kills it first; one that survives SIGKILL quarantines the uid for good."""
+    from polar_mq.runtimes import agent_pool, uid_sweep
+
+    member = MEMBERS[0]  # a uid no real user has: nothing else of this node runs as it
+    leftover = subprocess.Popen(["sleep", "60"], user=member.uid, group=member.gid)
+    try:
+        assert uid_sweep.pids_of(member.uid) == [leftover.pid]
+        pool = AgentPool(tmp_path / "claims", [member])
+        assert pool.claim(_runtime_dir(tmp_path, "next")) == member
+        assert leftover.wait(timeout=10) == -9
+        pool.release(tmp_path / "next", member.uid)
+
+        unkillable = subprocess.Popen(["sleep", "60"], user=member.uid, group=member.gid)
+        monkeypatch.setattr(agent_pool.uid_sweep, "kill_uid", lambda uid, deadline_s: [1234])
+        assert pool.claim(_runtime_dir(tmp_path, "after")) is None
+        assert pool.holder(member.uid) == agent_pool.QUARANTINE
+        unkillable.kill()
+        unkillable.wait()
+        assert pool.claim(_runtime_dir(tmp_path, "later")) is None  # until an operator looks
+    finally:
+        leftover.kill()
+        leftover.wait()

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
-from polar_mq.runtimes import LocalRuntime
+import pytest
+
+from polar_mq.runtimes import LocalRuntime, kill_group
 from polar_mq.runtimes.janitor import present_runtimes, sweep_orphans
 from tests.conftest import runtime_id
 
@@ -32,3 +35,21 @@ def test_only_runtime_directories_count(tmp_path: Path) -> None:
 def test_missing_root_is_empty(tmp_path: Path) -> None:
     assert present_runtimes(tmp_path / "nothing") == {}
     assert sweep_orphans(tmp_path / "nothing").removed == {}
+
+
+def test_a_local_kill_group_left_without_its_directory_is_swept(tmp_path: Path) -> None:
+    """A worker killed -9 whose directory went away: its kill group still names the runtime,
+    and the sweep kills what is in it and removes it."""
+    if kill_group.base_dir() is None:
+        pytest.skip("no writable cgroup v2 hierarchy on this node")
+    root = tmp_path / "runtimes"
+    orphan = runtime_id("rt-orphan-group")
+    rt = LocalRuntime(orphan, root)
+    rt.start()
+    assert rt.exec("(env -i sleep 60 </dev/null >/dev/null 2>&1 &); true").ok
+    group = kill_group.group_for(orphan, root)
+    assert group is not None and kill_group.members(group)
+    shutil.rmtree(rt.path)
+    assert present_runtimes(root) == {orphan: "local"}
+    assert sweep_orphans(root).removed == {orphan: "local"}
+    assert not group.exists()
