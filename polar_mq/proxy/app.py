@@ -33,7 +33,8 @@ from polar_mq.proxy.metrics import ProxyMetrics, metrics_endpoint
 from polar_mq.proxy.policy_sync import PolicySync, db_reader
 from polar_mq.proxy.receipts import HurryListener, StartCounter
 from polar_mq.proxy.rollout_states import RolloutStates, StateReader, db_state_reader
-from polar_mq.proxy.seq import sequencer
+from polar_mq.proxy.seq import SeqFloor, sequencer, unknown_floor
+from polar_mq.proxy.seq_floor import db_seq_floor, spilled_rows
 from polar_mq.proxy.state import ProxyState
 from polar_mq.proxy.token_budget import (
     BudgetedSink,
@@ -101,6 +102,9 @@ def create_proxy_app(
                 settings.proxy_rollout_state_ttl_s,
                 lambda: processed_rows(stored_sink.stats()),
             )
+        seq_floor: SeqFloor = unknown_floor
+        if policy_engine is not None:  # a counter that forgets an attempt goes on from its rows
+            seq_floor = db_seq_floor(policy_engine, lambda: spilled_rows(stored_sink.stats()))
         rollouts = None
         if state_reader is not None:
             rollouts = RolloutStates(state_reader, settings.proxy_rollout_state_ttl_s)
@@ -109,7 +113,7 @@ def create_proxy_app(
             backends=pool,
             sink=call_sink,
             auth=RolloutAuth(settings.secret_key),
-            seqs=sequencer(settings),
+            seqs=sequencer(settings, seq_floor),
             served_model=settings.served_model,
             max_body_bytes=settings.max_body_bytes,
             admin_token=settings.proxy_admin_token,

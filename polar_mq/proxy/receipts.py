@@ -5,8 +5,10 @@ a call's `seq`: for a token that asks for receipts it first increments the attem
 counter in Redis, so a call is counted before it is numbered and served, and a call refused
 here (Redis unreachable, or no receipt store configured) gets a retryable 503 before it has a
 number: the stage waiting for the attempt's calls never waits for it, and the seqs stay
-gap-free. The writer thread's half (the `stored` set) is `call_receipts.record_stored`;
-`HurryListener` lets a waiting stage cut the writer's batching wait short.
+gap-free. A call counted and then refused a number (`seq`: the order store or the database it
+seeds from unreachable) has its count taken back. The writer thread's half (the `stored` set)
+is `call_receipts.record_stored`; `HurryListener` lets a waiting stage cut the writer's batching
+wait short.
 """
 
 from __future__ import annotations
@@ -88,6 +90,14 @@ class StartCounter:
             logger.warning("call receipts (Redis) reachable again")
             self._failing = False
 
+    async def unstart(self, rollout_id: uuid.UUID, attempt: int) -> None:
+        """Take back a count whose call was refused before it had a number (best effort: a
+        count left behind only makes the stage wait its deadline, then flush)."""
+        try:
+            await self._client.decr(started_key(rollout_id, attempt))
+        except (RedisError, OSError) as exc:
+            logger.warning("call receipts: a refused call stays counted: %r", exc)
+
     async def aclose(self) -> None:
         await self._client.aclose()
 
@@ -104,7 +114,12 @@ async def number_call(seqs: Sequencer, receipts: StartCounter | None, claim: Rol
                 1,
             )
         await receipts.start(claim.rollout_id, claim.attempt)
-    return await seqs.next(claim.rollout_id)
+        try:
+            return await seqs.next(claim.rollout_id, claim.attempt)
+        except BackendUnavailable:  # refused after all: the stage must not wait for it
+            await receipts.unstart(claim.rollout_id, claim.attempt)
+            raise
+    return await seqs.next(claim.rollout_id, claim.attempt or 1)  # as `new_call` stores it
 
 
 class StoredReceipts:

@@ -117,12 +117,13 @@ def rollout_trajectory(session: Session, rollout_id: uuid.UUID) -> RolloutTrajec
 
 
 def rollout_calls(session: Session, rollout_id: uuid.UUID) -> RolloutCalls:
-    """Every LLM call the proxy captured for the rollout, in call order, token ids included."""
+    """Every LLM call the proxy captured for the rollout, attempt by attempt in call order, token
+    ids included."""
     r = _get_rollout(session, rollout_id)
     calls = session.scalars(
         select(LlmCall)
         .where(LlmCall.rollout_id == rollout_id, *calls_window(r.created_at, r.finished_at))
-        .order_by(LlmCall.seq, LlmCall.created_at)
+        .order_by(LlmCall.attempt, LlmCall.seq, LlmCall.created_at)  # seq counts per attempt
     )
     return RolloutCalls(
         rollout_id=rollout_id,

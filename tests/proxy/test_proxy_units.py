@@ -90,7 +90,7 @@ def test_response_without_token_ids() -> None:
 
 def test_seq_counter_is_bounded() -> None:
     seqs = LocalSeq(max_rollouts=2)
-    a, b, c = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+    a, b, c = ((uuid.uuid4(), 1) for _ in range(3))
     assert [seqs.take(a), seqs.take(a), seqs.take(b), seqs.take(a)] == [0, 1, 0, 2]
     seqs.take(c)  # evicts b, the least recently used
     assert seqs.take(a) == 3 and seqs.take(b) == 0
