@@ -7,7 +7,6 @@ are refused at boot so a misconfiguration fails loudly instead of silently dropp
 
 from __future__ import annotations
 
-import ipaddress
 import math
 import socket
 from functools import lru_cache
@@ -18,11 +17,11 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from polar_mq.floor_settings import FloorSettings
+from polar_mq.security_checks import DEFAULT_SECRET, security_problems
+from polar_mq.security_checks import is_loopback as is_loopback  # where the proxy takes it from
 from polar_mq.spec import TimeoutSpec
 
-DEFAULT_SECRET = "polar-mq-dev-secret-change-me"
-MIN_SECRET_BYTES = 32
-"""A shorter HMAC secret makes every rollout token guessable offline; production refuses it."""
 TOKEN_GRACE_S = 120
 """An agent token outlives the agent's own time limit by this much: the kill, the proxy flush."""
 
@@ -46,8 +45,8 @@ class QuotaLimits(BaseModel):
 UNLIMITED = QuotaLimits()
 
 
-class Settings(BaseSettings):
-    """Configuration shared by all processes; env prefix `POLAR_MQ_`."""
+class Settings(FloorSettings, BaseSettings):
+    """Configuration shared by all processes; env prefix `POLAR_MQ_` (+ `floor_settings`)."""
 
     model_config = SettingsConfigDict(env_prefix="POLAR_MQ_", env_file=None, extra="ignore")
 
@@ -80,6 +79,12 @@ class Settings(BaseSettings):
         gt=0,
         description="API and proxy: a request body not received whole within this long is cut "
         "(408, connection closed)",
+    )
+    header_read_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="API and proxy: a connection whose request line and headers are not "
+        "received whole within this long is closed (408; half-sent heads, slowloris)",
     )
 
     api_host: str = "127.0.0.1"
@@ -142,6 +147,12 @@ class Settings(BaseSettings):
     )
     upstream_engine: str = Field("vllm", description="vllm | sglang | generic")
     served_model: str | None = Field(None, description="model name sent upstream")
+    served_model_max_len: int | None = Field(
+        None,
+        ge=1,
+        description="the served model's context in tokens (vLLM's --max-model-len): a job whose "
+        "sampling.max_tokens leaves no room for a prompt in it is refused at submit (422)",
+    )
     proxy_admin_token: str | None = Field(None, description="bearer token for proxy admin calls")
     proxy_admin_urls: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
@@ -442,46 +453,6 @@ class Settings(BaseSettings):
         if problems:
             raise ValueError("; ".join(problems))
         return self
-
-
-def is_loopback(host: str) -> bool:
-    """Whether binding `host` keeps a server reachable from this machine only."""
-    if host.strip().lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False  # a host name: it may resolve to anything
-
-
-def security_problems(settings: Settings) -> list[str]:
-    """What makes `settings` unsafe to serve with: every token forgeable, the admin API open.
-
-    Production needs a real secret (>= 32 bytes) and a proxy admin token (the API and the workers
-    send it, the proxy requires it). Any mode refuses a proxy bound beyond loopback without an
-    admin token: whoever reaches `/admin/*` could add a backend and receive the agents' calls.
-    """
-    problems: list[str] = []
-    admin_token = (settings.proxy_admin_token or "").strip()
-    if settings.is_production:
-        if settings.secret_key == DEFAULT_SECRET:
-            problems.append("POLAR_MQ_SECRET_KEY must be set in production")
-        elif len(settings.secret_key.encode()) < MIN_SECRET_BYTES:
-            problems.append(
-                f"POLAR_MQ_SECRET_KEY must be at least {MIN_SECRET_BYTES} bytes in production "
-                f"(got {len(settings.secret_key.encode())}; e.g. openssl rand -hex 32)"
-            )
-        if not admin_token:
-            problems.append(
-                "POLAR_MQ_PROXY_ADMIN_TOKEN must be set in production (it guards the proxy's "
-                "/admin/* endpoints)"
-            )
-    if not admin_token and not is_loopback(settings.proxy_host):
-        problems.append(
-            f"POLAR_MQ_PROXY_HOST={settings.proxy_host} is not a loopback address: set "
-            "POLAR_MQ_PROXY_ADMIN_TOKEN, or bind 127.0.0.1"
-        )
-    return problems
 
 
 def describe_config_error(exc: ValidationError) -> str:

@@ -45,7 +45,9 @@ def arithmetic_tasks(n: int, seed: int = 7) -> list[dict[str, Any]]:
     return tasks
 
 
-def _demo_settings(root: Path, upstream_url: str, model: str) -> Settings:
+def _demo_settings(
+    root: Path, upstream_url: str, model: str, max_model_len: int | None = None
+) -> Settings:
     return Settings(
         database_url=f"sqlite:///{(root / 'polar_mq.db').resolve()}",
         broker_url=f"sqla+sqlite:///{(root / 'broker.db').resolve()}",
@@ -53,6 +55,7 @@ def _demo_settings(root: Path, upstream_url: str, model: str) -> Settings:
         api_port=free_port(),
         upstream_url=upstream_url,
         served_model=model,
+        served_model_max_len=max_model_len,  # the API refuses a max_tokens over the context
         runtime_root=(root / "runtimes").resolve(),
         # The demo runs only the built-in reference agent on arithmetic tasks, under its own
         # private directory (0700, made in run_demo): its agents run as the user who started the
@@ -116,17 +119,17 @@ def run_demo(use_fake: bool, n_tasks: int, samples: int) -> int:
         return 2
     upstream_port = free_port()
     model = "fake-model" if use_fake else local_vllm.SERVED_MODEL
-    settings = _demo_settings(DEMO_DIR, f"http://127.0.0.1:{upstream_port}", model)
+    if not use_fake:
+        vllm = local_vllm.LocalVllmServer(upstream_port, log_path=DEMO_DIR / "logs/vllm.log")
+    max_len = None if vllm is None else vllm.max_model_len
+    settings = _demo_settings(DEMO_DIR, f"http://127.0.0.1:{upstream_port}", model, max_len)
     upgrade(settings.database_url)
     try:
         with LocalStack(settings, DEMO_DIR / "logs") as stack:
             if use_fake:
                 stack.fake_upstream(upstream_port)
-            else:
+            elif vllm is not None:
                 console.print("starting vLLM (SmolLM2-135M-Instruct on CPU, ~30 s)…")
-                vllm = local_vllm.LocalVllmServer(
-                    upstream_port, log_path=DEMO_DIR / "logs/vllm.log"
-                )
                 vllm.start()
                 vllm.wait_ready(timeout=300)
             console.print("starting proxy, API and one Celery worker per stage…")

@@ -29,6 +29,7 @@ from polar_mq.jobs.queries import same_submission
 from polar_mq.jobs.schemas import JobCreate
 from polar_mq.jobs.service import SubmittedJob, create_job
 from polar_mq.lifecycle.outbox import Publisher, attach_publisher
+from polar_mq.tenants.floors import floor_of, with_floor
 from polar_mq.tenants.quotas import Owner, tenant_quota, with_token_limit
 from polar_mq.tenants.scopes import ADMIN_TENANT
 
@@ -96,12 +97,14 @@ def submit_job(
 ) -> SubmittedJob:
     """Create the job (or find it by idempotency key) inside the caller's transaction.
 
-    `owner`: tenant and quota (default: the `admin` tenant without limits). A job without
-    `sampling.max_tokens` gets the owner's max_tokens_per_rollout, if any. Raises
-    QuotaExceeded, IdempotencyConflict or UnstorableValue with nothing written.
+    `owner`: tenant, quota and isolation floor (default: the `admin` tenant without limits). A
+    job without `sampling.max_tokens` gets the owner's max_tokens_per_rollout, if any, and one
+    without runtime limits the floor's defaults. Raises QuotaExceeded, FloorViolation,
+    IdempotencyConflict or UnstorableValue with nothing written.
     """
     owner = owner or Owner()
     spec = with_token_limit(spec, owner.quota.max_tokens_per_rollout)
+    spec = with_floor(spec, owner.floor, spec.job_spec(default_pool).runtime.network)
     _check_storable(spec, "")
     try:
         submitted = create_job(session, spec, default_pool, owner)
@@ -131,10 +134,12 @@ class Enqueuer:
     ) -> None:
         """A given `session_factory` must have a publisher attached already, or get `publisher`.
 
-        Jobs belong to `tenant` and count against its quota from Settings.
+        Jobs belong to `tenant` and count against its quota from Settings; a tenant other than
+        `admin` is bound by the isolation floor like an API key without the admin scope.
         """
         self.settings = settings
-        self.owner = Owner(tenant, tenant_quota(settings, tenant))
+        floor = floor_of(settings, bound=tenant != ADMIN_TENANT)
+        self.owner = Owner(tenant, tenant_quota(settings, tenant), floor)
         self._engine: Engine | None = None
         self._celery: Any = None
         if session_factory is None:

@@ -27,6 +27,7 @@ from polar_mq.jobs.deliveries import DeliveryConflict, UnknownDelivery
 from polar_mq.jobs.read_models import InvalidCursor
 from polar_mq.policy.state import VersionWentBack
 from polar_mq.submit import IdempotencyConflict, UnstorableValue
+from polar_mq.tenants.floors import ISOLATION_FLOOR, FloorViolation
 from polar_mq.tenants.quotas import QUOTA_EXCEEDED, QuotaExceeded
 
 log = logging.getLogger(__name__)
@@ -211,6 +212,12 @@ async def _quota_exceeded(_request: Request, exc: Exception) -> Response:
     return error_response(exc.status, QUOTA_EXCEEDED, str(exc), headers=headers)
 
 
+async def _below_floor(_request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, FloorViolation)
+    details = [{"setting": exc.setting, "message": str(exc)}]
+    return error_response(422, ISOLATION_FLOOR, str(exc), details=details)
+
+
 async def _data_error(request: Request, exc: Exception) -> Response:
     # The database refused a value (out of range, bad encoding): bad input, never a 500.
     log.warning("database refused a value in %s %s: %s", request.method, request.url.path, exc)
@@ -242,6 +249,7 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(IdempotencyConflict, _conflict)
     app.add_exception_handler(UnstorableValue, _unstorable)
     app.add_exception_handler(QuotaExceeded, _quota_exceeded)
+    app.add_exception_handler(FloorViolation, _below_floor)
     app.add_exception_handler(UnknownDelivery, _unknown_delivery)
     app.add_exception_handler(DeliveryConflict, _delivery_conflict)
     app.add_exception_handler(VersionWentBack, _version_went_back)

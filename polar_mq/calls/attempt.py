@@ -48,6 +48,9 @@ class CallSummary:
     last_status: int | None
     completion_tokens: int = 0
     """Completion tokens of those calls (what `max_tokens_per_rollout` bounds)."""
+    last_response: dict[str, Any] | None = None
+    """The last call's logged answer, read only when the engine refused it
+    (`last_agent_answer`): the refusal's reason is there."""
 
 
 def _bound_conditions(windowed: bool) -> list[ColumnElement[bool]]:
@@ -135,6 +138,19 @@ def summarize(db: Session | Connection, which: AttemptCalls) -> CallSummary:
     row = first_row(conn, query, _bound_params(which))
     assert row is not None  # an aggregate always returns its row
     return CallSummary(int(row[0]), row[1], int(row[2] or 0) // 4)
+
+
+def last_agent_answer(conn: Connection, which: AttemptCalls) -> dict[str, Any] | None:
+    """What the proxy logged as the answer to the attempt's last agent call (an error document
+    when it failed): the run-agent stage reads it only when the engine refused that call."""
+    query = (
+        select(LlmCall.response)
+        .where(*which.conditions())
+        .order_by(LlmCall.seq.desc())  # the last call, as `summarize` picks it
+        .limit(1)
+    )
+    response: dict[str, Any] | None = conn.scalar(query)
+    return response
 
 
 def last_call_at(session: Session, which: AttemptCalls) -> datetime | None:

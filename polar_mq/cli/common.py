@@ -9,6 +9,7 @@ from pydantic import ValidationError
 from rich.console import Console
 
 from polar_mq.config import Settings, describe_config_error, get_settings
+from polar_mq.service_credentials import credential_warnings
 
 console = Console()
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1"}
@@ -17,13 +18,16 @@ LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1"}
 def load_settings() -> Settings:
     """The process settings, or exit 2 with one line saying what to fix (never a traceback)."""
     try:
-        return get_settings()
+        settings = get_settings()
     except ValidationError as exc:
         _config_error(describe_config_error(exc))
         raise typer.Exit(2) from None
     except Exception as exc:  # e.g. a list setting that is not valid JSON
         _config_error(f"{type(exc).__name__}: {exc}")
         raise typer.Exit(2) from None
+    for warning in credential_warnings(settings):  # production: a server open without password
+        sys.stderr.write(f"warning: {warning}\n")
+    return settings
 
 
 def _config_error(message: str) -> None:

@@ -37,6 +37,7 @@ def api(
     import uvicorn
 
     from polar_mq.app import create_app
+    from polar_mq.header_timeout import header_timeout_protocol
     from polar_mq.observability.logs import configure_from_settings
 
     settings = load_settings()
@@ -50,6 +51,7 @@ def api(
     uvicorn.run(
         create_app(settings), host=host, port=port or settings.api_port,
         access_log=False, log_level="warning", log_config=None,
+        http=header_timeout_protocol(settings.header_read_timeout_s),  # half-sent heads: closed
     )  # fmt: skip
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message
 
+from polar_mq.header_timeout import HeadDeadline, close_late
 from polar_mq.proxy.http_conn import Connection
 
 logger = logging.getLogger(__name__)
@@ -78,12 +79,56 @@ class Lifespan:
             future.set_result(message.get("message") or kind if kind.endswith(".failed") else "")
 
 
-class LeanServer:
-    """Serves `app` on a host and port or on given sockets until `should_exit` is set."""
+class DeadlineConnection(Connection):
+    """A connection whose request heads must arrive within `header_timeout_s` (see
+    `polar_mq.header_timeout`: armed on connect and on a head's first byte)."""
 
-    def __init__(self, app: ASGIApp, keepalive_s: float = KEEPALIVE_S) -> None:
+    def __init__(self, *args: Any, header_timeout_s: float) -> None:
+        super().__init__(*args)
+        self.header_timeout_s = header_timeout_s
+        self.head_deadline = HeadDeadline(self.loop, header_timeout_s, self._head_late)
+        self.head_started = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self.head_deadline.arm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.head_deadline.disarm()
+        super().connection_lost(exc)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self.head_started = True
+        self.head_deadline.arm()
+
+    def on_headers_complete(self) -> None:
+        self.head_deadline.disarm()
+        self.head_started = False
+        super().on_headers_complete()
+
+    def _head_late(self) -> None:
+        if self.reading_paused:  # the server stopped reading (requests queued), not the client
+            self.head_deadline.arm()
+            return
+        if self.current is not None:  # a pipelined head is late: finish the one in hand, close
+            self.pause_reading()
+            self.shutdown()
+            return
+        close_late(self.transport, self.head_started, self.header_timeout_s)
+
+
+class LeanServer:
+    """Serves `app` on a host and port or on given sockets until `should_exit` is set.
+
+    `header_timeout_s`: a connection's request head must arrive within it (None: no deadline)."""
+
+    def __init__(
+        self, app: ASGIApp, keepalive_s: float = KEEPALIVE_S, header_timeout_s: float | None = None
+    ) -> None:
         self.app = app
         self.keepalive_s = keepalive_s
+        self.header_timeout_s = header_timeout_s
         self.connections: set[Connection] = set()
         self.started = False
         self._exit: asyncio.Event | None = None
@@ -101,7 +146,10 @@ class LeanServer:
 
     def _connection(self) -> Connection:
         offset = time.time() - asyncio.get_running_loop().time()
-        return Connection(self.app, self.connections, self.keepalive_s, offset, handoff)
+        args = (self.app, self.connections, self.keepalive_s, offset, handoff)
+        if self.header_timeout_s is None:
+            return Connection(*args)
+        return DeadlineConnection(*args, header_timeout_s=self.header_timeout_s)
 
     async def serve(
         self,

@@ -20,6 +20,7 @@ from typing import Any
 import uvicorn
 
 from polar_mq.config import Settings
+from polar_mq.header_timeout import header_timeout_protocol
 from polar_mq.observability.logs import configure_from_settings
 from polar_mq.proxy.app import create_proxy_app
 from polar_mq.proxy.fanout import local_only
@@ -30,12 +31,13 @@ PARENT_CHECK_S = 1.0
 """How often a child checks that its supervisor still lives (an orphan stops serving)."""
 
 
-def uvicorn_options() -> dict[str, str]:
-    """The fastest event loop and HTTP parser available here."""
+def uvicorn_options(header_timeout_s: float) -> dict[str, Any]:
+    """The fastest event loop available here, and uvicorn's httptools parser with a deadline on
+    request heads (`polar_mq.header_timeout`)."""
     has = importlib.util.find_spec
     return {
         "loop": "uvloop" if has("uvloop") else "asyncio",
-        "http": "httptools" if has("httptools") else "h11",
+        "http": header_timeout_protocol(header_timeout_s),
     }
 
 
@@ -58,7 +60,7 @@ def serve_one(settings: Settings) -> None:
     app = create_proxy_app(settings)
     tune_gc()
     if settings.proxy_server == "lean":
-        server = LeanServer(app)
+        server = LeanServer(app, header_timeout_s=settings.header_read_timeout_s)
         _run_loop(server.serve(settings.proxy_host, settings.proxy_port))
         return
     uvicorn.run(
@@ -69,7 +71,7 @@ def serve_one(settings: Settings) -> None:
         log_config=None,  # uvicorn's lines go through our handlers (JSON, the log directory)
         log_level="warning",
         lifespan="on",
-        **uvicorn_options(),  # type: ignore[arg-type]
+        **uvicorn_options(settings.header_read_timeout_s),
     )
 
 
@@ -86,7 +88,7 @@ def serve_worker(settings: Settings, slot: WorkerSlot, sock: socket.socket) -> N
     settings = slot.settings_for(settings)
     configure_from_settings(f"proxy-{slot.index}", settings)
     app = create_proxy_app(settings, worker=slot)
-    options = uvicorn_options()
+    options = uvicorn_options(settings.header_read_timeout_s)
     common = {
         "access_log": False,
         "log_level": "warning",
@@ -95,15 +97,15 @@ def serve_worker(settings: Settings, slot: WorkerSlot, sock: socket.socket) -> N
     }
     main: uvicorn.Server | LeanServer
     if settings.proxy_server == "lean":
-        main = LeanServer(app)
+        main = LeanServer(app, header_timeout_s=settings.header_read_timeout_s)
     else:
-        main = uvicorn.Server(uvicorn.Config(app, lifespan="on", **common))  # type: ignore[arg-type]
+        main = uvicorn.Server(uvicorn.Config(app, lifespan="on", **common))
     control = _ControlServer(
         uvicorn.Config(
             local_only(app),
             uds=str(slot.control_socket(slot.index)),
             lifespan="off",
-            **common,  # type: ignore[arg-type]
+            **common,
         )
     )
     parent = os.getppid()

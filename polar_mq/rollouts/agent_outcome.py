@@ -7,6 +7,12 @@ after the agent exits, what the platform saw decides:
 - the proxy restarted while the agent ran (its start time is after the agent's) -> `backend_error`;
 - the agent's last LLM call failed on the platform's side (a 5xx: engine unreachable, proxy
   overloaded; a 404: the engine does not serve the model the job named) -> `backend_error`;
+- the engine refused the agent's last LLM call (400/413/422: the prompt over the model's
+  context, `max_tokens` past it, a parameter it rejects) -> `backend_error` with the engine's
+  message: no token of the policy was sampled, so a 0 would score the platform's limit, not the
+  policy. The proxy's own refusals (bad token, spent budget, sampling policy) never reach the
+  call log, so a logged 4xx is the engine's. Not restarted: the same transcript meets the same
+  limit again, so the rollout ends unscored at once instead of burning its attempts;
 - no LLM call of the agent reached the proxy at all -> `runtime_error` (the harness failed before
   the policy acted: misconfigured, missing, crashed at start);
 - the attempt spent the job's `max_tokens_per_rollout` (the proxy refused its further calls) ->
@@ -14,8 +20,9 @@ after the agent exits, what the platform saw decides:
   agent stopped, whatever it did next);
 - otherwise the agent's own outcome: `completed`, `timeout`, or `agent_error`.
 
-A clean exit (0) is always `completed`: the agent got through whatever happened. The infrastructure
-outcomes restart the rollout (a new attempt, within `retries.max_attempts`), never score it.
+A clean exit (0) is always `completed`: the agent got through whatever happened (an engine refusal
+it recovered from included). The infrastructure outcomes are never scored; the transient ones
+(`restart`) start the rollout over (a new attempt, within `retries.max_attempts`).
 """
 
 from __future__ import annotations
@@ -23,15 +30,20 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import Engine
 
-from polar_mq.calls import AttemptCalls, CallSummary, summarize
+from polar_mq.calls import AttemptCalls, CallSummary, last_agent_answer, summarize
 from polar_mq.models import TerminationReason
 from polar_mq.runtimes import ExecResult
 
 PLATFORM_STATUSES = frozenset({404, 500, 502, 503, 504})
 """Failed-call statuses that are the platform's: the engine or the proxy could not serve."""
+ENGINE_REFUSALS = frozenset({400, 413, 422})
+"""Logged-call statuses of a request the engine refused (only upstream answers are logged)."""
+ENGINE_MESSAGE_MAX = 500
+"""Characters of the engine's message kept in the outcome's `why`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +51,8 @@ class AgentOutcome:
     reason: str
     why: str | None = None
     """For an infrastructure outcome: what the platform saw."""
+    restart: bool = False
+    """A transient infrastructure failure: start the rollout over (a new attempt)."""
 
     @property
     def infrastructure(self) -> bool:
@@ -52,9 +66,33 @@ def summarize_calls(
     created_at: datetime | None = None,
 ) -> CallSummary:
     """How many agent calls the attempt made and the status of its last one (one query, on a
-    bare connection: no session for one read)."""
+    bare connection: no session for one read), with its answer when the engine refused it."""
+    which = AttemptCalls(rollout_id, attempt, created_at)
     with engine.connect() as conn:
-        return summarize(conn, AttemptCalls(rollout_id, attempt, created_at))
+        summary = summarize(conn, which)
+        if summary.last_status in ENGINE_REFUSALS:  # the refusal's reason: a second, rare read
+            answer = last_agent_answer(conn, which)
+            return CallSummary(
+                summary.calls, summary.last_status, summary.completion_tokens, answer
+            )
+    return summary
+
+
+def engine_message(answer: dict[str, Any] | None) -> str:
+    """The engine's reason in a logged error answer: OpenAI's `{"error": {"message"}}`, vLLM's
+    older `{"message"}`, or the raw body the proxy kept when it was not JSON."""
+    if not answer:
+        return "no message"
+    error = answer.get("error")
+    message: Any = error.get("message") if isinstance(error, dict) else error
+    for key in ("message", "detail", "raw"):
+        if message:
+            break
+        message = answer.get(key)
+    text = str(message) if message else str(answer)
+    if len(text) > ENGINE_MESSAGE_MAX:
+        text = text[:ENGINE_MESSAGE_MAX] + "..."
+    return text
 
 
 def classify(
@@ -74,11 +112,19 @@ def classify(
         return AgentOutcome(
             TerminationReason.BACKEND_ERROR,
             "the proxy restarted while the agent ran (calls it made then were refused)",
+            restart=True,
         )
     if calls.last_status in PLATFORM_STATUSES:
         return AgentOutcome(
             TerminationReason.BACKEND_ERROR,
             f"the agent's last LLM call failed on the platform's side (HTTP {calls.last_status})",
+            restart=True,
+        )
+    if calls.last_status in ENGINE_REFUSALS:
+        return AgentOutcome(
+            TerminationReason.BACKEND_ERROR,
+            f"the engine refused the agent's last call (HTTP {calls.last_status}): "
+            f"{engine_message(calls.last_response)}",
         )
     if calls.calls == 0:
         return AgentOutcome(

@@ -51,9 +51,11 @@ class ResourceLimits:
     memory_mb: int | None = None
     cpu_seconds: int | None = None
     max_open_files: int | None = None
+    file_size_mb: int | None = None
+    """The largest file a process may write (RLIMIT_FSIZE): the per-file disk cap."""
 
     def __post_init__(self) -> None:
-        for name in ("memory_mb", "cpu_seconds", "max_open_files"):
+        for name in ("memory_mb", "cpu_seconds", "max_open_files", "file_size_mb"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value <= 0):
                 raise ValueError(f"ResourceLimits.{name} must be a positive int or None")

@@ -81,6 +81,7 @@ def _limits(spec: RuntimeSpec) -> ResourceLimits | None:
         memory_mb=spec.memory_mb,
         cpu_seconds=spec.cpu_seconds,
         max_open_files=spec.max_open_files,
+        file_size_mb=spec.file_size_mb,
     )
     return None if limits == ResourceLimits() else limits
 

@@ -314,6 +314,7 @@ def rlimit_setter(limits: ResourceLimits) -> Callable[[], None] | None:
         # one second of headroom: SIGXCPU at the soft limit lets a program report before SIGKILL
         (resource.RLIMIT_CPU, limits.cpu_seconds, 1),
         (resource.RLIMIT_NOFILE, limits.max_open_files, 0),
+        (resource.RLIMIT_FSIZE, limits.file_size_mb and limits.file_size_mb * 1024 * 1024, 0),
     )
     for res, value, headroom in wanted:
         if not value:

@@ -28,6 +28,9 @@ MIN_PRIORITY = 0
 MAX_PRIORITY = 9
 DEFAULT_PRIORITY = 0
 DEFAULT_POOL = "default"
+MAX_MEMORY_MB = 1 << 24
+"""16 TiB: any larger memory or file limit is a typo, and its byte count overflows a rlimit."""
+MAX_LIMIT = 2**31 - 1
 
 
 class SpecModel(BaseModel):
@@ -150,9 +153,17 @@ class RuntimeSpec(SpecModel):
         "proxy_only (the proxy and nothing else; see docs/hardening.md); unset, a third-party "
         "preset under bwrap/docker gets proxy_only and anything else host",
     )
-    memory_mb: int | None = Field(None, ge=16, strict=True)
-    cpu_seconds: int | None = Field(None, ge=1, strict=True)
-    max_open_files: int | None = Field(None, ge=16, strict=True)
+    memory_mb: int | None = Field(
+        None, ge=16, le=MAX_MEMORY_MB, strict=True,
+        description="local/bwrap: address space (RLIMIT_AS); docker: the container's memory",
+    )  # fmt: skip
+    cpu_seconds: int | None = Field(None, ge=1, le=MAX_LIMIT, strict=True)
+    max_open_files: int | None = Field(None, ge=16, le=MAX_LIMIT, strict=True)
+    file_size_mb: int | None = Field(
+        None, ge=1, le=MAX_MEMORY_MB, strict=True,
+        description="largest file a process of the runtime may write (RLIMIT_FSIZE; docker: the "
+        "fsize ulimit): a per-file disk cap, not a quota on the workspace's total",
+    )  # fmt: skip
     cpus: float | None = Field(
         None, gt=0, le=1024, strict=True, description="docker: CPU quota in cores"
     )

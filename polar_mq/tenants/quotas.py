@@ -30,6 +30,7 @@ from sqlalchemy.orm import Session
 from polar_mq.config import UNLIMITED, QuotaLimits, Settings
 from polar_mq.models import Job, Rollout, RolloutStatus
 from polar_mq.sampling import sampling_policy
+from polar_mq.tenants.floors import OPEN_FLOOR, IsolationFloor
 from polar_mq.tenants.scopes import ADMIN_TENANT
 
 LOCK_NAMESPACE = 0x504D51
@@ -64,6 +65,8 @@ class Owner:
 
     tenant: str = ADMIN_TENANT
     quota: QuotaLimits = field(default=UNLIMITED)
+    floor: IsolationFloor = field(default=OPEN_FLOOR)
+    """The runtimes, networks and resource limits it may ask for (`tenants.floors`)."""
 
 
 class QuotaExceeded(Exception):

@@ -1,4 +1,5 @@
-"""Production refuses to start unsafe, through the real CLI: a forgeable secret, an open admin API.
+"""Production refuses to start unsafe, through the real CLI: a forgeable secret, an open admin API,
+a guessable secret or admin token (short, a few characters repeated, a pattern, a placeholder).
 
 Every process (API, proxy, worker) is started as a real subprocess with the environment an
 operator would give it; a refusal is exit code 2 and one line on stderr, never a traceback. The
@@ -9,19 +10,22 @@ machine only.
 from __future__ import annotations
 
 import os
+import secrets
 import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
+from pydantic import ValidationError
 
 from polar_mq.ports import free_port
 from polar_mq.processes import ManagedProcess
 
-GOOD_SECRET = "s" * 32
-ADMIN = "admin-" + "t" * 26
+GOOD_SECRET = "21b8b2f830206461779cda725c86dd3e"  # as `openssl rand -hex 16` prints
+ADMIN = "iU_LUNGqfqq1_O7N3YdXxElIIXJwvmKg"  # as `secrets.token_urlsafe(24)` prints
 PROCESSES = ("api", "proxy", "worker")
 
 
@@ -71,6 +75,54 @@ def test_production_refuses_an_unset_admin_token(pg_url: str, process: str) -> N
     assert_refused(run_cli(process, env), "POLAR_MQ_PROXY_ADMIN_TOKEN must be set in production")
     env["POLAR_MQ_PROXY_ADMIN_TOKEN"] = "   "  # blank is unset, not a token everyone knows
     assert_refused(run_cli(process, env), "POLAR_MQ_PROXY_ADMIN_TOKEN must be set in production")
+
+
+@pytest.mark.parametrize("process", PROCESSES)
+def test_production_refuses_a_guessable_secret_and_admin_token(pg_url: str, process: str) -> None:
+    """The attacker's values: 32 x "a" passes a length floor, a 1-character token any check of
+    presence."""
+    env = base_env(pg_url, POLAR_MQ_SECRET_KEY="a" * 32, POLAR_MQ_PROXY_ADMIN_TOKEN="x")
+    assert_refused(
+        run_cli(process, env),
+        "POLAR_MQ_SECRET_KEY is too predictable",
+        "POLAR_MQ_PROXY_ADMIN_TOKEN must be at least 24 characters (got 1",
+    )
+
+
+WEAK = [
+    ("abc" * 11, ADMIN, "POLAR_MQ_SECRET_KEY is too predictable: 1.6 bits"),
+    ("0123456789abcdef" * 2, ADMIN, "POLAR_MQ_SECRET_KEY is too predictable: one shorter"),
+    ("change-me-to-the-output-of-openssl", ADMIN, "POLAR_MQ_SECRET_KEY is a placeholder"),
+    (GOOD_SECRET, "t" * 30, "POLAR_MQ_PROXY_ADMIN_TOKEN is too predictable: 0.0 bits"),
+    (GOOD_SECRET, "admin-token", "POLAR_MQ_PROXY_ADMIN_TOKEN must be at least 24 characters"),
+]
+"""Patterns a length floor lets through (or not even that), and what the refusal says."""
+
+
+def _production(secret: str, token: str) -> Any:
+    from polar_mq.config import Settings
+
+    return Settings(
+        environment="production",
+        database_url="postgresql://postgres@127.0.0.1/none",
+        unsafe_root_agents=False,  # the test environment's own setting: development only
+        secret_key=secret,
+        proxy_admin_token=token,
+    )
+
+
+def test_production_settings_name_the_weak_value_and_accept_generated_ones() -> None:
+    """The same check in-process: each weak pattern refused, naming its setting; values from a
+    generator (its poorest alphabet, the shortest lengths) and the dev defaults still start."""
+    from polar_mq.config import Settings
+
+    for secret, token, refused in WEAK:
+        with pytest.raises(ValidationError) as error:
+            _production(secret, token)
+        assert refused in str(error.value), (secret, token)
+    for _ in range(200):
+        _production(secrets.token_hex(16), secrets.token_hex(12))
+    Settings(environment="development", proxy_admin_token="x")
 
 
 def test_production_refuses_the_default_secret_and_a_public_proxy(pg_url: str) -> None:

@@ -13,13 +13,16 @@ from polar_mq.api.access import job_access, require
 from polar_mq.api.auth import Principal
 from polar_mq.api.broker_gate import require_broker
 from polar_mq.api.deps import SessionDep, SettingsDep, get_principal
+from polar_mq.api.errors import ApiError
 from polar_mq.api.responses import OrjsonResponse
 from polar_mq.api.schemas import SubmitResponse, error_responses
 from polar_mq.jobs import queries, results
+from polar_mq.jobs.context_check import CONTEXT_OVERFLOW, context_problem
 from polar_mq.jobs.group_stats import GRPO_EPS
 from polar_mq.jobs.read_models import ResultsPage
 from polar_mq.jobs.schemas import JobCreate
 from polar_mq.submit import submit_job
+from polar_mq.tenants.floors import floor_of
 from polar_mq.tenants.quotas import Owner, tenant_quota
 from polar_mq.tenants.scopes import JOBS_READ, JOBS_WRITE
 
@@ -51,8 +54,13 @@ def submit(
     principal: Annotated[Principal, Depends(require(JOBS_WRITE))],
 ) -> Response:
     """Create a job of the key's tenant: tasks x samples_per_task rollouts, queued once the rows
-    are committed. Over a quota: 422 (this request alone) or 429 (rollouts in flight)."""
-    owner = Owner(principal.tenant, tenant_quota(settings, principal.tenant, principal.quota))
+    are committed. Over a quota: 422 (this request alone) or 429 (rollouts in flight). Below
+    the operator's isolation floor (a key without the admin scope): 422 `isolation_floor`."""
+    quota = tenant_quota(settings, principal.tenant, principal.quota)
+    owner = Owner(principal.tenant, quota, floor_of(settings, bound=not principal.is_admin))
+    problem = context_problem(spec, settings.served_model_max_len)
+    if problem is not None:  # every call of the job would be refused by the engine
+        raise ApiError(422, CONTEXT_OVERFLOW, problem)
     job = submit_job(session, spec, settings.pool, owner)
     if job.created:
         log.info(

@@ -231,7 +231,7 @@ def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
     outcome = classify(result, calls, agent_started, flushed.get("started_at"), budget)
     if outcome.infrastructure:  # never scored: the platform failed, not the policy
         message = f"{_error_text(result)}\n{outcome.why}"  # the why last: tails are kept
-        if outcome.reason == TerminationReason.BACKEND_ERROR:
+        if outcome.restart:
             raise StageRestart(outcome.reason, message)  # transient: a new attempt
         raise StageFailure(outcome.reason, message)
     reason = outcome.reason
