@@ -15,11 +15,18 @@ from typing import Any
 
 from polar_mq.models.base import utcnow
 from polar_mq.runtimes import Runtime
+from polar_mq.swe.checkout import OWN_FILES
 
 AGENT_LOG = "agent.log"
 DIFF = "workspace.diff"
-EXCLUDED_FROM_DIFF = (".polar/", "task.json")
-"""polar_mq's own files in the workspace (harness config and HOME, the task file)."""
+EXCLUDED_FROM_DIFF = tuple(
+    f"{name}**" if name.endswith("/") else name for name in OWN_FILES if name != "answer.txt"
+)
+"""polar_mq's own files in the workspace (harness config and HOME, the task file, the grader's
+reports, Harbor's folder): glob pathspecs from the top, never part of the diff. The answer file
+stays: in a workspace the agent made a repository of, it is the agent's output (a checked-out
+repository's `.git/info/exclude` leaves it out, as the graded diff does). A task graded from its
+diff replaces this artifact with the graded diff (see `diff_row`)."""
 
 _DIFF_SCRIPT = r"""
 set -e
@@ -28,9 +35,13 @@ index=$(mktemp)
 trap 'rm -f "$index"' EXIT
 rm -f "$index"  # git refuses an empty index file; it creates its own there
 export GIT_INDEX_FILE="$index"
-if git rev-parse --verify -q HEAD >/dev/null; then git read-tree HEAD; base=HEAD
+if git rev-parse --verify -q refs/polar_mq/base >/dev/null; then base=refs/polar_mq/base
+elif git rev-parse --verify -q HEAD >/dev/null; then base=HEAD
 else base=$(git hash-object -t tree /dev/null); fi
-git add -A -- . EXCLUDES >/dev/null 2>&1
+case "$base" in refs/*|HEAD) git read-tree "$base";; esac
+# exits 1 when an excluded path is also ignored (.git/info/exclude lists polar_mq's files):
+# the other paths are staged all the same
+git -c advice.addIgnoredFile=false add -A -- . EXCLUDES >/dev/null 2>&1 || true
 mkdir -p .polar
 git -c core.quotepath=off diff --cached --binary --no-color "$base" > .polar/workspace.diff
 """
@@ -38,12 +49,15 @@ _DIFF_FILE = ".polar/workspace.diff"
 
 
 def diff_command() -> str:
-    """A shell script printing the workspace's changes against its commit, new files included.
+    """A shell script printing the workspace's changes against its commit, new files included:
+    against `refs/polar_mq/base` when polar_mq checked the repository out (the agent's commits
+    show, unless it moved that ref: a task graded from its diff replaces this artifact with one
+    against the base recorded outside the workspace), else against HEAD.
 
     It stages into a temporary index (`GIT_INDEX_FILE`), so the repository's own index, which the
     agent or the evaluator may rely on, is never touched. Exit 3: not a git work tree.
     """
-    excludes = " ".join(f"':(exclude){path}'" for path in EXCLUDED_FROM_DIFF)
+    excludes = " ".join(f"':(top,exclude,glob){path}'" for path in EXCLUDED_FROM_DIFF)
     return _DIFF_SCRIPT.replace("EXCLUDES", excludes)
 
 
@@ -85,6 +99,11 @@ def _row(
         "content": data[-cap:],
         "created_at": utcnow(),
     }
+
+
+def diff_row(rollout_id: uuid.UUID, attempt: int, patch: bytes, cap: int) -> dict[str, Any]:
+    """The `workspace.diff` row of a rollout graded from its diff (the evaluate stage's)."""
+    return _row(rollout_id, attempt, DIFF, patch, cap, "text/x-diff")
 
 
 def _tail_of_file(path: Path, cap: int) -> tuple[bytes, int] | None:

@@ -25,8 +25,9 @@ from polar_mq.swe.spec import RepoSpec
 
 BASE_REF = "refs/polar_mq/base"
 BRANCH = "main"
-OWN_FILES = ("task.json", "answer.txt", ".polar_mq-junit-*.xml", ".harbor/")
-"""polar_mq's files in the workspace (root only), never part of the repository's diff."""
+OWN_FILES = ("task.json", "answer.txt", ".polar_mq-junit-*.xml", ".harbor/", ".polar/")
+"""polar_mq's files in the workspace (root only), never part of the repository's diff: the task
+and answer files, the grader's reports, Harbor's folder, the harnesses' HOME and config."""
 _SAFE = ("-c", "safe.directory=*")  # the submitter's repository may belong to another user
 
 

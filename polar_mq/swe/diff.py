@@ -7,8 +7,10 @@ the workspace's objects (`objects/info/alternates`) and a private index: nothing
 configuration is read, the agent's index and refs are left as they were, and the work tree is only
 read. Attributes naming drivers that the private repository does not define are ignored by git.
 
-The base commit is the one prepare recorded as `refs/polar_mq/base`; the agent could move that ref,
-which only changes its own artifact, never its reward.
+`workspace_diff` takes the base from `refs/polar_mq/base`, which the agent can move: it is what the
+in-place evaluator shows. Grading from the diff (`diff_against`) takes the base prepare recorded
+outside the workspace and a pristine checkout's objects instead, so a commit of the agent's shows
+up in the diff, whatever it did to its refs.
 """
 
 from __future__ import annotations
@@ -82,31 +84,44 @@ def workspace_diff(
     base = base_commit(git_dir)
     if base is None:
         return WorkspaceDiff(None, error=f"no {BASE_REF} in the workspace repository")
+    try:
+        patch, files = diff_against(workdir, base, git_dir / "objects", timeout_s)
+    except (GitError, OSError) as exc:
+        return WorkspaceDiff(None, base=base, error=str(exc)[-1000:])
+    text = patch.decode("utf-8", errors="replace")
+    return WorkspaceDiff(text[:max_chars], len(text) > max_chars, files, base)
+
+
+def diff_against(
+    workdir: Path, base: str, objects: Path, timeout_s: float = 120.0
+) -> tuple[bytes, list[str]]:
+    """The binary patch of the work tree `workdir` against commit `base`, and the files it
+    touches (same order), polar_mq's own files and Python's litter left out.
+
+    `objects` is the object store that holds `base`: the workspace's own for the artifact, or a
+    pristine checkout's when grading (then nothing of the agent's `.git` is read at all, and a
+    `.git` the agent removed or rewrote changes nothing). GitError when git fails."""
     with tempfile.TemporaryDirectory(prefix="polar_mq-diff-") as scratch:
         tmp = Path(scratch)
         private = tmp / "private.git"
-        try:
-            run_git(["init", "-q", "--bare", str(private)], home=tmp)
-            alternates = private / "objects" / "info" / "alternates"
-            alternates.write_text(f"{(git_dir / 'objects').resolve()}\n")
-            (private / "info").mkdir(exist_ok=True)
-            excluded = [f"/{name}" for name in OWN_FILES] + list(NOISE)
-            (private / "info" / "exclude").write_text("".join(f"{n}\n" for n in excluded))
-            env = {"GIT_INDEX_FILE": str(tmp / "index")}
-            both = [f"--git-dir={private}", f"--work-tree={workdir}", "-c", "safe.directory=*"]
-            run_git([*both, "read-tree", base], home=tmp, env=env, timeout=timeout_s)
-            run_git([*both, "add", "-A"], home=tmp, env=env, timeout=timeout_s)
-            options = ["--no-ext-diff", "--no-textconv", "--no-color", "--no-renames"]
-            names = run_git(
-                [*both, "diff", "--cached", *options, "--name-only", "-z", base],
-                home=tmp, env=env, timeout=timeout_s,
-            )  # fmt: skip
-            patch = run_git(
-                [*both, "diff", "--cached", *options, "--binary", base],
-                home=tmp, env=env, timeout=timeout_s,
-            )  # fmt: skip
-        except (GitError, OSError) as exc:
-            return WorkspaceDiff(None, base=base, error=str(exc)[-1000:])
-    text = patch.stdout.decode("utf-8", errors="replace")
+        run_git(["init", "-q", "--bare", str(private)], home=tmp)
+        alternates = private / "objects" / "info" / "alternates"
+        alternates.write_text(f"{objects.resolve()}\n")
+        (private / "info").mkdir(exist_ok=True)
+        excluded = [f"/{name}" for name in OWN_FILES] + list(NOISE)
+        (private / "info" / "exclude").write_text("".join(f"{n}\n" for n in excluded))
+        env = {"GIT_INDEX_FILE": str(tmp / "index")}
+        both = [f"--git-dir={private}", f"--work-tree={workdir}", "-c", "safe.directory=*"]
+        run_git([*both, "read-tree", base], home=tmp, env=env, timeout=timeout_s)
+        run_git([*both, "add", "-A"], home=tmp, env=env, timeout=timeout_s)
+        options = ["--no-ext-diff", "--no-textconv", "--no-color", "--no-renames"]
+        names = run_git(
+            [*both, "diff", "--cached", *options, "--name-only", "-z", base],
+            home=tmp, env=env, timeout=timeout_s,
+        )  # fmt: skip
+        patch = run_git(
+            [*both, "diff", "--cached", *options, "--binary", "--full-index", base],
+            home=tmp, env=env, timeout=timeout_s,
+        )  # fmt: skip
     files = [n for n in names.stdout.decode("utf-8", errors="replace").split("\0") if n]
-    return WorkspaceDiff(text[:max_chars], len(text) > max_chars, files, base)
+    return patch.stdout, files

@@ -10,8 +10,9 @@ names left out when a plain tree is imported, e.g. a Dockerfile).
 `tests`: the hidden tests, one of
   {"path": DIR}                  copied to `dest` (default "tests") in the grading workspace
   {"files": {RELPATH: TEXT}}     written at those workspace paths
-plus optional "names" (the named tests that score), "command", "reward_file", "timeout" and
-"paths" (absolute paths in the test files to rewrite into the workspace; see harbor_tasks.py).
+plus optional "names" (the named tests that score), "command", "reward_file", "timeout",
+"paths" (absolute paths in the test files to rewrite into the workspace; see harbor_tasks.py) and
+"protected" (path patterns whose changes the grader drops, on top of `swe.protect`'s default).
 
 Paths are node paths: the workers read them, so they must be absolute (the CLI resolves a
 relative path against the job file's directory before submitting). Workspace paths must stay
@@ -31,7 +32,17 @@ from typing import Any
 REPO_SOURCES = ("path", "bundle", "tarball")
 TEST_SOURCES = ("path", "files")
 _REPO_KEYS = {*REPO_SOURCES, "commit", "exclude"}
-_TESTS_KEYS = {*TEST_SOURCES, "dest", "names", "command", "reward_file", "timeout", "paths"}
+_TESTS_KEYS = {
+    *TEST_SOURCES,
+    "dest",
+    "names",
+    "command",
+    "reward_file",
+    "timeout",
+    "paths",
+    "protected",
+}
+MAX_PROTECTED = 200
 # A sha, branch or tag name; never an option (a leading "-") and never a range or path escape.
 _COMMIT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._/@^~{}+-]{0,199}")
 MAX_TEST_FILES = 1000
@@ -64,6 +75,7 @@ class TestsSpec:
     reward_file: str | None = None
     timeout: float | None = None
     paths: dict[str, str] = field(default_factory=dict)
+    protected: tuple[str, ...] = ()
 
 
 def workspace_path(value: Any, where: str) -> str:
@@ -150,7 +162,27 @@ def parse_tests(raw: Any, where: str = "tests") -> TestsSpec:
         ),
         timeout=check_timeout(raw.get("timeout"), f"{where}.timeout"),
         paths=_path_map(raw.get("paths"), f"{where}.paths"),
+        protected=check_patterns(raw.get("protected"), f"{where}.protected"),
     )
+
+
+def check_patterns(value: Any, where: str) -> tuple[str, ...]:
+    """Protected-path patterns (see `polar_mq.swe.protect`): added to the default, never less."""
+    if value is None:
+        return ()
+    if (
+        not isinstance(value, list)
+        or len(value) > MAX_PROTECTED
+        or not all(
+            isinstance(p, str) and p.strip("/") and "\x00" not in p and ".." not in p.split("/")
+            for p in value
+        )
+    ):
+        raise TaskSpecError(
+            f"{where} must be a list of at most {MAX_PROTECTED} path patterns, e.g. "
+            '["/docs/conf.py", "*.cfg"]'
+        )
+    return tuple(value)
 
 
 def check_names(value: Any, where: str) -> tuple[str, ...] | None:

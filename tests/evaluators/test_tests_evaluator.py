@@ -161,8 +161,96 @@ def test_a_reward_file_link_is_never_followed(runtime: LocalRuntime) -> None:
         ({"name": "tests", "reward_file": "/etc/passwd"}, "stay inside the workspace"),
         ({"name": "tests", "timeout": -1}, "positive number"),
         ({"name": "tests", "bogus": 1}, "bad parameters"),
+        ({"name": "tests", "mode": "inplace"}, "'mode' must be one of diff, in_place"),
+        ({"name": "tests", "plugins": ["-p x"]}, "plugin module names"),
+        ({"name": "tests", "protected": ["../x"]}, "path patterns"),
     ],
 )
 def test_bad_evaluator_specs_are_value_errors(spec: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         get_evaluator(spec)
+
+
+SHADOW = (
+    "import sys\nfor arg in sys.argv:\n    if arg.startswith('--junitxml='):\n"
+    "        open(arg.split('=', 1)[1], 'w').write('<testsuite><testcase classname="
+    '"tests.test_calc" name="test_add"/><testcase classname="tests.test_calc" '
+    'name="test_add_zero"/></testsuite>\')\n'
+)
+PASS_ALL = (
+    "import pytest\n\n\n@pytest.hookimpl(hookwrapper=True)\n"
+    "def pytest_runtest_makereport(item, call):\n    outcome = yield\n"
+    "    outcome.get_result().outcome = 'passed'\n"
+)
+
+
+def _plant_runner_cheats(rt: LocalRuntime) -> None:
+    """What the diff filter drops anyway; here left in place to test the interpreter alone."""
+    for name, text in {
+        "pytest/__init__.py": "",
+        "pytest/__main__.py": SHADOW,
+        "cheatplug.py": PASS_ALL,
+        "cheat-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: cheat\nVersion: 1.0\n",
+        "cheat-1.0.dist-info/entry_points.txt": "[pytest11]\ncheat = cheatplug\n",
+    }.items():
+        rt.upload(text.encode(), name)
+
+
+def test_graded_from_the_diff_the_workspace_cannot_steer_the_interpreter(
+    runtime: LocalRuntime,
+) -> None:
+    """With `repo` (graded from the diff), pytest runs under `python -I` from the interpreter's
+    site-packages, with plugin autoload off and an explicit config: a `pytest/` package and a
+    `pytest11` entry point in the workspace do nothing. In place, the shadow wins."""
+    _plant_runner_cheats(runtime)
+    tests = {"files": {"tests/test_calc.py": HIDDEN}, "names": NAMES}
+    task = {"instruction": "fix add", "tests": tests, "repo": {"path": "/unused"}}
+    evaluator = get_evaluator({"name": "tests", "score": "fraction"})
+    ctx = EvalContext("r-1", task, runtime, runtime.workdir, 0, "completed", None)
+    graded = evaluator.evaluate(ctx)
+    assert graded.reward == pytest.approx(0.5), graded.detail
+    assert graded.detail["mode"] == "diff" and "diff" not in graded.detail
+    in_place = get_evaluator({"name": "tests", "score": "fraction", "mode": "in_place"})
+    shutil.rmtree(runtime.workdir / "tests")
+    cheated = in_place.evaluate(ctx)
+    assert cheated.reward == 1.0 and cheated.detail["mode"] == "in_place", cheated.detail
+
+
+def test_the_grader_config_is_the_repositorys_own_or_an_empty_one(runtime: LocalRuntime) -> None:
+    """`-c` names the repository's own configuration file (protected: as the commit has it), so
+    its options apply; without one the grader's empty file stops pytest's search."""
+    evaluator = get_evaluator({"name": "tests", "score": "fraction"})
+    assert isinstance(evaluator, TestsEvaluator)
+    tests = {"files": {"tests/test_calc.py": HIDDEN}, "names": NAMES}
+    task = {"instruction": "fix add", "tests": tests, "repo": {"path": "/unused"}}
+    ctx = EvalContext("r-1", task, runtime, runtime.workdir, 0, "completed", None)
+    _fix(runtime)
+    assert evaluator.evaluate(ctx).reward == 1.0
+    runtime.upload(b"[pytest]\naddopts = -k test_add_zero\n", "tox.ini")
+    narrowed = evaluator.evaluate(ctx)  # the repository's tox.ini applies: test_add deselected
+    assert narrowed.reward == pytest.approx(0.5), narrowed.detail
+    assert narrowed.detail["tests_missing"] == [NAMES[0]]
+    patterns = evaluator.protected_patterns(task, str(runtime.workdir))
+    assert "conftest.py" in patterns and "/tests/test_calc.py" in patterns
+
+
+def test_the_evaluate_stage_finds_a_diff_graded_tests_evaluator_inside_composites() -> None:
+    """A `gate` of tests then a judge, or tests as a weighted part, is graded from the diff too
+    (every part then sees the pristine grading runtime); in place or without `repo` it is not."""
+    from types import SimpleNamespace
+
+    from polar_mq.workers.stages.evaluate import _diff_mode
+
+    repo_task = SimpleNamespace(instance={"repo": {"path": "/r"}, "tests": {"files": {"t.py": ""}}})
+    plain_task = SimpleNamespace(instance={"tests": {"files": {"t.py": ""}}})
+    gate = get_evaluator({"name": "gate", "gate": "tests", "then": "completed"})
+    weighted = get_evaluator(
+        {"name": "weighted", "evaluators": [{"spec": "completed", "weight": 0.5},
+                                            {"spec": "tests", "weight": 0.5}]}
+    )  # fmt: skip
+    in_place = get_evaluator({"name": "gate", "gate": {"name": "tests", "mode": "in_place"},
+                              "then": "completed"})  # fmt: skip
+    assert isinstance(_diff_mode(gate, repo_task), TestsEvaluator)  # type: ignore[arg-type]
+    assert isinstance(_diff_mode(weighted, repo_task), TestsEvaluator)  # type: ignore[arg-type]
+    assert _diff_mode(in_place, repo_task) is None  # type: ignore[arg-type]
+    assert _diff_mode(gate, plain_task) is None  # type: ignore[arg-type]

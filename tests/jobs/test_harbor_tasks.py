@@ -104,7 +104,8 @@ def test_the_verifier_runs_in_the_workspace_and_its_reward_counts(tmp_path: Path
         checkout_repo(parse_repo(greet["repo"]), runtime.workdir)
         assert not (runtime.workdir / "Dockerfile").exists()
         ctx = EvalContext("r", greet, runtime, runtime.workdir, 0, "completed", None)
-        evaluator = get_evaluator("tests")
+        # in place: the evaluate stage is not here to take the diff and build a pristine runtime
+        evaluator = get_evaluator({"name": "tests", "mode": "in_place"})
         assert evaluator.evaluate(ctx).reward == 0.0
         (runtime.workdir / "greeting.txt").write_text("hi\n")
         result = evaluator.evaluate(ctx)

@@ -97,3 +97,11 @@ def test_a_base_ref_swapped_for_a_fifo_or_link_is_never_read(
         ref.symlink_to(tmp_path / "mine")
     assert base_commit(work / ".git") is None
     assert workspace_diff(work).error == f"no {BASE_REF} in the workspace repository"
+
+
+def test_harness_files_under_polar_are_not_the_agents_changes(work: Path) -> None:
+    """mini-swe-agent keeps its config and trajectory in `.polar/mini/`: listed before."""
+    (work / ".polar" / "mini").mkdir(parents=True)
+    (work / ".polar" / "mini" / "trajectory.json").write_text("{}")
+    (work / "a.py").write_text("A = 5\n")
+    assert workspace_diff(work).files == ["a.py"]

@@ -64,3 +64,11 @@ def test_the_agent_never_sees_hidden_tests_or_node_paths() -> None:
     task = {"instruction": "fix", "repo": {"path": "/r"}, "tests": {"path": "/h"}, "k": 1}
     assert agent_task(task, "abc") == {"instruction": "fix", "k": 1, "repo": {"commit": "abc"}}
     assert agent_task({"instruction": "x", "tests": {"path": "/h"}}, None) == {"instruction": "x"}
+
+
+def test_protected_patterns_add_to_the_default_and_bad_ones_are_refused() -> None:
+    spec = parse_tests({"files": {"tests/t.py": ""}, "protected": ["/docs/conf.py", "*.cfg"]})
+    assert spec.protected == ("/docs/conf.py", "*.cfg")
+    for bad in ("*.cfg", ["../x"], ["/"], [1], ["ok"] * 201):
+        with pytest.raises(TaskSpecError, match="path patterns"):
+            parse_tests({"files": {"tests/t.py": ""}, "protected": bad})

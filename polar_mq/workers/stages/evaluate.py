@@ -5,6 +5,13 @@ agent's own, or with `runtime.evaluation` a fresh one holding a copy of the agen
 (see grading_runtime.py). Runtimes are stopped by the runner once the result is committed (or the
 stage failed).
 
+A `tests` evaluator in `diff` mode on a task with a `repo` grades from what the agent changed, not
+from where it ran (`grading_runtime.diff_grading_runtime`): the base is the commit prepare
+recorded in its own event, the agent's runtime is stopped first, and the evaluation detail says
+which files of the diff were dropped (`dropped`, and `tampering` when any was). The agent's whole
+diff is stored as the `workspace.diff` artifact, replacing the one the run-agent stage took
+against the workspace's own (agent-movable) base ref.
+
 Who is to blame for a grading failure decides its fate: a file the agent swapped for a symlink
 (its answer file, a reward file, where the hidden tests go: `UnsafePath`) scores 0, usable, with
 the reason in the evaluation detail; the platform's own failure (`GradingUnavailable`, the
@@ -18,29 +25,44 @@ import logging
 import uuid
 from typing import Any, cast
 
-from sqlalchemy import Table
+from sqlalchemy import Table, delete, select
 
 from polar_mq.calls import AttemptCalls, last_agent_response
 from polar_mq.evaluators import (
     EvalContext,
+    EvalResult,
+    Evaluator,
+    GradingUnavailable,
     LlmEndpoint,
     evaluate_safely,
     get_evaluator,
     workspace_refused,
 )
+from polar_mq.evaluators.tests import TestsEvaluator
 from polar_mq.harnesses import get_harness
+from polar_mq.lifecycle.stages import Stage
 from polar_mq.lifecycle.transitions import Claimed
-from polar_mq.models import Evaluation
+from polar_mq.models import Evaluation, Event, EventKind, RolloutArtifact, TerminationReason
 from polar_mq.models.base import utcnow
+from polar_mq.rollouts.artifacts import DIFF, diff_row
 from polar_mq.runtimes import Runtime
 from polar_mq.runtimes.safe_files import UnsafePath
+from polar_mq.swe import grading as saved_diff
+from polar_mq.swe.hidden_tests import HiddenTestsError
+from polar_mq.swe.spec import parse_repo
 from polar_mq.tokens import JUDGE, issue_rollout_token
 from polar_mq.workers.context import WorkerContext
-from polar_mq.workers.stages.common import StageOutcome, flush_proxy, open_runtime
-from polar_mq.workers.stages.grading_runtime import grading_runtime
+from polar_mq.workers.stages.common import StageFailure, StageOutcome, flush_proxy, open_runtime
+from polar_mq.workers.stages.grading_runtime import (
+    DiffGrading,
+    PatchRefused,
+    diff_grading_runtime,
+    grading_runtime,
+)
 
 logger = logging.getLogger(__name__)
 EVALUATIONS = cast(Table, Evaluation.__table__)
+ARTIFACTS = cast(Table, RolloutArtifact.__table__)
 
 
 def _last_assistant_text(ctx: WorkerContext, claimed: Claimed) -> str | None:
@@ -92,6 +114,102 @@ def _wait_judge_calls_stored(ctx: WorkerContext, rollout_id: uuid.UUID) -> None:
         logger.warning("judge calls not confirmed stored (proxy flush failed): %r", exc)
 
 
+def recorded_base(ctx: WorkerContext, claimed: Claimed) -> str:
+    """The commit this attempt's prepare checked out, from its `finished` event: outside the
+    workspace, where the agent cannot move it."""
+    rollout = claimed.rollout
+    with ctx.autocommit_factory() as session:
+        details: list[dict[str, Any]] = session.scalars(
+            select(Event.detail)
+            .where(
+                Event.rollout_id == rollout.id,
+                Event.attempt == rollout.attempt,
+                Event.stage == Stage.PREPARE.value,
+                Event.kind == EventKind.FINISHED,
+            )
+            .order_by(Event.id.desc())
+            .limit(1)
+        ).all()  # type: ignore[assignment]
+    for detail in details:
+        commit = ((detail or {}).get("runtime") or {}).get("repo", {}).get("commit")
+        if isinstance(commit, str) and commit:
+            return commit
+    raise StageFailure(
+        TerminationReason.RUNTIME_ERROR, "no checked-out commit recorded by prepare to diff against"
+    )
+
+
+def _diff_mode(evaluator: Evaluator, claimed: Claimed) -> TestsEvaluator | None:
+    """The `tests` evaluator that grades this task from the diff: the job's own, or a part of a
+    composite (`weighted` parts, a `gate`'s gate and branch), whose other parts then see the same
+    grading runtime."""
+    if isinstance(evaluator, TestsEvaluator):
+        return evaluator if evaluator.grades_from_diff(claimed.instance) else None
+    parts: list[Any] = list(getattr(evaluator, "parts", None) or [])
+    parts += [getattr(evaluator, name, None) for name in ("gate", "then")]
+    for entry in parts:  # a weighted part is (label, evaluator, weight)
+        for part in entry if isinstance(entry, tuple) else (entry,):
+            if isinstance(part, Evaluator) and (found := _diff_mode(part, claimed)) is not None:
+                return found
+    return None
+
+
+def _prepare_diff_grading(
+    ctx: WorkerContext, claimed: Claimed, evaluator: TestsEvaluator, agent_runtime: Runtime
+) -> DiffGrading:
+    spec = claimed.spec
+    task = claimed.instance
+    try:
+        protected = evaluator.protected_patterns(task, str(agent_runtime.workdir))
+    except HiddenTestsError as exc:  # the grader's own files: the platform's failure
+        raise GradingUnavailable(str(exc)) from exc
+    try:
+        return diff_grading_runtime(
+            ctx.settings, spec.runtime, claimed.rollout, agent_runtime, parse_repo(task["repo"]),
+            recorded_base(ctx, claimed), protected, spec.timeouts.prepare_s,
+        )  # fmt: skip
+    except saved_diff.DiffUnavailable as exc:
+        raise GradingUnavailable(str(exc)) from exc
+
+
+def _diff_detail(graded: DiffGrading, evaluator: TestsEvaluator) -> dict[str, Any]:
+    """What the evaluation records about the diff it graded: all the agent changed (the text
+    unless the evaluator's `diff` is off, up to its `max_diff_chars`), what was applied, what was
+    dropped and why (`tampering` only when something was)."""
+    diff, filtered = graded.diff, graded.filtered
+    text = diff.patch.decode("utf-8", errors="replace") if evaluator.diff else ""
+    dropped = [d.as_dict() for d in filtered.dropped]
+    return {
+        **(
+            {
+                "diff": text[: evaluator.max_diff_chars],
+                "diff_truncated": len(text) > evaluator.max_diff_chars,
+            }
+            if evaluator.diff
+            else {}
+        ),
+        "diff_files": diff.files,
+        "diff_base": diff.base,
+        "diff_applied": filtered.kept,
+        "dropped": dropped,
+        **({"tampering": [d["path"] for d in dropped]} if dropped else {}),
+    }
+
+
+def _replace_diff_artifact(ctx: WorkerContext, claimed: Claimed) -> None:
+    """Remove the run-agent stage's `workspace.diff` (taken against the agent-movable ref) so
+    the graded one takes its name; a redelivered evaluate finds nothing left to remove."""
+    rollout = claimed.rollout
+    with ctx.session_factory() as session, session.begin():
+        session.execute(
+            delete(RolloutArtifact).where(
+                RolloutArtifact.rollout_id == rollout.id,
+                RolloutArtifact.attempt == rollout.attempt,
+                RolloutArtifact.name == DIFF,
+            )
+        )
+
+
 def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
     spec = claimed.spec
     rollout = claimed.rollout
@@ -101,11 +219,24 @@ def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
     prepare_s = spec.timeouts.prepare_s
     answer: str | None = None
     grading: dict[str, Any] = {}
+    diff_evaluator = _diff_mode(evaluator, claimed)
+    graded: DiffGrading | None = None
+    artifacts: list[dict[str, Any]] = []
     try:
         answer = final_text(ctx, claimed, agent_runtime) if evaluator.needs_final_text else None
-        runtime, grading = grading_runtime(
-            ctx.settings, spec.runtime, rollout, agent_runtime, prepare_s
-        )  # the agent's own runtime, or a fresh one holding a copy of its workspace
+        if diff_evaluator is not None:
+            graded = _prepare_diff_grading(ctx, claimed, diff_evaluator, agent_runtime)
+            runtime, grading = graded.runtime, graded.stage_detail
+            _replace_diff_artifact(ctx, claimed)
+            artifacts.append(
+                diff_row(
+                    rollout.id, rollout.attempt, graded.diff.patch, ctx.settings.artifact_max_bytes
+                )
+            )
+        else:
+            runtime, grading = grading_runtime(
+                ctx.settings, spec.runtime, rollout, agent_runtime, prepare_s
+            )  # the agent's own runtime, or a fresh one holding a copy of its workspace
         context = EvalContext(
             rollout_id=str(rollout.id),
             task=claimed.instance,
@@ -121,6 +252,13 @@ def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
             _wait_judge_calls_stored(ctx, rollout.id)
     except UnsafePath as exc:  # the agent swapped a file its grader uses: its failure, scored 0
         result = workspace_refused(exc, str(name))
+    except PatchRefused as exc:  # its diff does not apply to the commit it started from
+        result = EvalResult(0.0, {"error": "diff_refused", "message": str(exc)[-2000:]})
+    if graded is not None and diff_evaluator is not None:
+        result = EvalResult(
+            result.reward, {**_diff_detail(graded, diff_evaluator), **result.detail}
+        )
+        grading["tampering"] = len(graded.filtered.dropped)
     return StageOutcome(
         values={"reward": result.reward},
         rows={
@@ -133,7 +271,8 @@ def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
                     "detail": result.detail,
                     "created_at": utcnow(),
                 }
-            ]
+            ],
+            **({ARTIFACTS: artifacts} if artifacts else {}),
         },
         detail={
             "reward": result.reward,

@@ -8,6 +8,13 @@ own recipe; only the agent's *workspace* is copied in, and the grader's files wi
 agent's. Its start and recipe run in a thread of the run-agent stage, so they overlap the agent
 and cost the evaluate stage nothing.
 
+Grading from the diff (the `tests` evaluator's default on a task with a `repo`,
+`diff_grading_runtime`) goes further: the agent's work tree is diffed against the commit prepare
+recorded, the agent's runtime is stopped (none of its processes is alive while it is graded), and
+the grading runtime gets a pristine checkout of the task's repository, the job's recipe (or
+`runtime.evaluation.prepare`), and then the agent's diff without the files the grader protects
+(`polar_mq.swe.protect`). Nothing of the agent's workspace is copied.
+
 The runtime's id is `<rollout hex>-<attempt>-eval`: any process on the node can re-attach to it,
 and the janitor treats it like the agent runtime of the same attempt.
 """
@@ -27,7 +34,14 @@ from polar_mq.lifecycle.transitions import RolloutRef
 from polar_mq.models import TerminationReason
 from polar_mq.runtimes import Runtime
 from polar_mq.runtimes.options import runtime_from_spec
+from polar_mq.runtimes.recipe import RecipeFailed, apply_recipe
+from polar_mq.runtimes.warm_pool import is_pooled
 from polar_mq.spec import PrepareRecipe, RuntimeSpec
+from polar_mq.swe import grading as saved_diff
+from polar_mq.swe.apply import ApplyError, apply_patch
+from polar_mq.swe.checkout import CheckoutError, checkout_repo
+from polar_mq.swe.protect import FilteredPatch, PatchSplitError, filter_patch
+from polar_mq.swe.spec import RepoSpec
 from polar_mq.workers.stages.common import StageFailure, runtime_id_for
 
 EVAL_SUFFIX = "-eval"
@@ -173,6 +187,99 @@ def _special_files(directory: str, names: list[str]) -> set[str]:
 def release_grading_runtime(
     settings: Settings, runtime_spec: RuntimeSpec, rollout: RolloutRef
 ) -> None:
-    """Stop the evaluation runtime, if the job has one (idempotent like every `stop`)."""
-    if grading_recipe(runtime_spec) is not None:
+    """Stop the evaluation runtime, if the job has one or the rollout was graded from its diff
+    (idempotent like every `stop`), and forget the saved diff."""
+    graded_from_diff = saved_diff.forget(settings.runtime_root, grading_key(rollout))
+    if graded_from_diff or grading_recipe(runtime_spec) is not None:
         open_grading_runtime(settings, runtime_spec, rollout).stop()
+
+
+def grading_key(rollout: RolloutRef) -> str:
+    """The name the rollout's saved diff is kept under: its evaluation runtime's id."""
+    return runtime_id_for(rollout) + EVAL_SUFFIX
+
+
+class PatchRefused(RuntimeError):
+    """The agent's diff does not apply to the pristine commit (its objects or base were forged):
+    the agent's doing, scored 0."""
+
+
+@dataclass
+class DiffGrading:
+    """The runtime holding pristine repository + accepted diff, and what to record about it."""
+
+    runtime: Runtime
+    diff: saved_diff.AgentDiff
+    filtered: FilteredPatch
+    stage_detail: dict[str, Any]
+
+
+def stop_agent(agent_runtime: Runtime) -> None:
+    """Kill every process of the agent's runtime before anything is graded: a pooled one is
+    reset (the pool recycles or destroys it on release), any other stopped."""
+    if is_pooled(agent_runtime.runtime_id):
+        agent_runtime.reset()
+    else:
+        agent_runtime.stop()
+
+
+def diff_grading_runtime(
+    settings: Settings,
+    runtime_spec: RuntimeSpec,
+    rollout: RolloutRef,
+    agent_runtime: Runtime,
+    repo: RepoSpec,
+    base: str,
+    protected: list[str],
+    timeout_s: float,
+) -> DiffGrading:
+    """Take (or reload) the agent's diff, stop the agent, and build the grading runtime.
+
+    Raises `saved_diff.DiffUnavailable` or `StageFailure` for the platform's failures and
+    `PatchRefused` when the accepted diff does not apply."""
+    started = time.monotonic()
+    key = grading_key(rollout)
+    diff = saved_diff.load_saved(settings.runtime_root, key, base)
+    reloaded = diff is not None
+    if diff is None:
+        diff = saved_diff.take_diff(agent_runtime.workdir, repo, base, timeout_s)
+        saved_diff.save(settings.runtime_root, key, diff)
+    stop_agent(agent_runtime)
+    diffed = time.monotonic()
+    runtime = open_grading_runtime(settings, runtime_spec, rollout)
+    runtime.stop()  # a prewarmed one ran its recipe without the repository; a half-made one
+    try:
+        filtered = filter_patch(diff.patch, diff.files, protected)
+        runtime.start()
+        checkout_repo(saved_diff.at_commit(repo, base), runtime.workdir, timeout_s)
+        runtime.hand_over()
+        recipe = grading_recipe(runtime_spec) or runtime_spec.prepare
+        apply_recipe(runtime, recipe, timeout_s)  # before the agent's code: SWE-bench's order
+        apply_patch(runtime.workdir, filtered.patch, timeout_s)
+        runtime.hand_over()  # the applied files are the worker's until now
+    except ApplyError as exc:
+        runtime.stop()
+        raise PatchRefused(str(exc)) from exc
+    except PatchSplitError as exc:
+        runtime.stop()
+        raise saved_diff.DiffUnavailable(f"cannot split the agent's diff: {exc}") from exc
+    except (CheckoutError, RecipeFailed) as exc:
+        runtime.stop()
+        raise StageFailure(
+            TerminationReason.RUNTIME_ERROR, f"grading runtime: {str(exc)[-1000:]}"
+        ) from exc
+    except BaseException:
+        runtime.stop()
+        raise
+    return DiffGrading(
+        runtime,
+        diff,
+        filtered,
+        {
+            "eval_runtime_id": runtime.runtime_id,
+            "eval_mode": "diff",
+            "eval_diff_reloaded": reloaded,
+            "eval_diff_s": round(diffed - started, 4),
+            "eval_runtime_prepare_s": round(time.monotonic() - diffed, 4),
+        },
+    )
