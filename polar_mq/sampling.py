@@ -16,6 +16,7 @@ agent's signed rollout token (`polar_mq.tokens`), so the proxy enforces it witho
 
 from __future__ import annotations
 
+import difflib
 import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -29,6 +30,20 @@ MODES = (OVERRIDE, CLAMP, OFF)
 FIELDS = ("temperature", "top_p", "top_k", "max_tokens")
 """The enforceable fields, in the order a policy lists them."""
 INTEGER_FIELDS = frozenset({"top_k", "max_tokens"})
+PASSED_FIELDS = frozenset(
+    {
+        "n", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p", "seed",
+        "stop", "stop_token_ids", "bad_words", "ignore_eos", "min_tokens", "logprobs",
+        "top_logprobs", "prompt_logprobs", "logit_bias", "allowed_token_ids",
+        "include_stop_str_in_output", "skip_special_tokens", "spaces_between_special_tokens",
+        "truncate_prompt_tokens", "max_completion_tokens",
+    }
+)  # fmt: skip
+"""Sampling keys of OpenAI's API and vLLM's `SamplingParams` the proxy does not enforce:
+accepted and stored with the job (a harness may read them), never checked or applied."""
+KNOWN_KEYS = frozenset({*FIELDS, "enforce", *PASSED_FIELDS})
+"""Every key a job's `sampling` may hold; any other is a typo (`temprature`), refused at submit
+rather than silently ignored."""
 DEFAULT_ENFORCE: Final[Mapping[str, str]] = {
     "temperature": OVERRIDE,
     "top_p": OVERRIDE,
@@ -132,8 +147,26 @@ def value_problem(field: str, value: Any) -> str | None:
     return None
 
 
+def unknown_key_problem(sampling: Mapping[str, Any]) -> str | None:
+    """Why `sampling` holds a key no engine or harness reads (naming the closest known one)."""
+    for key in sampling:
+        if key in KNOWN_KEYS:
+            continue
+        close = difflib.get_close_matches(str(key), sorted(KNOWN_KEYS), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        return (
+            f"unknown key {key!r}{hint}; enforced by the proxy: {', '.join(FIELDS)} "
+            f"(with enforce); also accepted: {', '.join(sorted(PASSED_FIELDS))}"
+        )
+    return None
+
+
 def validate_sampling(sampling: Mapping[str, Any]) -> None:
-    """Refuse (`ValueError`) a job's sampling whose `enforce` or enforced values are unusable."""
+    """Refuse (`ValueError`) a job's sampling with an unknown key, or whose `enforce` or enforced
+    values are unusable."""
+    problem = unknown_key_problem(sampling)
+    if problem is not None:
+        raise ValueError(problem)
     modes = enforce_modes(sampling.get("enforce"))
     for field in FIELDS:
         value = sampling.get(field)

@@ -40,6 +40,35 @@ def _json_option(value: str, name: str) -> Any:
         raise fail(f"--{name} is not valid JSON: {exc}", 2) from exc
 
 
+def _check_evaluator(spec: dict[str, Any], file: Path) -> None:
+    """The API's evaluator rule (`polar_mq.jobs.evaluator_choice`) applied before any request,
+    so a file the API would refuse is a message naming the file, not a round trip. An evaluator
+    this machine cannot build (an import path of the API's) is left to the API to judge."""
+    from polar_mq.evaluators.registry import get_evaluator
+    from polar_mq.jobs.evaluator_choice import (
+        default_evaluator,
+        evaluator_label,
+        task_fields_problem,
+    )
+
+    tasks = spec["tasks"]
+    chosen = spec.get("evaluator")
+    try:
+        if chosen is None:
+            chosen = default_evaluator(tasks)
+    except ValueError as exc:
+        raise fail(f"{file.name}: {exc}; or pass --evaluator", 2) from exc
+    if not isinstance(chosen, str | dict):
+        return  # the API answers with the failing field
+    try:
+        built = get_evaluator(chosen)
+    except ValueError:
+        return
+    problem = task_fields_problem(built, evaluator_label(chosen), tasks)
+    if problem is not None:
+        raise fail(f"{file.name}: {problem}", 2)
+
+
 def api_client(url: str | None, api_key: str | None) -> Client:
     """A client of --url (default: the API this node's settings name)."""
     settings = load_settings()
@@ -64,7 +93,7 @@ def submit(
         str | None,
         typer.Option(
             help="name or JSON; default: exact_match if every task has an answer, "
-            "tests if every task has hidden tests"
+            "tests if every task has hidden tests, completed if none has either"
         ),
     ] = None,
     builder: Annotated[str | None, typer.Option(help="per_call | prefix_merge")] = None,
@@ -80,8 +109,9 @@ def submit(
     """Submit a job file, or a tasks file plus options for the rest of the job.
 
     Options override the file; fields neither sets get the API's defaults, except samples per
-    task (4: a GRPO group) and the evaluator (exact_match when every task has an answer, tests
-    when every task has hidden tests, e.g. a Harbor tasks folder).
+    task (4: a GRPO group). The evaluator's default is the API's rule (exact_match when every
+    task has an answer, tests when every task has hidden tests, e.g. a Harbor tasks folder,
+    completed when none has either; a mix is refused), checked here before any request.
     """
     spec = _load_job_file(file)
     if command is not None:
@@ -91,10 +121,7 @@ def submit(
         spec["harness"] = chosen if isinstance(chosen, dict) else {"type": chosen}
     if evaluator is not None:
         spec["evaluator"] = _json_option(evaluator, "evaluator")
-    elif "evaluator" not in spec and all("answer" in t for t in spec["tasks"]):
-        spec["evaluator"] = "exact_match"
-    elif "evaluator" not in spec and all("tests" in t for t in spec["tasks"]):
-        spec["evaluator"] = "tests"
+    _check_evaluator(spec, file)
     sampling = dict(spec.get("sampling") or {})
     if temperature is not None:
         sampling["temperature"] = temperature
@@ -238,18 +265,29 @@ def policy(
     ] = False,
     resume: Annotated[bool, typer.Option(help="let held LLM calls go (weights loaded)")] = False,
     drain_timeout: Annotated[float, typer.Option(help="seconds to wait for the drain")] = 30.0,
+    adapter: Annotated[
+        str | None,
+        typer.Option(
+            help="new weights: a LoRA adapter directory the inference servers can read; the "
+            "proxies pause, drain, load it everywhere and resume"
+        ),
+    ] = None,
     url: ApiUrl = None,
     api_key: ApiKey = None,
 ) -> None:
     """Show or set the trainer's policy version (weight updates; see docs/async_rl.md)."""
-    if resume and (version is not None or pause):
-        raise fail("--resume takes no version and no --pause")
+    if resume and (version is not None or pause or adapter is not None):
+        raise fail("--resume takes no version, no --pause and no --adapter")
+    if adapter is not None and version is None:
+        raise fail("--adapter needs the version it is published as")
     client = api_client(url, api_key)
     try:
         if resume:
             answer = client.resume_policy()
         elif version is not None:
-            answer = client.set_policy(version, pause=pause, drain_timeout_s=drain_timeout)
+            answer = client.set_policy(
+                version, pause=pause, drain_timeout_s=drain_timeout, adapter_path=adapter
+            )
         else:
             answer = client.policy()
     except PolarMQError as exc:

@@ -77,6 +77,14 @@ class Evaluator(ABC):
     needs_final_text: bool = True
     needs_llm: bool = False
 
+    def required_task_fields(self) -> frozenset[str]:
+        """The task fields this evaluator cannot score without (`exact_match`: its `key`).
+
+        Checked on every task at submit (`polar_mq.jobs.evaluator_choice`): a task lacking one
+        would end every rollout of it unscored, or worse, scored by a default. None by default.
+        """
+        return frozenset()
+
     @abstractmethod
     def evaluate(self, ctx: EvalContext) -> EvalResult:
         """Compute the reward; raise only on a bug, report task problems in the result."""

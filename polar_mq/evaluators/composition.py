@@ -50,10 +50,16 @@ def _part_record(name: str, result: EvalResult, **extra: Any) -> dict[str, Any]:
 class _Composite(Evaluator):
     """Needs whatever any of its parts needs."""
 
+    _parts: tuple[Evaluator, ...] = ()
+
     def _needs_from(self, parts: list[Evaluator]) -> None:
+        self._parts = tuple(parts)
         self.needs_runtime = any(part.needs_runtime for part in parts)
         self.needs_final_text = any(part.needs_final_text for part in parts)
         self.needs_llm = any(part.needs_llm for part in parts)
+
+    def required_task_fields(self) -> frozenset[str]:
+        return frozenset().union(*(part.required_task_fields() for part in self._parts))
 
 
 class WeightedEvaluator(_Composite):

@@ -123,6 +123,16 @@ class LlmJudgeEvaluator(Evaluator):
         self.retries = retries
         self.retry_wait_s = _positive(retry_wait_s, "retry_wait_s")
 
+    def required_task_fields(self) -> frozenset[str]:
+        """The task fields the prompt names (`{reference}` reads `reference_key`); `instruction`
+        and `answer` are always there."""
+        given = {"instruction", "answer"}
+        return frozenset(
+            self.reference_key if name == "reference" else name
+            for name in self.fields
+            if name not in given
+        )
+
     def evaluate(self, ctx: EvalContext) -> EvalResult:
         if ctx.llm is None:
             return EvalResult(None, {"error": "no judge endpoint (run in the evaluate stage)"})

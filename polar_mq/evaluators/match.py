@@ -81,6 +81,9 @@ class ExactMatchEvaluator(Evaluator):
         self.key = key
         self.extract = EXTRACTORS[extract]
 
+    def required_task_fields(self) -> frozenset[str]:
+        return frozenset({self.key})
+
     def evaluate(self, ctx: EvalContext) -> EvalResult:
         if self.key not in ctx.task:
             return EvalResult(None, {"error": f"task has no {self.key!r} field"})

@@ -155,6 +155,9 @@ class TestsEvaluator(Evaluator):
         self.mode = mode
         self.plugins = tuple(plugins or ())
 
+    def required_task_fields(self) -> frozenset[str]:
+        return frozenset({"tests"})
+
     def grades_from_diff(self, task: Mapping[str, Any]) -> bool:
         """Whether this task is graded from the agent's diff on a pristine checkout."""
         return self.mode == "diff" and "repo" in task and "tests" in task

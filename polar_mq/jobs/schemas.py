@@ -13,9 +13,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from polar_mq import spec
-from polar_mq.evaluators.registry import validate_evaluator_spec
+from polar_mq.evaluators.registry import get_evaluator, validate_evaluator_spec
 from polar_mq.harnesses import get_harness
 from polar_mq.harnesses.presets.registry import harness_trusted
+from polar_mq.jobs.evaluator_choice import default_evaluator, evaluator_label, task_fields_problem
 from polar_mq.runtimes.options import check_runtime_options, effective_network
 from polar_mq.sampling import validate_sampling
 from polar_mq.spec.model import (
@@ -95,7 +96,12 @@ class JobCreate(StrictModel):
     samples_per_task: int = Field(1, ge=1, le=MAX_SAMPLES, strict=True)
     harness: HarnessSpec = Field(default_factory=lambda: HarnessSpec())
     runtime: RuntimeSpec = Field(default_factory=RuntimeSpec)
-    evaluator: str | dict[str, Any] = Field("completed", description="name, {name, …}, or path")
+    evaluator: str | dict[str, Any] | None = Field(
+        None,
+        description="name, {name, …}, or path; default: exact_match when every task has an "
+        "answer, tests when every task has hidden tests, completed when none has either (a mix "
+        "is refused); every task must carry the fields the evaluator reads",
+    )
     builder: str = Field(
         "per_call", description="per_call, prefix_merge, or an import path 'package.module:attr'"
     )
@@ -176,9 +182,23 @@ class JobCreate(StrictModel):
 
     @field_validator("evaluator")
     @classmethod
-    def _evaluator_known(cls, value: str | dict[str, Any]) -> str | dict[str, Any]:
-        validate_evaluator_spec(value)
+    def _evaluator_known(cls, value: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
+        if value is not None:
+            validate_evaluator_spec(value)
         return value
+
+    @model_validator(mode="after")
+    def _evaluator_fits_tasks(self) -> JobCreate:
+        """Pick the default evaluator by the one rule, and refuse tasks it cannot score
+        (`polar_mq.jobs.evaluator_choice`): stored explicitly, so a reward never changes meaning."""
+        if self.evaluator is None:
+            self.evaluator = default_evaluator(self.tasks)
+        problem = task_fields_problem(
+            get_evaluator(self.evaluator), evaluator_label(self.evaluator), self.tasks
+        )
+        if problem is not None:
+            raise ValueError(problem)
+        return self
 
     @field_validator("builder")
     @classmethod

@@ -110,6 +110,18 @@ def _error(response: Any, status: int, type_: str) -> str:
         ({"tasks": [GOOD_TASK], "evaluator": {"name": "tests", "score": "most"}}, "'score'"),
         ({}, "tasks: field required"),
         ([GOOD_TASK], "Input should be a valid dictionary"),
+        (
+            {"tasks": [{**GOOD_TASK, "answer": "4"}, GOOD_TASK]},
+            "no evaluator named and only some tasks have 'answer': tasks[1] (1 of 2 tasks) lack",
+        ),
+        (
+            {"tasks": [GOOD_TASK], "evaluator": "exact_match"},
+            "evaluator 'exact_match' reads each task's 'answer', which tasks[0] (1 of 1 tasks)",
+        ),
+        (
+            {"tasks": [GOOD_TASK], "sampling": {"temprature": 0.7}},
+            "sampling: unknown key 'temprature' (did you mean 'temperature'?)",
+        ),
     ],
 )
 def test_invalid_jobs_are_422_naming_the_field(

@@ -25,6 +25,14 @@ def test_healthz(client: TestClient) -> None:
     assert client.get("/healthz").json() == {"status": "ok"}
 
 
+def test_the_root_sends_a_browser_to_the_dashboard(client: TestClient) -> None:
+    """`GET /` was a 404: a newcomer opening the API's address saw nothing."""
+    response = client.get("/", follow_redirects=False)
+    assert response.status_code == 307
+    assert response.headers["location"] == "/ui/"
+    assert client.get("/").url.path.startswith("/ui/")  # the dashboard (or its sign-in)
+
+
 def test_readyz_with_database_and_broker_up(client: TestClient) -> None:
     response = client.get("/readyz")
     assert response.status_code == 200, response.text

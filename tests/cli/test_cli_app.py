@@ -43,6 +43,46 @@ def test_a_bad_job_file_is_a_clear_message(tmp_path: Path, content: str, message
     assert result.exception is None or isinstance(result.exception, SystemExit)
 
 
+MIXED = '{"instruction": "6*7?", "answer": "42"}\n{"instruction": "Say hi."}\n'
+BARE = '{"instruction": "Say hi."}\n'
+
+
+@pytest.mark.parametrize(
+    ("content", "options", "message"),
+    [
+        (MIXED, [], "tasks.jsonl: no evaluator named and only some tasks have 'answer': tasks[1]"),
+        (MIXED, [], "or pass --evaluator"),
+        (
+            BARE,
+            ["--evaluator", "exact_match"],
+            "evaluator 'exact_match' reads each task's 'answer'",
+        ),
+        (BARE, ["--evaluator", '{"name": "tests"}'], "reads each task's 'tests', which tasks[0]"),
+    ],
+)
+def test_an_evaluator_the_tasks_cannot_feed_is_refused_before_any_request(
+    tmp_path: Path, content: str, options: list[str], message: str
+) -> None:
+    """Before, the mixed file was scored by `completed` and the other two ended every rollout
+    unscored: the CLI now refuses them with the API's rule, without a request (a closed port)."""
+    path = tmp_path / "tasks.jsonl"
+    path.write_text(content)
+    url = ["--url", "http://127.0.0.1:9"]
+    result = CliRunner().invoke(app, ["submit", str(path), *options, *url])
+    assert result.exit_code == 2, result.output
+    output = " ".join(result.output.split())  # the console wraps long lines
+    assert message in output
+    assert "Connection refused" not in output
+
+
+def test_a_mixed_file_is_accepted_once_the_evaluator_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "tasks.jsonl"
+    path.write_text(MIXED)
+    args = ["submit", str(path), "--evaluator", "completed", "--url", "http://127.0.0.1:9"]
+    result = CliRunner().invoke(app, args)
+    assert "Connection refused" in result.output  # past the checks, on to the (absent) API
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

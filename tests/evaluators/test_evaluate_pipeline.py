@@ -24,8 +24,10 @@ pytestmark = pytest.mark.e2e
 TASKS = [
     {"instruction": "What is 6*7?", "answer": "42", "grade": 7},
     {"instruction": "What is 100-1?", "answer": "98", "grade": 9},  # wrong: the gate stays shut
-    {"instruction": "Compute 12+30.", "answer": "42"},  # no "grade": the judge cannot be asked
 ]
+UNGRADED = {"instruction": "Compute 12+30.", "answer": "42"}
+"""No "grade": the judge could not be asked. Such a task used to run, every rollout of it ending
+unscored; it is refused at submit now (`test_a_task_the_judge_cannot_read_is_refused...`)."""
 # The fake policy answers a user turn "RESULT: x" with "ANSWER: x": the judge "says" the score.
 GATED_JUDGE = {
     "name": "gate",
@@ -54,7 +56,7 @@ def test_gated_judge_rewards_and_judge_calls(
     job_id = run_job(stack, TASKS, GATED_JUDGE)
     with db_session_factory() as session:
         rollouts = session.scalars(select(Rollout).where(Rollout.job_id == job_id)).all()
-        assert len(rollouts) == 6
+        assert len(rollouts) == 4
         for rollout in rollouts:
             (evaluation,) = session.scalars(
                 select(Evaluation).where(Evaluation.rollout_id == rollout.id)
@@ -83,16 +85,19 @@ def test_gated_judge_rewards_and_judge_calls(
                 assert detail["then"]["detail"]["reply"] == "ANSWER: Score: 7/10 for '42'"
                 assert len(judge_calls) == 1
                 assert judge_calls[0].seq > max(c.seq for c in agent_calls)
-            elif rollout.task_index == 1:
+            else:
                 assert rollout.reward == evaluation.reward == 0.0
                 assert detail["passed"] is False
                 assert judge_calls == []  # a shut gate costs no judge call
-            else:
-                assert rollout.reward is None and evaluation.reward is None
-                assert detail["then"]["detail"]["message"] == (
-                    "prompt template fields missing from the task: grade"
-                )
-                assert judge_calls == []
+
+
+def test_a_task_the_judge_cannot_read_is_refused_at_submission(stack: LocalStack) -> None:
+    with pytest.raises(PolarMQError) as excinfo:
+        client_of(stack).submit([*TASKS, UNGRADED], samples_per_task=1, evaluator=GATED_JUDGE)
+    assert excinfo.value.status == 422
+    assert "evaluator 'gate' reads each task's 'grade', which tasks[2] (1 of 3 tasks) lack" in str(
+        excinfo.value
+    )
 
 
 def test_an_evaluator_error_is_recorded_with_its_reason(

@@ -28,7 +28,7 @@ from polar_mq.workers.stages import run_agent
 TASKS = [{"instruction": "say hi"}]
 
 FULL: dict[str, Any] = {
-    "tasks": TASKS,
+    "tasks": [{"instruction": "say hi", "answer": "hi"}],  # exact_match reads the answer
     "samples_per_task": 4,
     "harness": {"type": "command", "command": "echo hi", "env": {"A": "1"}},
     "runtime": {"kind": "local", "prepare": {"files": {"a.txt": "x"}, "commands": ["true"]}},

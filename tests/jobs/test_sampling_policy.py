@@ -79,6 +79,27 @@ def test_bad_modes_fields_and_values_are_refused(sampling: dict[str, Any], messa
     assert message in str(caught.value)
 
 
+@pytest.mark.parametrize(
+    ("key", "message"),
+    [
+        ("temprature", "unknown key 'temprature' (did you mean 'temperature'?)"),
+        ("max_token", "unknown key 'max_token' (did you mean 'max_tokens'?)"),
+        ("topp", "unknown key 'topp' (did you mean 'top_p'?)"),
+        ("colour", "unknown key 'colour'; enforced by the proxy: temperature, top_p"),
+    ],
+)
+def test_an_unknown_key_is_refused_with_the_closest_known_one(key: str, message: str) -> None:
+    """A typo used to be stored and ignored: the job ran at the harness's own temperature."""
+    with pytest.raises(ValidationError) as caught:
+        job({key: 0.7})
+    assert message in str(caught.value)
+
+
+def test_engine_sampling_keys_the_proxy_does_not_enforce_are_accepted() -> None:
+    passed = {"seed": 1, "min_p": 0.05, "repetition_penalty": 1.1, "stop": ["\n"], "n": 1}
+    assert job({**passed, "presence_penalty": 0.5}).stored_spec()["sampling"]["seed"] == 1
+
+
 def test_values_that_are_not_enforced_are_not_checked() -> None:
     job({"top_k": "5"})  # top_k is off by default
     job({"temperature": "hot", "enforce": {"temperature": "off"}})

@@ -16,11 +16,13 @@ from polar_mq.api.deps import SessionDep, SettingsDep, get_principal
 from polar_mq.api.errors import ApiError
 from polar_mq.api.responses import OrjsonResponse
 from polar_mq.api.schemas import SubmitResponse, error_responses
+from polar_mq.config import Settings
 from polar_mq.jobs import queries, results
 from polar_mq.jobs.context_check import CONTEXT_OVERFLOW, context_problem
 from polar_mq.jobs.group_stats import GRPO_EPS
 from polar_mq.jobs.read_models import ResultsPage
 from polar_mq.jobs.schemas import JobCreate
+from polar_mq.jobs.served_models import UNKNOWN_MODEL, choose_model, engine_models
 from polar_mq.submit import submit_job
 from polar_mq.tenants.floors import floor_of
 from polar_mq.tenants.quotas import Owner, tenant_quota
@@ -61,6 +63,7 @@ def submit(
     problem = context_problem(spec, settings.served_model_max_len)
     if problem is not None:  # every call of the job would be refused by the engine
         raise ApiError(422, CONTEXT_OVERFLOW, problem)
+    spec = _with_served_model(spec, settings)
     job = submit_job(session, spec, settings.pool, owner)
     if job.created:
         log.info(
@@ -72,6 +75,18 @@ def submit(
         )
     body = {"job_id": job.job_id, "rollout_ids": job.rollout_ids, "created": job.created}
     return OrjsonResponse(body, status_code=201 if job.created else 200)
+
+
+def _with_served_model(spec: JobCreate, settings: Settings) -> JobCreate:
+    """`spec` with the engine's model when it names none; 422 for a model the engine does not
+    serve (`polar_mq.jobs.served_models`; nothing to check when the proxy maps every name)."""
+    if settings.served_model is not None:
+        return spec
+    upstream = settings.upstream_urls[0] if settings.upstream_urls else settings.upstream_url
+    choice = choose_model(spec.model, engine_models(upstream))
+    if choice.problem is not None:
+        raise ApiError(422, UNKNOWN_MODEL, choice.problem)
+    return spec if choice.model == spec.model else spec.model_copy(update={"model": choice.model})
 
 
 @router.get("", response_model=queries.JobPage, responses=error_responses(400))
