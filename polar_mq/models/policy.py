@@ -1,7 +1,8 @@
 """The trainer's policy: which weights the inference servers serve now, and groups too stale to use.
 
 `policy_state` holds one row per policy name (one, "default", today): the version the trainer
-declared last and whether generation is paused for a weight update. The API writes it; every proxy
+declared last, whether generation is paused for a weight update, and the LoRA adapter (name and
+directory) that version's calls are served by. The API writes it; every proxy
 reads it at start and polls it, so a proxy that restarts or missed a push converges on its own.
 
 `stale_groups` records each group that was found too old for the trainer (its oldest token came
@@ -28,6 +29,10 @@ class PolicyState(Base):
     name: Mapped[str] = mapped_column(String(100), primary_key=True, default=DEFAULT_POLICY)
     version: Mapped[int] = mapped_column(Integer, default=0)
     paused: Mapped[bool] = mapped_column(Boolean, default=False)
+    adapter_name: Mapped[str | None] = mapped_column(String(200), default=None)
+    """The LoRA adapter the engines serve this version with (vLLM `lora_name`); None: none."""
+    adapter_path: Mapped[str | None] = mapped_column(String(4096), default=None)
+    """The adapter's directory, as the engines read it (the API may not share their disk)."""
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 

@@ -16,9 +16,12 @@ from typing import Any
 
 import httpx
 
+from polar_mq.policy.weights import Adapter
 from polar_mq.tls import client_ssl_context
 
 CONNECT_TIMEOUT_S = 5.0
+LOAD_TIMEOUT_S = 300.0
+"""An adapter load: the proxies load into their backends at once, each within this."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +34,11 @@ class ProxyReport:
     """Calls that were running when the pause began: the ones the drain waited for."""
     drained: bool | None = None
     error: str | None = None
+    adapter_loads: dict[str, str | None] | None = None
+    """Adapter load: each backend's error, None where it loaded (a backend that failed is out of
+    that proxy's rotation)."""
+    unloaded: list[str] | None = None
+    """Adapter load with `unload_others`: the `backend:adapter` pairs unloaded."""
 
 
 class ProxyControl:
@@ -43,8 +51,10 @@ class ProxyControl:
         `drain_timeout_s` for the calls in flight (they finish on the old weights)."""
 
         def one(client: httpx.Client, url: str) -> ProxyReport:
-            self._post(client, url, "/admin/policy_version", {"version": version})
+            # Paused before the version moves: a call that starts in between would be stamped
+            # with the new version and served by the old weights.
             first = self._post(client, url, "/admin/pause", {})
+            self._post(client, url, "/admin/policy_version", {"version": version})
             answer = self._post(
                 client,
                 url,
@@ -61,6 +71,19 @@ class ProxyControl:
             )
 
         return self._each(one, read_timeout_s=drain_timeout_s + 10)
+
+    def load_adapter(self, adapter: Adapter, unload_others: bool) -> list[ProxyReport]:
+        """Load `adapter` into every backend of every proxy (paused and drained first); with
+        `unload_others`, unload the adapters loaded before (no call can still use them)."""
+        body = {"name": adapter.name, "path": adapter.path, "unload_others": unload_others}
+
+        def one(client: httpx.Client, url: str) -> ProxyReport:
+            answer = self._post(client, url, "/admin/adapter", body)
+            loads = {str(k): (None if v is None else str(v)) for k, v in answer["backends"].items()}
+            unloaded = [str(u) for u in answer["unloaded"]]
+            return ProxyReport(url, True, adapter_loads=loads, unloaded=unloaded)
+
+        return self._each(one, read_timeout_s=LOAD_TIMEOUT_S + 30)
 
     def resume(self, version: int) -> list[ProxyReport]:
         def one(client: httpx.Client, url: str) -> ProxyReport:

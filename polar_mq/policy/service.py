@@ -8,7 +8,16 @@ The trainer's side of a weight update is two calls:
 2. `resume()`: the proxies let the held calls go, served (and stamped) by the new version.
 
 Without `pause`, the version is stamped on the next calls at once (for trainers that update
-weights in place). Either way, groups that the new version makes too old are judged, and the
+weights in place).
+
+With `adapter_path` (a LoRA adapter directory the engines can read) the update carries the
+weights itself, in one call: the version and adapter are recorded (paused, so proxies that only
+follow the database hold too), every proxy pauses and drains, loads the adapter into all its
+backends (a backend that fails leaves the rotation), and resumes (unless `pause` asked to stay
+paused): calls after that are served by the adapter and stamped with the version. When every
+proxy drained, the adapters loaded before are unloaded (no call can still use them).
+
+Either way, groups that the new version makes too old are judged, and the
 jobs waiting for capacity admit their next groups. No database transaction is held while the
 proxies drain.
 """
@@ -17,6 +26,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
@@ -27,6 +37,7 @@ from polar_mq.policy.admission import admit_all
 from polar_mq.policy.proxies import ProxyControl, ProxyReport
 from polar_mq.policy.staleness import judge_staleness
 from polar_mq.policy.state import PolicyView, current_policy, write_policy
+from polar_mq.policy.weights import Adapter, adapter_for
 from polar_mq.spec import load_spec
 
 
@@ -46,6 +57,15 @@ class PolicyUpdate:
     """Groups found too old for the trainer by this update (withheld or dropped)."""
     groups_admitted: int
     proxies: list[ProxyReport] = field(default_factory=list)
+    adapter: Adapter | None = None
+    """The adapter published with this version (its `name` is the engines' `lora_name`)."""
+    adapter_loaded: bool | None = None
+    """Every proxy was reached and every backend of each loaded it. None: no adapter published,
+    or no proxy configured to ask (proxies load it from the database within `policy_sync_s`)."""
+    adapter_loads: list[ProxyReport] = field(default_factory=list)
+    """Each proxy's answer to the load: per backend None (loaded) or the error."""
+    resumed: list[ProxyReport] = field(default_factory=list)
+    """Each proxy's answer to the resume that ends an adapter update."""
 
 
 class PolicyService:
@@ -57,8 +77,13 @@ class PolicyService:
         with unit_of_work(self.factory) as session:
             return current_policy(session)
 
-    def update(self, version: int, pause: bool, drain_timeout_s: float) -> PolicyUpdate:
+    def update(
+        self, version: int, pause: bool, drain_timeout_s: float, adapter_path: str | None = None
+    ) -> PolicyUpdate:
         """Raises VersionWentBack (nothing changed)."""
+        if adapter_path is not None:
+            adapter = adapter_for(version, adapter_path)
+            return self._publish(version, pause, drain_timeout_s, adapter)
         with unit_of_work(self.factory) as session:
             before, after = write_policy(session, version=version, paused=pause or None)
         started = time.monotonic()
@@ -67,19 +92,58 @@ class PolicyService:
         else:
             reports = self.proxies.set_version(version)
         waited = time.monotonic() - started
+        return self._outcome(version, before.version, after.paused, reports, waited)
+
+    def _publish(
+        self, version: int, stay_paused: bool, drain_timeout_s: float, adapter: Adapter
+    ) -> PolicyUpdate:
+        """New weights: pause, drain, load the adapter everywhere, resume."""
+        with unit_of_work(self.factory) as session:
+            before, _ = write_policy(session, version=version, paused=True, adapter=adapter)
+        started = time.monotonic()
+        paused = self.proxies.pause(version, drain_timeout_s)
+        reached = [r for r in paused if r.ok]
+        drained = len(reached) == len(paused) and all(r.drained for r in reached)
+        loads = self.proxies.load_adapter(adapter, unload_others=drained)
+        resumed: list[ProxyReport] = []
+        if not stay_paused:
+            with unit_of_work(self.factory) as session:
+                write_policy(session, paused=False)
+            resumed = self.proxies.resume(version)
+        waited = time.monotonic() - started
+        return self._outcome(
+            version, before.version, stay_paused, paused, waited,
+            adapter=adapter,
+            adapter_loaded=_all_loaded(loads) if loads else None,
+            adapter_loads=loads,
+            resumed=resumed,
+        )  # fmt: skip
+
+    def _outcome(
+        self,
+        version: int,
+        previous: int,
+        paused: bool,
+        reports: list[ProxyReport],
+        waited_s: float,
+        **adapter: Any,
+    ) -> PolicyUpdate:
+        """What an update did: the proxies' drain figures, and the groups it judged stale or
+        admitted (the jobs are judged again under the new version)."""
         stale, admitted = self._rejudge(version)
         reached = [r for r in reports if r.ok]
         return PolicyUpdate(
             version=version,
-            previous_version=before.version,
-            paused=after.paused,
+            previous_version=previous,
+            paused=paused,
             drained=all(r.drained is not False for r in reached),
             in_flight=sum(r.in_flight or 0 for r in reached),
             drained_calls=sum(r.in_flight_at_pause or 0 for r in reached),
-            waited_s=round(waited, 3),
+            waited_s=round(waited_s, 3),
             groups_stale=stale,
             groups_admitted=admitted,
             proxies=reports,
+            **adapter,
         )
 
     def resume(self) -> tuple[PolicyView, list[ProxyReport]]:
@@ -103,3 +167,8 @@ class PolicyService:
         with unit_of_work(self.factory) as session:
             admitted = admit_all(session, version, worker="policy")
         return stale, admitted
+
+
+def _all_loaded(loads: list[ProxyReport]) -> bool:
+    """Every proxy answered the load and every backend of each carries the adapter."""
+    return all(r.ok and all(e is None for e in (r.adapter_loads or {}).values()) for r in loads)

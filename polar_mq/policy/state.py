@@ -15,10 +15,16 @@ from sqlalchemy.orm import Session
 
 from polar_mq.models import DEFAULT_POLICY, PolicyState
 from polar_mq.models.base import utcnow
+from polar_mq.policy.weights import Adapter
 
 
 class VersionWentBack(Exception):
     """A policy version lower than the current one (the API answers 409)."""
+
+
+class AdapterChanged(VersionWentBack):
+    """The current version republished with another adapter (409): the engines already hold an
+    adapter of that version's name, and would keep serving it, so new weights need a new version."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,13 +33,21 @@ class PolicyView:
     paused: bool
     updated_at: datetime | None
     """None while no version was ever set (version 0, never paused)."""
+    adapter: Adapter | None = None
+    """The LoRA adapter the engines serve this version with; None: the base weights."""
+
+
+def _adapter(row: PolicyState) -> Adapter | None:
+    if row.adapter_name is None or row.adapter_path is None:
+        return None
+    return Adapter(row.adapter_name, row.adapter_path)
 
 
 def current_policy(session: Session, name: str = DEFAULT_POLICY) -> PolicyView:
     row = session.get(PolicyState, name)
     if row is None:
         return PolicyView(0, False, None)
-    return PolicyView(row.version, row.paused, row.updated_at)
+    return PolicyView(row.version, row.paused, row.updated_at, _adapter(row))
 
 
 def current_version(session: Session, name: str = DEFAULT_POLICY) -> int:
@@ -45,9 +59,11 @@ def write_policy(
     *,
     version: int | None = None,
     paused: bool | None = None,
+    adapter: Adapter | None = None,
     name: str = DEFAULT_POLICY,
 ) -> tuple[PolicyView, PolicyView]:
-    """Set the version and/or the pause flag; (before, after). Raises VersionWentBack.
+    """Set the version, the pause flag and/or the adapter (None: unchanged); (before, after).
+    Raises VersionWentBack.
 
     The row is locked for the rest of the transaction, so two concurrent updates serialise and
     the monotonic check cannot be raced.
@@ -61,16 +77,27 @@ def write_policy(
         session.flush()
         before = PolicyView(0, False, None)
     else:
-        before = PolicyView(row.version, row.paused, row.updated_at)
+        before = PolicyView(row.version, row.paused, row.updated_at, _adapter(row))
     if version is not None:
         if version < row.version:
             raise VersionWentBack(
                 f"policy version {version} is older than the current version {row.version}"
                 " (versions only go forward)"
             )
+        if (
+            adapter is not None
+            and row.adapter_name == adapter.name
+            and row.adapter_path != adapter.path
+        ):
+            raise AdapterChanged(
+                f"policy version {version} was published with the adapter {row.adapter_path!r};"
+                " publish new weights as a new version"
+            )
         row.version = version
     if paused is not None:
         row.paused = paused
+    if adapter is not None:
+        row.adapter_name, row.adapter_path = adapter.name, adapter.path
     row.updated_at = utcnow()
     session.flush()
-    return before, PolicyView(row.version, row.paused, row.updated_at)
+    return before, PolicyView(row.version, row.paused, row.updated_at, _adapter(row))

@@ -6,6 +6,9 @@ a pause. So the proxy reads `policy_state` once before it serves (a restarted pr
 version 0 by mistake) and then every `policy_sync_s`, applying it to every backend only when
 the recorded state changed: an operator's per-backend admin change is not undone by the poll.
 A database that cannot be read leaves the backends as they are (the proxy keeps serving).
+
+The recorded LoRA adapter is loaded into every backend before the recorded pause is lifted, so a
+proxy that starts (or missed the API's push) never serves a published version on old weights.
 """
 
 from __future__ import annotations
@@ -18,21 +21,32 @@ from collections.abc import Callable
 from sqlalchemy import Engine, select
 
 from polar_mq.models import DEFAULT_POLICY, PolicyState
+from polar_mq.policy.weights import Adapter
+from polar_mq.proxy.adapters import load_everywhere
 from polar_mq.proxy.backends import BackendPool
 
 log = logging.getLogger(__name__)
 
-PolicyReader = Callable[[], tuple[int, bool] | None]
-"""(version, paused) as recorded, None when nothing is recorded; raises when unreadable."""
+Recorded = tuple[int, bool, Adapter | None]
+PolicyReader = Callable[[], Recorded | None]
+"""(version, paused, adapter) as recorded, None when nothing is recorded; raises when
+unreadable."""
 
 
 def db_reader(engine: Engine, name: str = DEFAULT_POLICY) -> PolicyReader:
-    query = select(PolicyState.version, PolicyState.paused).where(PolicyState.name == name)
+    query = select(
+        PolicyState.version, PolicyState.paused, PolicyState.adapter_name, PolicyState.adapter_path
+    ).where(PolicyState.name == name)
 
-    def read() -> tuple[int, bool] | None:
+    def read() -> Recorded | None:
         with engine.connect() as conn:
             row = conn.execute(query).first()
-        return (int(row.version), bool(row.paused)) if row is not None else None
+        if row is None:
+            return None
+        adapter = None
+        if row.adapter_name is not None and row.adapter_path is not None:
+            adapter = Adapter(row.adapter_name, row.adapter_path)
+        return int(row.version), bool(row.paused), adapter
 
     return read
 
@@ -42,7 +56,7 @@ class PolicySync:
         self.pool = pool
         self.read = read
         self.interval_s = interval_s
-        self.applied: tuple[int, bool] | None = None
+        self.applied: Recorded | None = None
         self._task: asyncio.Task[None] | None = None
         self._failing = False
 
@@ -57,7 +71,11 @@ class PolicySync:
         self._failing = False
         if state is None or state == self.applied:
             return
-        version, paused = state
+        version, paused, adapter = state
+        if adapter is not None and (self.applied is None or adapter != self.applied[2]):
+            for backend in self.pool.backends.values():  # hold calls while it loads
+                backend.pause()
+            await load_everywhere(self.pool, adapter)
         for backend in self.pool.backends.values():
             backend.policy_version = version
             if paused:

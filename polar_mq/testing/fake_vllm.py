@@ -5,15 +5,21 @@ tokenizes with a byte tokenizer and answers with a scripted calculator policy, s
 exact token ids, logprobs and answers without a model. Inject it with `httpx.ASGITransport`, or
 serve it: `python -m polar_mq.testing.fake_vllm --port 8011 [--ttft-ms 20 --token-delay-ms 5]`.
 `app.state.stats` counts what reached it (e.g. to prove a refused call was never forwarded).
+
+LoRA adapters load and unload at runtime as on vLLM with `VLLM_ALLOW_RUNTIME_LORA_UPDATING`
+(`/v1/load_lora_adapter`, `/v1/unload_lora_adapter`, the same answers and errors); a call naming a
+loaded adapter is served by it, and an adapter shifts every logprob by `ADAPTER_SHIFT` (the token
+ids stay), so a test can tell which weights served a call. `fail_loads` makes loads fail.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +49,10 @@ from polar_mq.testing.fake_sampling import sample
 from polar_mq.testing.fake_tokenizer import decode, encode, render_chat
 from polar_mq.testing.scripted_policy import Policy, load_policy
 
+ADAPTER_SHIFT = -0.5
+"""Added to every logprob of a call served by a LoRA adapter."""
+ADAPTER_CONFIG = "adapter_config.json"
+
 
 @dataclass
 class FakeStats:
@@ -55,6 +65,10 @@ class FakeStats:
     streams_aborted: int = 0
     generations_cancelled: int = 0
     """Non-streaming generations abandoned by the caller before they finished."""
+    models: Counter[str] = field(default_factory=Counter)
+    """Generations per model that served them (the base model or an adapter's name)."""
+    events: list[tuple[str, str]] = field(default_factory=list)
+    """In order: ("load" | "unload", adapter) and ("serve", model) for each generation."""
 
 
 class FakeVllm:
@@ -74,6 +88,10 @@ class FakeVllm:
         self.token_delay_s = token_delay_s
         self.max_model_len = max_model_len
         self.stats = FakeStats()
+        self.adapters: dict[str, str] = {}
+        """Loaded LoRA adapters: lora_name → lora_path."""
+        self.fail_loads = False
+        """Every adapter load fails (HTTP 500), as when the engine cannot read the adapter."""
 
     async def _body(self, request: Request) -> dict[str, Any]:
         self.stats.paths[request.url.path] += 1
@@ -84,14 +102,28 @@ class FakeVllm:
         if not isinstance(body, dict):
             raise BadRequest("the request body must be a JSON object")
         model = body.get("model")
-        if model is not None and model != self.model:
+        if model is not None and model != self.model and model not in self.adapters:
             raise BadRequest(f"The model `{model}` does not exist.", 404, "model")
         return body
 
+    def _served_by(self, body: dict[str, Any]) -> str:
+        """The model serving a generation (recorded); an adapter's name when one is named."""
+        model = body.get("model")
+        served = model if isinstance(model, str) and model in self.adapters else self.model
+        self.stats.models[served] += 1
+        self.stats.events.append(("serve", served))
+        return served
+
+    def _shift(self, served: str, chunks: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+        """The adapter's mark on its output: every logprob moved by `ADAPTER_SHIFT`."""
+        for chunk in chunks:
+            yield _shifted(chunk, ADAPTER_SHIFT) if served != self.model else chunk
+
     def _options(self, body: dict[str, Any], logprobs: int | None, n: int) -> Options:
         stream_options = body.get("stream_options") or {}
+        model = body.get("model")
         return Options(
-            model=self.model,
+            model=model if isinstance(model, str) and model in self.adapters else self.model,
             want_ids=bool(body.get("return_token_ids")),
             logprobs=logprobs,
             n=n,
@@ -132,10 +164,12 @@ class FakeVllm:
             return error_response(exc)
         policy = self.script or chat_reply
         result = sample(policy(messages, tools), budget)
+        served = self._served_by(body)
         if body.get("stream"):
-            return self._stream(chat_chunks(prompt_ids, result, opts))
+            return self._stream(self._shift(served, chat_chunks(prompt_ids, result, opts)))
         await self._wait(len(result.token_ids))
-        return json_response(chat_response(prompt_ids, result, opts))
+        (answer,) = self._shift(served, [chat_response(prompt_ids, result, opts)])
+        return json_response(answer)
 
     async def completions(self, request: Request) -> Response:
         try:
@@ -150,10 +184,43 @@ class FakeVllm:
         except BadRequest as exc:
             return error_response(exc)
         samples = [sample(Reply(completion_text(decode(p))), budget) for p in prompts]
+        served = self._served_by(body)
         if body.get("stream"):
-            return self._stream(completion_chunks(prompts, samples, opts))
+            return self._stream(self._shift(served, completion_chunks(prompts, samples, opts)))
         await self._wait(max(len(s.token_ids) for s in samples))
-        return json_response(completion_response(prompts, samples, opts))
+        (answer,) = self._shift(served, [completion_response(prompts, samples, opts)])
+        return json_response(answer)
+
+    async def load_lora_adapter(self, request: Request) -> Response:
+        """vLLM's runtime LoRA load: 400 for a name already loaded or a missing adapter."""
+        try:
+            body = await self._body(request)
+            name, path = body.get("lora_name"), body.get("lora_path")
+            if not isinstance(name, str) or not name or not isinstance(path, str) or not path:
+                raise BadRequest("Both 'lora_name' and 'lora_path' must be provided.")
+            if name in self.adapters:
+                raise BadRequest(f"The lora adapter '{name}' has already been loaded.")
+            if self.fail_loads:
+                raise BadRequest(f"Failed to load LoRA adapter '{name}' (injected)", 500)
+            if not os.path.isfile(os.path.join(path, ADAPTER_CONFIG)):
+                raise BadRequest(f"No adapter found for {path}", 404)
+        except BadRequest as exc:
+            return error_response(exc)
+        self.adapters[name] = path
+        self.stats.events.append(("load", name))
+        return Response(f"Success: LoRA adapter '{name}' added successfully.".encode(), 200)
+
+    async def unload_lora_adapter(self, request: Request) -> Response:
+        try:
+            body = await self._body(request)
+            name = body.get("lora_name")
+            if not isinstance(name, str) or name not in self.adapters:
+                raise BadRequest(f"The lora adapter '{name}' cannot be found.", 404)
+        except BadRequest as exc:
+            return error_response(exc)
+        del self.adapters[name]
+        self.stats.events.append(("unload", name))
+        return Response(f"Success: LoRA adapter '{name}' removed successfully.".encode(), 200)
 
     async def _wait(self, n_tokens: int) -> None:
         delay = self.ttft_s + self.token_delay_s * max(n_tokens - 1, 0)
@@ -225,13 +292,41 @@ class FakeVllm:
             "parent": None,
             "max_model_len": self.max_model_len,
         }
-        return json_response({"object": "list", "data": [card]})
+        loras = [
+            {**card, "id": name, "root": path, "parent": self.model}
+            for name, path in self.adapters.items()
+        ]
+        return json_response({"object": "list", "data": [card, *loras]})
 
     async def health(self, request: Request) -> Response:
         return Response(b"", 200)
 
     async def version(self, request: Request) -> Response:
         return json_response({"version": "0.32.0"})
+
+
+def _shifted(value: Any, delta: float) -> Any:
+    """`value` (a response or chunk) with every logprob moved by `delta`."""
+    if isinstance(value, list):
+        return [_shifted(v, delta) for v in value]
+    if not isinstance(value, dict):
+        return value
+    out: dict[str, Any] = {}
+    for key, item in value.items():
+        if key == "logprob" and isinstance(item, int | float):
+            out[key] = item + delta
+        elif key == "token_logprobs" and isinstance(item, list):
+            out[key] = [v + delta if isinstance(v, int | float) else v for v in item]
+        elif key == "top_logprobs" and isinstance(item, list):  # completions: {token: logprob}
+            out[key] = [
+                {k: v + delta for k, v in d.items()}
+                if isinstance(d, dict) and "logprob" not in d
+                else _shifted(d, delta)
+                for d in item
+            ]
+        else:
+            out[key] = _shifted(item, delta)
+    return out
 
 
 def create_fake_vllm_app(
@@ -252,6 +347,8 @@ def create_fake_vllm_app(
             Route("/tokenize", fake.tokenize, methods=["POST"]),
             Route("/detokenize", fake.detokenize, methods=["POST"]),
             Route("/v1/models", fake.models, methods=["GET"]),
+            Route("/v1/load_lora_adapter", fake.load_lora_adapter, methods=["POST"]),
+            Route("/v1/unload_lora_adapter", fake.unload_lora_adapter, methods=["POST"]),
             Route("/health", fake.health, methods=["GET"]),
             Route("/version", fake.version, methods=["GET"]),
         ]

@@ -21,3 +21,14 @@ def test_fewer_than_one_thread_is_refused(capsys: pytest.CaptureFixture[str]) ->
         main(["--threads", "0"])
     assert exited.value.code == 2
     assert "--threads must be at least 1" in capsys.readouterr().err
+
+
+def test_lora_is_enabled_with_runtime_updates_only_when_asked() -> None:
+    plain = LocalVllmServer(8011)
+    assert "--enable-lora" not in plain.command()
+    assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in plain.environment()
+    lora = LocalVllmServer(8011, enable_lora=True)
+    command = lora.command()
+    at = command.index("--enable-lora")
+    assert command[at : at + 5] == ["--enable-lora", "--max-lora-rank", "8", "--max-loras", "2"]
+    assert lora.environment()["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"

@@ -59,22 +59,22 @@ def test_sync_applies_the_recorded_state_only_when_it_changes() -> None:
         pool = BackendPool(("/v1/chat/completions",))
         pool.add("http://127.0.0.1:1", name="a")
         pool.add("http://127.0.0.1:2", name="b")
-        recorded: list[tuple[int, bool] | None] = [None]
+        recorded: list[tuple[int, bool, None] | None] = [None]
         sync = PolicySync(pool, lambda: recorded[0], interval_s=60)
         await sync.sync_once()
         assert [b.policy_version for b in pool.backends.values()] == [0, 0]
-        recorded[0] = (4, True)
+        recorded[0] = (4, True, None)
         await sync.sync_once()
         assert [(b.policy_version, b.paused) for b in pool.backends.values()] == [(4, True)] * 2
         pool.backends["a"].resume()  # an operator's per-backend change ...
         pool.backends["a"].policy_version = 5
         await sync.sync_once()  # ... is not undone while the recorded state is unchanged
         assert (pool.backends["a"].policy_version, pool.backends["a"].paused) == (5, False)
-        recorded[0] = (6, False)
+        recorded[0] = (6, False, None)
         await sync.sync_once()
         assert [(b.policy_version, b.paused) for b in pool.backends.values()] == [(6, False)] * 2
 
-        def broken() -> tuple[int, bool] | None:
+        def broken() -> tuple[int, bool, None] | None:
             raise OSError("database down")
 
         sync.read = broken

@@ -11,7 +11,7 @@ from dataclasses import asdict
 from datetime import datetime
 
 from fastapi import APIRouter, Depends, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from starlette.responses import Response
 
 from polar_mq.api.access import require_briefly
@@ -20,6 +20,7 @@ from polar_mq.api.responses import OrjsonResponse
 from polar_mq.api.schemas import error_responses
 from polar_mq.policy.proxies import ProxyControl, ProxyReport
 from polar_mq.policy.service import PolicyService, PolicyUpdate
+from polar_mq.policy.weights import PATH_MAX, Adapter, path_problem
 from polar_mq.tenants.scopes import POLICY_WRITE
 
 log = logging.getLogger(__name__)
@@ -52,12 +53,29 @@ class PolicyRequest(BaseModel):
         strict=True,
         description="pause: wait at most this long for the drain",
     )
+    adapter_path: str | None = Field(
+        None,
+        max_length=PATH_MAX,
+        strict=True,
+        description="new weights: a LoRA adapter directory (peft) the inference servers can read."
+        " The proxies pause, drain, load it into every backend and resume (unless `pause`); "
+        "calls after that are served by it whatever model name the agent sends",
+    )
+
+    @field_validator("adapter_path")
+    @classmethod
+    def _adapter_shape(cls, value: str | None) -> str | None:
+        problem = None if value is None else path_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
 
 
 class PolicyResponse(BaseModel):
     version: int
     paused: bool
     updated_at: datetime | None
+    adapter: Adapter | None = None
 
 
 class ResumeResponse(PolicyResponse):
@@ -83,8 +101,11 @@ def set_policy(body: PolicyRequest, request: Request) -> Response:
 
     Capacity and staleness of every job use it at once; LLM calls are stamped with it from now
     on (with `pause`: from the resume on, and calls in flight finish on the old weights first).
+    With `adapter_path` the update loads the new weights too (pause, drain, load, resume).
     """
-    update = _service(request).update(body.version, body.pause, body.drain_timeout_s)
+    update = _service(request).update(
+        body.version, body.pause, body.drain_timeout_s, body.adapter_path
+    )
     log.info(
         "policy version %d -> %d (paused=%s drained=%s in_flight=%d waited %.2f s)",
         update.previous_version, update.version, update.paused, update.drained,

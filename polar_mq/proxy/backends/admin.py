@@ -7,9 +7,12 @@
   finish. The answer says whether they have (`drained`); `?wait_drained=true[&timeout_s=N]` waits.
 - `POST /admin/resume` `{"backend"?}`: waiting calls go ahead.
 - `POST /admin/policy_version` `{"backend"?, "version"}`: stamped on every call served from now on.
+- `POST /admin/adapter` `{"name", "path", "unload_others"?}`: load a LoRA adapter into every
+  backend (those that fail leave the rotation) and serve every call with it from now on; with
+  `unload_others`, unload the adapters loaded before (`polar_mq.proxy.adapters`).
 Without `backend` these act on every backend; with `--workers N`, on every process (`fanout`).
-An added backend starts unpaused, at the highest policy version in the pool unless given one; a
-removed one finishes its in-flight calls first.
+An added backend starts unpaused, at the highest policy version in the pool unless given one, and
+loads the current adapter before it serves; a removed one finishes its in-flight calls first.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from polar_mq.policy.weights import PATH_MAX, Adapter
+from polar_mq.proxy.adapters import load_everywhere, load_on, merged_loads, unload_others
 from polar_mq.proxy.auth import admin_allowed
 from polar_mq.proxy.backends.backend import NAME_MAX, Backend
 from polar_mq.proxy.backends.pool import BackendPool
@@ -55,6 +60,12 @@ class Target(_Strict):
 
 class SetVersion(Target):
     version: int = Field(ge=0)
+
+
+class LoadAdapter(_Strict):
+    name: str = Field(min_length=1, max_length=200)
+    path: str = Field(min_length=1, max_length=PATH_MAX)
+    unload_others: bool = False
 
 
 M = TypeVar("M", bound=BaseModel)
@@ -120,7 +131,9 @@ async def backends(request: Request) -> Response:
             version = change.policy_version
             if version is None:  # join at the version the others serve
                 version = max((b.policy_version for b in pool.backends.values()), default=0)
-            pool.add(change.url, change.name, change.weight, version)
+            added = pool.add(change.url, change.name, change.weight, version)
+            if pool.adapter is not None:  # carries the current weights before it serves
+                await load_on(added, pool.adapter)
         elif change.action == "remove":
             pool.remove(change.name)
         else:
@@ -199,6 +212,27 @@ async def policy_version(request: Request) -> Response:
     return _json({b.name: b.policy_version for b in selected})
 
 
+async def adapter(request: Request) -> Response:
+    """Load an adapter into every backend; per backend None (loaded) or the error."""
+    pool = _pool(request)
+    if pool is None:
+        return unauthorized("admin token required")
+    try:
+        body = await _read(request, LoadAdapter)
+    except (ValueError, ValidationError) as exc:
+        return _invalid(exc)
+    loads = await load_everywhere(pool, Adapter(body.name, body.path))
+    unloaded = await unload_others(pool, body.name) if body.unload_others else []
+    return _json(
+        {
+            "adapter": body.name,
+            "backends": loads,
+            "loaded": all(e is None for e in loads.values()),
+            "unloaded": unloaded,
+        }
+    )
+
+
 CHANGES = {
     "/admin/backends": backends,
     "/admin/pause": pause,
@@ -223,4 +257,7 @@ def admin_routes() -> list[Route]:
             fanned_out(policy_version, first, journal=True),
             methods=["POST"],
         ),
+        # Not journaled: a restarted worker loads the adapter recorded in the database before it
+        # serves (`policy_sync`), instead of replaying every adapter ever published.
+        Route("/admin/adapter", fanned_out(adapter, merged_loads, journal=False), methods=["POST"]),
     ]

@@ -106,6 +106,13 @@ class Backend:
         self.draining = False
         self.removed = False
         self.last_health: str | None = None
+        self.adapter: str | None = None
+        """The LoRA adapter (`lora_name`) new calls here are served by; None: the base model."""
+        self.adapter_error: str | None = None
+        """Why this backend does not carry the current adapter (a failed or pending load): it
+        takes no call until it does (`polar_mq.proxy.adapters`), never serving old weights."""
+        self.loaded: set[str] = set()
+        """Adapters this process loaded here (unloaded once no call can still use them)."""
         self._idle = asyncio.Event()
         self._idle.set()
         self._resumed = asyncio.Event()
@@ -117,7 +124,7 @@ class Backend:
 
     def usable(self) -> bool:
         """May serve a call now (its sticky rollouts included)."""
-        return not self.removed and self.breaker.available()
+        return not self.removed and self.adapter_error is None and self.breaker.available()
 
     def at_capacity(self) -> bool:
         return 0 < self.max_in_flight <= self.in_flight
@@ -175,4 +182,6 @@ class Backend:
             "breaker": self.breaker.state,
             "breaker_opened": self.breaker.times_opened,
             "last_health": self.last_health,
+            "adapter": self.adapter,
+            "adapter_error": self.adapter_error,
         }

@@ -4,6 +4,10 @@
 without it. A pass closes the backend's breaker (a backend that came back is used again even if no
 call probes it); a failure counts like a failed call, so a dead backend is taken out within
 `breaker_failures` checks even when no traffic reaches it.
+
+With a LoRA adapter published, a backend that comes back from failed checks (a restarted engine
+has lost its adapters) leaves the rotation until it has loaded the adapter again, and after each
+round the adapter is loaded into every healthy backend that lacks it (`polar_mq.proxy.adapters`).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import logging
 
 import httpx
 
+from polar_mq.proxy.adapters import reconcile
 from polar_mq.proxy.backends.backend import Backend
 from polar_mq.proxy.backends.pool import BackendPool
 
@@ -32,6 +37,9 @@ async def check_backend(backend: Backend, timeout_s: float) -> bool:
     if backend.removed:
         return False
     healthy = verdict == "ok"
+    recovered = backend.last_health not in (None, "ok")
+    if healthy and recovered and backend.adapter is not None and backend.adapter_error is None:
+        backend.adapter_error = "back from a failed health check: reloading the adapter"
     if healthy:
         backend.breaker.record_success()
     else:
@@ -59,6 +67,7 @@ class HealthChecker:
             await asyncio.sleep(self.interval_s)
             backends = list(self.pool.backends.values())
             await asyncio.gather(*(check_backend(b, self.timeout_s) for b in backends))
+            await reconcile(self.pool)
 
     async def stop(self) -> None:
         if self._task is not None:

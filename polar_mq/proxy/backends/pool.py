@@ -23,6 +23,7 @@ import httpx
 from starlette.responses import Response
 
 from polar_mq.config import Settings
+from polar_mq.policy.weights import Adapter
 from polar_mq.proxy.backends.backend import (
     UPSTREAM_TIMEOUT,
     Backend,
@@ -76,6 +77,8 @@ class BackendPool:
         self._breaker = breaker or BreakerPolicy()
         self._closing: set[asyncio.Task[None]] = set()
         self._retired: list[Backend] = []
+        self.adapter: Adapter | None = None
+        """The LoRA adapter every backend must carry before it serves (`proxy.adapters`)."""
 
     @classmethod
     def from_settings(
@@ -128,6 +131,8 @@ class BackendPool:
             max_in_flight=self.max_in_flight,
             upstream_client=self.upstream_client,
         )
+        if self.adapter is not None:  # out of rotation until it carries the current adapter
+            backend.adapter_error = f"adapter {self.adapter.name} not loaded yet"
         self.backends[name] = backend
         return backend
 

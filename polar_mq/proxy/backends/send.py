@@ -133,6 +133,12 @@ async def _attempt_httpx(
     return response
 
 
+def _with_model(body: dict[str, Any], adapter: str) -> bytes:
+    """The body for a backend serving a LoRA adapter: the call runs on the adapter whatever
+    model name the agent sent (`polar_mq.proxy.adapters`)."""
+    return orjson.dumps({**body, "model": adapter})
+
+
 async def send_call(
     pool: BackendPool, call: CallContext, path: str, body: dict[str, Any], *, read: bool
 ) -> UpstreamResponse:
@@ -154,8 +160,9 @@ async def send_call(
             break
         call.backend = backend.name
         call.policy_version = backend.policy_version
+        sent = content if backend.adapter is None else _with_model(body, backend.adapter)
         try:
-            response = await _attempt(pool, backend, path, content, read)
+            response = await _attempt(pool, backend, path, sent, read)
         except STALE_CONNECTION_ERRORS as exc:
             last = exc
             if not stale_retried:  # a pooled keep-alive connection the engine had closed
