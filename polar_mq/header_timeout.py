@@ -72,7 +72,34 @@ def close_late(transport: asyncio.Transport, head_started: bool, timeout_s: floa
     transport.close()
 
 
-class _DeadlineHttpTools(HttpToolsProtocol):
+class HeadDeadlineHooks:
+    """The parser callbacks that arm and disarm a connection's `HeadDeadline`: mixed in before an
+    httptools-based protocol class (uvicorn's, the proxy's lean server's), which sets
+    `head_deadline` in its constructor and says in `_head_late` what a late head means to it."""
+
+    head_deadline: HeadDeadline
+    head_started: bool = False
+
+    def connection_made(self, transport: Any) -> None:
+        super().connection_made(transport)  # type: ignore[misc]
+        self.head_deadline.arm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.head_deadline.disarm()
+        super().connection_lost(exc)  # type: ignore[misc]
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()  # type: ignore[misc]
+        self.head_started = True
+        self.head_deadline.arm()
+
+    def on_headers_complete(self) -> None:
+        self.head_deadline.disarm()
+        self.head_started = False
+        super().on_headers_complete()  # type: ignore[misc]
+
+
+class _DeadlineHttpTools(HeadDeadlineHooks, HttpToolsProtocol):
     """uvicorn's httptools protocol with a `HeadDeadline` (see the module docstring)."""
 
     header_timeout_s: float = 10.0
@@ -80,25 +107,6 @@ class _DeadlineHttpTools(HttpToolsProtocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.head_deadline = HeadDeadline(self.loop, self.header_timeout_s, self._head_late)
-        self.head_started = False
-
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
-        self.head_deadline.arm()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.head_deadline.disarm()
-        super().connection_lost(exc)
-
-    def on_message_begin(self) -> None:
-        super().on_message_begin()
-        self.head_started = True
-        self.head_deadline.arm()
-
-    def on_headers_complete(self) -> None:
-        self.head_deadline.disarm()
-        self.head_started = False
-        super().on_headers_complete()
 
     def _head_late(self) -> None:
         if self.flow is not None and self.flow.read_paused:

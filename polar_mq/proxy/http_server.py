@@ -19,7 +19,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message
 
-from polar_mq.header_timeout import HeadDeadline, close_late
+from polar_mq.header_timeout import HeadDeadline, HeadDeadlineHooks, close_late
 from polar_mq.proxy.http_conn import Connection
 
 logger = logging.getLogger(__name__)
@@ -79,7 +79,7 @@ class Lifespan:
             future.set_result(message.get("message") or kind if kind.endswith(".failed") else "")
 
 
-class DeadlineConnection(Connection):
+class DeadlineConnection(HeadDeadlineHooks, Connection):
     """A connection whose request heads must arrive within `header_timeout_s` (see
     `polar_mq.header_timeout`: armed on connect and on a head's first byte)."""
 
@@ -87,25 +87,6 @@ class DeadlineConnection(Connection):
         super().__init__(*args)
         self.header_timeout_s = header_timeout_s
         self.head_deadline = HeadDeadline(self.loop, header_timeout_s, self._head_late)
-        self.head_started = False
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        super().connection_made(transport)
-        self.head_deadline.arm()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.head_deadline.disarm()
-        super().connection_lost(exc)
-
-    def on_message_begin(self) -> None:
-        super().on_message_begin()
-        self.head_started = True
-        self.head_deadline.arm()
-
-    def on_headers_complete(self) -> None:
-        self.head_deadline.disarm()
-        self.head_started = False
-        super().on_headers_complete()
 
     def _head_late(self) -> None:
         if self.reading_paused:  # the server stopped reading (requests queued), not the client
