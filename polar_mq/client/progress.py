@@ -6,12 +6,22 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
+STATE_STYLES = {
+    "completed": "green", "completed_with_failures": "dark_orange", "failed": "red",
+    "cancelled": "grey50", "stopped": "yellow",
+}  # fmt: skip
+"""The colour of each ended job state (the dashboard's, as near as a terminal gets)."""
+
 
 def describe(status: Mapping[str, Any]) -> str:
-    """The bar's text: complete groups, failures, mean reward."""
+    """The bar's text: the state once the job ended, complete groups, failures, mean reward."""
     failed = status["by_status"].get("failed", 0)
     reward = status.get("mean_reward")
     parts = [f"groups {status['groups_complete']}/{status['groups_total']}"]
+    state = str(status.get("state", "running"))
+    if state in STATE_STYLES:
+        style = STATE_STYLES[state]
+        parts.insert(0, f"[{style}]{state.replace('_', ' ')}[/]")
     if failed:
         parts.append(f"[red]failed {failed}[/]")
     if reward is not None:

@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 from polar_mq.errors import NotFound
 from polar_mq.lifecycle.cancel import ROLLOUTS, R, cancel_where
 from polar_mq.models import Job, Rollout, RolloutStatus
+from polar_mq.models.base import utcnow
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,11 +32,16 @@ class CancelResult:
 def cancel(
     session: Session, *, job_id: uuid.UUID | None = None, rollout_id: uuid.UUID | None = None
 ) -> CancelResult:
-    """Cancel every unfinished rollout of a job, or one rollout. Raises NotFound."""
+    """Cancel every unfinished rollout of a job, or one rollout. Raises NotFound.
+
+    Cancelling a job that still had unfinished rollouts stamps its `cancelled_at` (its state
+    becomes `cancelled`); repeating the call keeps the first stamp."""
     if (job_id is None) == (rollout_id is None):
         raise ValueError("cancel needs exactly one of job_id and rollout_id")
+    job: Job | None = None
     if job_id is not None:
-        if session.get(Job, job_id) is None:
+        job = session.get(Job, job_id)
+        if job is None:
             raise NotFound("job", job_id)
         scope = R.job_id == job_id
     else:
@@ -43,6 +49,10 @@ def cancel(
             raise NotFound("rollout", rollout_id)
         scope = R.id == rollout_id
     cancelled = [c.id for c in cancel_where(session, scope, worker="api")]
+    if job is not None and cancelled and job.cancelled_at is None:
+        # Only a job this call stopped is `cancelled`: cancelling one that had already ended
+        # leaves its state (completed, failed...) as it was.
+        job.cancelled_at = utcnow()
     terminal = session.scalar(
         select(func.count())
         .select_from(ROLLOUTS)

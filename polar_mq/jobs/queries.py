@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 from polar_mq.errors import NotFound
 from polar_mq.jobs.cursors import decode_cursor, encode_cursor
 from polar_mq.jobs.early_stop import stop_status
+from polar_mq.jobs.job_state import RolloutCounts, job_state, outcome_columns
 from polar_mq.jobs.read_models import (
     JobPage,
     JobStatus,
@@ -27,8 +28,7 @@ from polar_mq.jobs.read_models import (
     record,
 )
 from polar_mq.jobs.schemas import JobCreate
-from polar_mq.lifecycle.completeness import group_query, terminal_flag
-from polar_mq.lifecycle.early_stop import STOPPED
+from polar_mq.lifecycle.completeness import group_query
 from polar_mq.lifecycle.stages import STAGE_OF_STATUS, STAGE_STATES
 from polar_mq.models import Job, JobTask, Rollout, RolloutStatus, TerminationReason
 from polar_mq.policy.admission import admitted_groups, capacity_groups
@@ -51,24 +51,22 @@ def get_job(session: Session, job_id: uuid.UUID) -> Job:
     return job
 
 
-def job_state(job: Job, total: int, terminal: int) -> str:
-    if job.cancelled_at is not None or job.status == "cancelled":
-        return "cancelled"
-    if job.status == STOPPED:
-        return STOPPED
-    return "completed" if total and terminal == total else "running"
-
-
 def rollout_totals(session: Session, job_id: uuid.UUID) -> tuple[int, int]:
     """(rollouts, terminal rollouts) of a job."""
-    total, terminal = (
-        session.execute(
-            select(func.count(), func.sum(terminal_flag())).where(Rollout.job_id == job_id)
-        )
-        .tuples()
-        .one()
-    )
-    return int(total), int(terminal or 0)
+    counts = job_counts(session, [job_id]).get(job_id, RolloutCounts())
+    return counts.total, counts.terminal
+
+
+def job_counts(session: Session, job_ids: list[uuid.UUID]) -> dict[uuid.UUID, RolloutCounts]:
+    """What `job_state` needs, for several jobs in one query (a job without rollouts is absent)."""
+    if not job_ids:
+        return {}
+    rows = session.execute(
+        select(Rollout.job_id, *outcome_columns())
+        .where(Rollout.job_id.in_(job_ids))
+        .group_by(Rollout.job_id)
+    ).tuples()
+    return {row[0]: RolloutCounts.of(row[1:]) for row in rows}
 
 
 def is_scored(reason: str | None) -> bool:
@@ -113,11 +111,17 @@ def job_status(session: Session, job_id: uuid.UUID) -> JobStatus:
         if n_rewarded and is_scored(reason):
             n_scored += n_rewarded
             reward_sum += float(rewards or 0.0)
+    counts = RolloutCounts(
+        total,
+        terminal,
+        by_status.get(RolloutStatus.COMPLETED, 0),
+        by_status.get(RolloutStatus.FAILED, 0),
+    )
     per_group = group_query(job_id, complete_only=True).subquery()
     groups_complete = session.scalar(select(func.count()).select_from(per_group)) or 0
     return JobStatus(
         job_id=job.id,
-        state=job_state(job, total, terminal),
+        state=job_state(job, counts),
         created_at=job.created_at,
         cancelled_at=job.cancelled_at,
         finished_at=last_finish if total and terminal == total else None,
@@ -174,25 +178,18 @@ def list_jobs(
     jobs = list(session.scalars(query))
     more = len(jobs) > limit
     jobs = jobs[:limit]
-    counts: dict[uuid.UUID, tuple[int, int]] = {}
-    if jobs:
-        rows = session.execute(
-            select(Rollout.job_id, func.count(), func.sum(terminal_flag()))
-            .where(Rollout.job_id.in_([j.id for j in jobs]))
-            .group_by(Rollout.job_id)
-        ).tuples()
-        counts = {job_id: (total, int(terminal or 0)) for job_id, total, terminal in rows}
+    counts = job_counts(session, [j.id for j in jobs])
     summaries = []
     for job in jobs:
-        total, terminal = counts.get(job.id, (0, 0))
+        job_count = counts.get(job.id, RolloutCounts())
         summaries.append(
             record(
                 JobSummary,
                 job,
                 job_id=job.id,
-                state=job_state(job, total, terminal),
-                total=total,
-                terminal=terminal,
+                state=job_state(job, job_count),
+                total=job_count.total,
+                terminal=job_count.terminal,
                 metadata=job.meta,
             )
         )

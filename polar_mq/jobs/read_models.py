@@ -9,9 +9,14 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field, fields
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 _R = TypeVar("_R")
+
+JobStateName = Literal[
+    "running", "completed", "completed_with_failures", "failed", "cancelled", "stopped"
+]
+"""A job's state (`polar_mq.jobs.job_state` says when each applies)."""
 
 
 class InvalidCursor(ValueError):
@@ -44,10 +49,14 @@ class StalenessStatus:
 @dataclass(frozen=True, slots=True)
 class JobStatus:
     job_id: uuid.UUID
-    state: str
-    """running | completed | cancelled | stopped (`stop.groups` reached, see `stop`)"""
+    state: JobStateName
+    """running | completed (every rollout ended, none failed) | completed_with_failures (some
+    completed, some failed: infrastructure failures) | failed (some failed, none completed) |
+    cancelled (the job was cancelled, or every rollout was) | stopped (`stop.groups` reached, see
+    `stop`). Every state but running means no rollout will change any more."""
     created_at: datetime
     cancelled_at: datetime | None
+    """When the job was cancelled (`POST /v1/jobs/{id}/cancel` while rollouts were unfinished)."""
     finished_at: datetime | None
     """When the last rollout ended, once every rollout is terminal."""
     n_tasks: int
@@ -97,7 +106,7 @@ class StopStatus:
 @dataclass(frozen=True, slots=True)
 class JobSummary:
     job_id: uuid.UUID
-    state: str
+    state: JobStateName
     created_at: datetime
     n_tasks: int
     samples_per_task: int
@@ -194,7 +203,7 @@ class GroupResult:
 @dataclass(frozen=True, slots=True)
 class ResultsPage:
     job_id: uuid.UUID
-    job_state: str
+    job_state: JobStateName
     job_finished: bool
     """Every rollout is terminal: no further group will complete."""
     groups: list[GroupResult]
@@ -219,7 +228,7 @@ class StageTiming:
     ended_at: datetime | None
     duration_s: float | None
     outcome: str
-    """running | finished | failed"""
+    """running | finished | failed | cancelled (the rollout was cancelled while it ran)"""
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,7 +34,8 @@ from polar_mq.jobs.group_stats import (
     public_reward,
     reward_stats,
 )
-from polar_mq.jobs.queries import clamp_limit, get_job, job_state, rollout_totals
+from polar_mq.jobs.job_state import RolloutCounts, job_state
+from polar_mq.jobs.queries import clamp_limit, get_job, job_counts
 from polar_mq.jobs.read_models import (
     GroupResult,
     PolicyVersions,
@@ -82,8 +83,8 @@ def job_results(
         raise ValueError(f"unknown advantages {advantages!r}; known: {', '.join(ADVANTAGE_KINDS)}")
     job = get_job(session, job_id)
     limit = clamp_limit(limit)
-    total, terminal = rollout_totals(session, job_id)
-    finished = total > 0 and terminal == total
+    counts = job_counts(session, [job_id]).get(job_id, RolloutCounts())
+    finished = counts.total > 0 and counts.terminal == counts.total
     query = group_query(job_id, complete_only)
     sub = query.selected_columns
     if complete_only:
@@ -111,7 +112,7 @@ def job_results(
     )
     return ResultsPage(
         job_id=job.id,
-        job_state=job_state(job, total, terminal),
+        job_state=job_state(job, counts),
         job_finished=finished,
         groups=groups,
         next_cursor=groups[-1].cursor if more and groups else None,

@@ -96,9 +96,13 @@ def stage_metrics() -> StageMetrics:
 
 
 def outcome_of(result: object) -> str:
-    """The outcome label of a stage task's return value (`runner.run_stage`) or exception."""
+    """The outcome label of a stage task's return value (`runner.run_stage`) or exception (the
+    ones `workers.tasks` raises for an outcome carry it as `outcome`)."""
     if isinstance(result, BaseException):
-        return "error"
+        outcome = getattr(result, "outcome", None)
+        if not isinstance(outcome, str):
+            return "error"
+        result = outcome
     text = str(result)
     head = text.partition(":")[0]
     return (

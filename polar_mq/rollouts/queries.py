@@ -57,6 +57,11 @@ def stage_timings(events: Sequence[EventRecord], attempt: int) -> dict[str, Stag
                 duration = round((ev.at - started_at).total_seconds(), 4)
             outcome = "finished" if ev.kind == EventKind.FINISHED else "failed"
             timings[ev.stage] = StageTiming(started_at, ev.at, duration, outcome)
+        elif ev.kind == EventKind.CANCELLED:  # a stage cancelled while running ends here
+            for stage, timing in timings.items():
+                if timing.outcome == "running" and timing.started_at is not None:
+                    took = round(max(0.0, (ev.at - timing.started_at).total_seconds()), 4)
+                    timings[stage] = StageTiming(timing.started_at, ev.at, took, "cancelled")
     return timings
 
 

@@ -218,21 +218,73 @@ def stage_intervals(
     """(stage, first start, last end or None) of each stage of each attempt of the job's
     rollouts, aggregated in the database from the events (read through the rollouts: the events
     are indexed by rollout, not by job). A stage retried in place counts as one run from its
-    first start to its end."""
+    first start to its end.
+
+    A run with no end event of its own was cut short: an attempt the sweeper or the agent stage
+    restarted (closed when the next attempt was requeued), or a rollout cancelled or failed
+    elsewhere (closed when the rollout ended). Only a run still under way stays open (None)."""
     ended = Event.kind.in_([EventKind.FINISHED, EventKind.FAILED])
+    in_job = Event.rollout_id.in_(select(Rollout.id).where(Rollout.job_id == job_id))
     rows = session.execute(
         select(
+            Event.rollout_id,
+            Event.attempt,
             Event.stage,
             func.min(Event.at).filter(Event.kind == EventKind.STARTED),
             func.max(Event.at).filter(ended),
         )
-        .where(
-            Event.rollout_id.in_(select(Rollout.id).where(Rollout.job_id == job_id)),
-            Event.kind.in_([EventKind.STARTED, EventKind.FINISHED, EventKind.FAILED]),
-        )
+        .where(in_job, Event.kind.in_([EventKind.STARTED, EventKind.FINISHED, EventKind.FAILED]))
         .group_by(Event.rollout_id, Event.attempt, Event.stage)
     ).tuples()
-    return [(stage, began, end) for stage, began, end in rows if began is not None]
+    runs = [row for row in rows if row[3] is not None]
+    cut = _attempt_ends(session, job_id) if any(row[4] is None for row in runs) else None
+    out: list[tuple[str, datetime, datetime | None]] = []
+    for rollout_id, attempt, stage, began, end in runs:
+        if end is None and cut is not None:
+            end = cut.end_of(rollout_id, attempt, began)
+        out.append((stage, began, end))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class _AttemptEnds:
+    """When each attempt of a job's rollouts ended without an end event for its running stage."""
+
+    requeued: dict[uuid.UUID, list[tuple[int, datetime]]]
+    """Per rollout: (new attempt, when it was requeued)."""
+    rollouts: dict[uuid.UUID, tuple[int, datetime | None]]
+    """Per rollout: (current attempt, finished_at once terminal)."""
+
+    def end_of(self, rollout_id: uuid.UUID, attempt: int, began: datetime) -> datetime | None:
+        later = [at for new, at in self.requeued.get(rollout_id, []) if new > attempt]
+        if later:
+            return max(min(later), began)
+        current, finished_at = self.rollouts.get(rollout_id, (attempt, None))
+        if current > attempt:  # restarted, its requeue event not found: closed where it began
+            return began
+        return None if finished_at is None else max(finished_at, began)
+
+
+def _attempt_ends(session: Session, job_id: uuid.UUID) -> _AttemptEnds:
+    requeued: dict[uuid.UUID, list[tuple[int, datetime]]] = {}
+    for rollout_id, attempt, at in session.execute(
+        select(Event.rollout_id, Event.attempt, Event.at).where(
+            Event.rollout_id.in_(select(Rollout.id).where(Rollout.job_id == job_id)),
+            Event.kind == EventKind.REQUEUED,
+        )
+    ).tuples():
+        if rollout_id is not None:
+            requeued.setdefault(rollout_id, []).append((attempt, at))
+    terminal = Rollout.status.in_(list(RolloutStatus.TERMINAL))
+    rollouts = {
+        rollout_id: (attempt, finished_at if is_terminal else None)
+        for rollout_id, attempt, finished_at, is_terminal in session.execute(
+            select(Rollout.id, Rollout.attempt, Rollout.finished_at, terminal).where(
+                Rollout.job_id == job_id
+            )
+        ).tuples()
+    }
+    return _AttemptEnds(requeued, rollouts)
 
 
 def job_fingerprint(session: Session, job_id: uuid.UUID) -> tuple[object, ...]:

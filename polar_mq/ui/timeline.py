@@ -30,7 +30,8 @@ class StageSpan:
     started_at: datetime | None = None
     ended_at: datetime | None = None
     outcome: str = "waiting"
-    """waiting | queued | running | finished | failed | cancelled"""
+    """waiting | queued | running | finished | failed | cancelled | retried (its attempt was
+    given up and the rollout started over)"""
     starts: int = 0
     """How many times a worker claimed it (more than 1: retried or resumed after a lost lease)."""
     worker: str | None = None
@@ -85,11 +86,31 @@ def _queue(spans: dict[tuple[int, str], StageSpan], attempt: int, stage: str, at
         span.outcome = "queued"
 
 
+def _close(
+    spans: dict[tuple[int, str], StageSpan],
+    at: datetime,
+    outcome: str,
+    before_attempt: int | None = None,
+) -> None:
+    """End every span still queued or running (of attempts before `before_attempt`, if given):
+    the rollout was cancelled, or that attempt was given up for a new one."""
+    for span in spans.values():
+        if span.outcome not in ("queued", "running"):
+            continue
+        if before_attempt is not None and span.attempt >= before_attempt:
+            continue
+        span.ended_at = at
+        span.outcome = outcome
+
+
 def stage_spans(events: Sequence[EventRecord]) -> tuple[list[StageSpan], int]:
     """Every (attempt, stage) the events mention, in attempt then stage order; and lost leases."""
     spans: dict[tuple[int, str], StageSpan] = {}
     lost = 0
     for ev in events:
+        if ev.kind == EventKind.CANCELLED:  # its stage is "cancel": whatever was open ends here
+            _close(spans, ev.at, "cancelled")
+            continue
         if ev.stage not in STAGE_ORDER:
             continue  # job-level events (e.g. stopped) and anything newer than this view
         if ev.kind in (EventKind.SUBMITTED, EventKind.ADMITTED, EventKind.RETRIED):
@@ -97,6 +118,8 @@ def stage_spans(events: Sequence[EventRecord]) -> tuple[list[StageSpan], int]:
         elif ev.kind == EventKind.REQUEUED:
             lost += 1
             resumed = bool(ev.detail.get("resumed"))
+            if not resumed:  # a new attempt: the old one's running stage never gets an end
+                _close(spans, ev.at, "retried", before_attempt=ev.attempt)
             _queue(spans, ev.attempt, ev.stage if resumed else Stage.PREPARE.value, ev.at)
         elif ev.kind == EventKind.STARTED:
             span = _span(spans, ev.attempt, ev.stage)

@@ -6,6 +6,7 @@ import os
 from typing import Any
 
 from celery import Task, shared_task
+from celery.exceptions import Retry
 
 from polar_mq.lifecycle.stages import Stage
 from polar_mq.workers.celery_app import PolarCelery, publish_messages
@@ -29,10 +30,55 @@ class StageTask(Task):
         return _contexts[key]
 
 
+class StageNotFinished(Exception):
+    """The stage ran and did not finish: the rollout failed, its attempt was given up and started
+    over (`restart:requeued`), or its result was discarded (`lease_lost`, e.g. cancelled).
+
+    Raised only after `run_stage` returned, i.e. once that outcome is committed and the next
+    message (if any) published: Celery then marks the task FAILURE (Flower shows it as failed,
+    not SUCCESS) and still acks the message (late acks ack failures too), so delivery stays
+    at-least-once and a redelivered copy finds the rollout moved on and is skipped as before.
+    """
+
+    def __init__(self, outcome: str) -> None:
+        super().__init__(outcome)
+        self.outcome = outcome
+        """`run_stage`'s return value (the stage metrics label it by its head)."""
+
+
+class StageRetried(Retry):
+    """The stage raised and was handed back to its queue (`retry:N`): Celery marks the task RETRY.
+
+    The retry message is already published by `run_stage` (through the outbox, with its
+    backoff); raising Celery's `Retry` ourselves, rather than calling `Task.retry`, only sets the
+    state and sends nothing.
+    """
+
+    def __init__(self, outcome: str) -> None:
+        super().__init__(outcome)
+        self.outcome = outcome
+
+
+NOT_FINISHED = ("failed", "restart", "lease_lost")
+"""Heads of `run_stage` outcomes shown as a failed task (`retry` shows as a retried one)."""
+
+
+def raise_unless_finished(outcome: str) -> str:
+    """`outcome` when the stage finished or skipped a duplicate; else the exception that gives
+    the task its true state in Flower and the result backend."""
+    head = outcome.partition(":")[0]
+    if head == "retry":
+        raise StageRetried(outcome)
+    if head in NOT_FINISHED:
+        raise StageNotFinished(outcome)
+    return outcome
+
+
 def _stage_task(stage: Stage) -> Any:
-    @shared_task(bind=True, base=StageTask, name=stage.task_name)
+    @shared_task(bind=True, base=StageTask, name=stage.task_name, throws=(StageNotFinished,))
     def task(self: StageTask, rollout_id: str, attempt: int | None = None, retries: int = 0) -> str:
-        return run_stage(self.context, stage, rollout_id, self.request.id, attempt, retries)
+        outcome = run_stage(self.context, stage, rollout_id, self.request.id, attempt, retries)
+        return raise_unless_finished(outcome)
 
     return task
 

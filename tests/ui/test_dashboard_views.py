@@ -40,7 +40,7 @@ def test_timeline_has_queue_waits_retries_and_a_second_attempt_after_a_lost_leas
     assert lost == 1
     assert [(s.attempt, s.stage, s.outcome) for s in spans] == [
         (1, "prepare", "finished"),
-        (1, "run_agent", "running"),
+        (1, "run_agent", "retried"),  # given up for attempt 2: closed at the requeue
         (2, "prepare", "finished"),
         (2, "run_agent", "running"),
     ]

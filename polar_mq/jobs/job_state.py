@@ -1,0 +1,74 @@
+"""A job's state, from its own row and the outcome counts of its rollouts: the one definition the
+status, the list, the results pages, the client, the CLI and the dashboard all show.
+
+- `running`: some rollout is not terminal yet.
+- `cancelled`: the job was cancelled (`cancelled_at`), or every rollout ended cancelled.
+- `stopped`: the job reached `stop.groups` complete groups and stopped (see `lifecycle.early_stop`).
+- `completed`: every rollout ended, none `failed` (some may have been cancelled on purpose: a
+  rollout cancelled alone, a straggler an early stop cut, a group dropped as stale).
+- `completed_with_failures`: every rollout ended, some `completed` and some `failed` (an
+  infrastructure failure: no reward, see `TerminationReason.INFRASTRUCTURE`).
+- `failed`: every rollout ended, some `failed` and none `completed`.
+
+A job that ended is never `running` and never called `completed` when rollouts failed: before,
+a job with 31 failures, or one fully cancelled, read as a green `completed`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Final, NamedTuple, get_args
+
+from sqlalchemy import func
+
+from polar_mq.jobs.read_models import JobStateName
+from polar_mq.lifecycle import early_stop
+from polar_mq.lifecycle.completeness import terminal_flag
+from polar_mq.models import Job, Rollout, RolloutStatus
+
+RUNNING: Final = "running"
+COMPLETED: Final = "completed"
+COMPLETED_WITH_FAILURES: Final = "completed_with_failures"
+FAILED: Final = "failed"
+CANCELLED: Final = "cancelled"
+STOPPED: Final = "stopped"
+"""`lifecycle.early_stop.STOPPED`, the job row's status once it stopped."""
+JOB_STATES: tuple[JobStateName, ...] = get_args(JobStateName)
+ENDED_STATES = frozenset(JOB_STATES) - {RUNNING}
+
+
+class RolloutCounts(NamedTuple):
+    """A job's rollouts: all, terminal, ended `completed`, ended `failed`."""
+
+    total: int = 0
+    terminal: int = 0
+    completed: int = 0
+    failed: int = 0
+
+    @classmethod
+    def of(cls, row: Sequence[Any]) -> RolloutCounts:
+        """From the values of `outcome_columns` (SUMs are NULL over no rows)."""
+        return cls(*(int(value or 0) for value in row))
+
+
+def outcome_columns() -> tuple[Any, ...]:
+    """The SQL aggregates behind `RolloutCounts`, in its field order."""
+    return (
+        func.count(),
+        func.sum(terminal_flag()),
+        func.count().filter(Rollout.status == RolloutStatus.COMPLETED),
+        func.count().filter(Rollout.status == RolloutStatus.FAILED),
+    )
+
+
+def job_state(job: Job, counts: RolloutCounts) -> JobStateName:
+    """The job's state (see the module docstring)."""
+    if job.cancelled_at is not None or job.status == CANCELLED:
+        return CANCELLED
+    if job.status == early_stop.STOPPED:
+        return STOPPED
+    if not counts.total or counts.terminal < counts.total:
+        return RUNNING
+    if not counts.failed:
+        return COMPLETED if counts.completed else CANCELLED
+    return COMPLETED_WITH_FAILURES if counts.completed else FAILED
