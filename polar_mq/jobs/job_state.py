@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Final, NamedTuple, get_args
 
-from sqlalchemy import func
+from sqlalchemy import ColumnElement, and_, case, func, or_, select
 
 from polar_mq.jobs.read_models import JobStateName
 from polar_mq.lifecycle import early_stop
@@ -72,3 +72,35 @@ def job_state(job: Job, counts: RolloutCounts) -> JobStateName:
     if not counts.failed:
         return COMPLETED if counts.completed else CANCELLED
     return COMPLETED_WITH_FAILURES if counts.completed else FAILED
+
+
+def job_states_by_count() -> Any:
+    """`SELECT state, count(*)` over every job, the state computed in SQL by `job_state`'s rule
+    (its twin; `tests/jobs/test_job_state_sql.py` holds them to the same answers): one pass over
+    the rollouts grouped by job, for a metrics scrape that must not load every job."""
+    total, terminal, completed, failed = (c.label(n) for c, n in zip(
+        outcome_columns(), RolloutCounts._fields, strict=True
+    ))  # fmt: skip
+    counts = select(Rollout.job_id, total, terminal, completed, failed).group_by(Rollout.job_id)
+    per_job = counts.subquery()
+    state = _state_case(per_job.c.total, per_job.c.terminal, per_job.c.completed, per_job.c.failed)
+    return (
+        select(state, func.count())
+        .select_from(Job)
+        .outerjoin(per_job, per_job.c.job_id == Job.id)
+        .group_by(state)
+    )
+
+
+def _state_case(total: Any, terminal: Any, completed: Any, failed: Any) -> ColumnElement[str]:
+    some_failed = func.coalesce(failed, 0) > 0
+    some_completed = func.coalesce(completed, 0) > 0
+    return case(
+        (or_(Job.cancelled_at.is_not(None), Job.status == CANCELLED), CANCELLED),
+        (Job.status == early_stop.STOPPED, STOPPED),
+        (or_(func.coalesce(total, 0) == 0, terminal < total), RUNNING),
+        (and_(~some_failed, some_completed), COMPLETED),
+        (~some_failed, CANCELLED),
+        (some_completed, COMPLETED_WITH_FAILURES),
+        else_=FAILED,
+    )

@@ -24,19 +24,18 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
-from sqlalchemy import and_, case, exists, func, or_, select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from polar_mq.jobs.early_stop import STOPPED
-from polar_mq.models import Job, Rollout, RolloutStatus
+from polar_mq.jobs.job_state import JOB_STATES, job_states_by_count
+from polar_mq.models import Rollout, RolloutStatus
 
 log = logging.getLogger(__name__)
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
-JOB_STATES = ("running", "completed", "cancelled", STOPPED)
 UNMATCHED = "(unmatched)"
 FactorySource = Callable[[], "sessionmaker[Session] | None"]
 
@@ -48,23 +47,14 @@ class StateCounts:
 
 
 def count_states(session: Session) -> StateCounts:
-    """Rollouts by status and jobs by state (`jobs.queries.job_state`'s rule), two queries."""
+    """Rollouts by status and jobs by state (`jobs.job_state`'s rule, in SQL), two queries."""
     rollouts = dict.fromkeys(RolloutStatus.ALL, 0)
     for status, count in session.execute(
         select(Rollout.status, func.count()).group_by(Rollout.status)
     ).tuples():
         rollouts[status] = int(count)
-    unfinished = exists().where(
-        Rollout.job_id == Job.id, Rollout.status.not_in(list(RolloutStatus.TERMINAL))
-    )
-    state = case(
-        (or_(Job.cancelled_at.is_not(None), Job.status == "cancelled"), "cancelled"),
-        (Job.status == STOPPED, STOPPED),
-        (and_(exists().where(Rollout.job_id == Job.id), ~unfinished), "completed"),
-        else_="running",
-    )
-    jobs = dict.fromkeys(JOB_STATES, 0)
-    for name, count in session.execute(select(state, func.count()).group_by(state)).tuples():
+    jobs: dict[str, int] = dict.fromkeys(JOB_STATES, 0)
+    for name, count in session.execute(job_states_by_count()).tuples():
         jobs[str(name)] = int(count)
     return StateCounts(rollouts, jobs)
 
