@@ -26,6 +26,9 @@ from polar_mq.runtimes.base import validate_runtime_id
 
 log = logging.getLogger(__name__)
 _META_FILE = "runtime.json"
+GRADING_DIR = "grading"
+"""Below the runtime root: what the grader keeps of a rollout outside every workspace, one file
+per kind named after its evaluation runtime's id (`polar_mq.swe.grading`); swept with it."""
 
 
 @dataclass
@@ -90,9 +93,28 @@ def sweep_orphans(
         except Exception as exc:  # one stuck runtime must not stop the sweep
             log.exception("janitor: removing %s runtime %s failed", kind, runtime_id)
             report.failed[runtime_id] = f"{type(exc).__name__}: {exc}"
+    _sweep_grading_files(Path(root).resolve() / GRADING_DIR, wanted, report)
     if report.removed:
         log.warning("janitor removed %d orphan runtime(s): %s", len(report.removed), report.removed)
     return report
+
+
+def _sweep_grading_files(folder: Path, wanted: Callable[[str], bool], report: SweepReport) -> None:
+    """Remove the grader's saved files of runtimes no live rollout uses (a worker killed between
+    saving a diff and releasing the runtime left them), and half-written ones."""
+    if not folder.is_dir():
+        return
+    for entry in folder.iterdir():
+        runtime_id = entry.name.partition(".")[0]
+        if runtime_id and wanted(runtime_id):
+            continue
+        try:
+            entry.unlink()
+            report.removed[entry.name] = "grading"
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            report.failed[entry.name] = f"{type(exc).__name__}: {exc}"
 
 
 def _directory_kind(path: Path) -> str | None:

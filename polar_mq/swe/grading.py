@@ -17,12 +17,11 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from polar_mq.runtimes.janitor import GRADING_DIR
 from polar_mq.swe.checkout import CheckoutError, checkout_repo
 from polar_mq.swe.diff import diff_against
 from polar_mq.swe.git import GitError, is_git_dir
 from polar_mq.swe.spec import RepoSpec
-
-GRADING_DIR = "grading"
 
 
 @dataclass(frozen=True, slots=True)

@@ -53,3 +53,25 @@ def test_a_local_kill_group_left_without_its_directory_is_swept(tmp_path: Path) 
     assert present_runtimes(root) == {orphan: "local"}
     assert sweep_orphans(root).removed == {orphan: "local"}
     assert not group.exists()
+
+
+def test_saved_diffs_of_runtimes_no_rollout_uses_are_swept(tmp_path: Path) -> None:
+    """The grader's saved diff outlives a worker killed between saving it and releasing the
+    runtime; the sweep removes it (and a half-written one) but keeps a live rollout's."""
+    from polar_mq.swe import grading
+    from polar_mq.swe.grading import AgentDiff
+
+    root = tmp_path / "runtimes"
+    live, dead = runtime_id("rt-live") + "-eval", runtime_id("rt-dead") + "-eval"
+    for key in (live, dead):
+        grading.save(root, key, AgentDiff("0" * 40, b"diff --git a/x b/x\n", ["x"]))
+    (root / grading.GRADING_DIR / ".tmp-abandoned").write_bytes(b"half")
+
+    report = sweep_orphans(root, keep=lambda name: name == live)
+
+    assert sorted(p.name for p in (root / grading.GRADING_DIR).iterdir()) == [
+        f"{live}.files",
+        f"{live}.patch",
+    ]
+    assert set(report.removed) == {f"{dead}.files", f"{dead}.patch", ".tmp-abandoned"}
+    assert grading.load_saved(root, live, "0" * 40) is not None
