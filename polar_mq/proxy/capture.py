@@ -40,7 +40,9 @@ def _error_document(raw: bytes) -> dict[str, Any]:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError:
         data = None
-    return data if isinstance(data, dict) else {"raw": raw[:RAW_ERROR_MAX].decode("replace")}
+    if isinstance(data, dict):
+        return data
+    return {"raw": raw[:RAW_ERROR_MAX].decode("utf-8", "replace")}
 
 
 def upstream_failed(state: ProxyState, call: CallContext, exc: Exception) -> Response:

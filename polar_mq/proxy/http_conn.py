@@ -40,7 +40,6 @@ HANDOFF_MAX = 64 * 1024
 MAX_HEAD_BYTES = 64 * 1024
 """Request line and headers together: more is a 400 and the connection closes (a client
 streaming endless headers must not grow a connection's memory without bound)."""
-"""Bytes of a connection's first input kept in case it must be handed to uvicorn."""
 
 WHOLE_RESPONSE = "polar_mq.whole_response"
 """Scope extension: `write_whole(status, headers, body)` sends a complete response at once."""
@@ -195,7 +194,7 @@ class Cycle:
     def _head(self, size: int, more: bool) -> bytes:
         """Status line and headers; decides the framing and whether the connection stays open."""
         parts = [_status_line(self.status)]
-        has_length = False
+        has_length = close_named = False
         for name, value in self.headers:
             lower = name.lower()
             if lower == b"content-length":
@@ -204,6 +203,7 @@ class Cycle:
                 continue  # we frame the body ourselves
             elif lower == b"connection" and value.lower() == b"close":
                 self.keep_alive = False
+                close_named = True
             parts += (name, b": ", value, b"\r\n")
         if not self.complete:  # the body is not consumed: the connection cannot be reused
             self.keep_alive = False
@@ -215,7 +215,7 @@ class Cycle:
                 parts.append(b"transfer-encoding: chunked\r\n")
             else:  # HTTP/1.0 stream: delimited by closing
                 self.keep_alive = False
-        if not self.keep_alive:
+        if not self.keep_alive and not close_named:
             parts.append(b"connection: close\r\n")
         parts.append(_date_header(self.conn.loop.time() + self.conn.clock_offset))
         parts.append(b"\r\n")
@@ -460,12 +460,25 @@ class Connection(asyncio.Protocol):
             self.transport.close()
 
     def _bad_request(self) -> None:
+        """One 400 for the malformed request, then close. A malformed body of the request in
+        hand (a bad chunk) is answered at once: its app gets `http.disconnect` instead of
+        waiting for a body that will never come, and nothing it sends goes out."""
+        parsing, current = self.parsing, self.current
         self.parsing = None
         self.queue.clear()  # what came after an unparseable request is not trusted either
-        if self.current is None:
+        if current is None or (parsing is current and not current.head_sent):
+            if current is not None:
+                current.status = 400
+                current.head_sent = current.done = True
             self.transport.write(BAD_REQUEST)
+            self.disconnected = True  # the app's sends are dropped from now on
             self.transport.close()
-        else:  # answer the request in hand, then 400 and close
+            if current is not None:
+                current.wake()
+        elif parsing is current:  # its response is under way: finish it, then close
+            current.keep_alive = False
+            self.pause_reading()
+        else:  # a pipelined request: answer the request in hand, then 400 and close
             self._bad = True
             self.pause_reading()
 

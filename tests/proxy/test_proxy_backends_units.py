@@ -20,6 +20,7 @@ from polar_mq.proxy.backends.backend import Backend
 from polar_mq.proxy.backends.breaker import CLOSED, HALF_OPEN, OPEN, CircuitBreaker
 from polar_mq.proxy.backends.pool import BackendPool, BackendUnavailable
 from polar_mq.proxy.backends.sticky import StickyMap
+from polar_mq.proxy.backends.upstream_conn import StaleConnection
 from polar_mq.testing.fake_vllm import create_fake_vllm_app
 from polar_mq.tokens import issue_rollout_token
 
@@ -255,7 +256,7 @@ async def test_when_every_backend_fails_the_agent_gets_the_failure_once(refuse: 
 
 class StaleOnce(httpx.AsyncBaseTransport):
     """The fake engine, except that the first `stale` calls fail as a keep-alive connection the
-    server had closed does (`ReadError` before any byte of the response)."""
+    server had closed does (`StaleConnection`: before any byte of the response)."""
 
     def __init__(self, stale: int) -> None:
         self.fake = httpx.ASGITransport(create_fake_vllm_app())
@@ -267,7 +268,7 @@ class StaleOnce(httpx.AsyncBaseTransport):
             return httpx.Response(200)
         self.calls += 1
         if self.calls <= self.stale:
-            raise httpx.ReadError("connection reset by peer", request=request)
+            raise StaleConnection("connection reset by peer", request=request)
         return await self.fake.handle_async_request(request)
 
 

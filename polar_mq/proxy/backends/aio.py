@@ -10,10 +10,11 @@ in which case the hot path uses that transport instead).
 
 `AioResponse` presents an aiohttp response with the part of `httpx.Response`'s interface the
 relay uses (`status_code`, `headers`, `content`, `aread`, `aiter_bytes`, `aclose`), and turns
-aiohttp's errors into the `httpx` errors `send` and `capture` already sort: a keep-alive
-connection the engine had closed (`ServerDisconnectedError`, a reset) becomes
-`httpx.RemoteProtocolError`/`httpx.ReadError` (retried once on a new connection), a refused
-connection `httpx.ConnectError`, a read timeout `httpx.ReadTimeout`.
+aiohttp's errors into the `httpx` errors `send` and `capture` already sort: a closed connection
+(`ServerDisconnectedError`, a reset) becomes `httpx.RemoteProtocolError`/`httpx.ReadError`, a
+refused connection `httpx.ConnectError`, a read timeout `httpx.ReadTimeout`. aiohttp does not say
+whether a broken connection was a pooled one, so none is taken for a stale keep-alive connection
+(`upstream_conn.StaleConnection`): each is a failure of the backend, sent no second time.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ import httpx
 from multidict import CIMultiDictProxy
 from yarl import URL
 
+from polar_mq.proxy.backends.upstream_conn import MAX_HEADERS
+
 CONNECT_TIMEOUT_S = 10.0
 READ_TIMEOUT_S = 1800.0
 """As the httpx client's: a generous read timeout for long generations, no pool timeout."""
@@ -34,7 +37,10 @@ HEADERS = {"content-type": "application/json", "accept-encoding": "identity"}
 
 
 def new_session() -> aiohttp.ClientSession:
-    """An unbounded keep-alive pool (the backend's `max_in_flight` bounds calls, not sockets)."""
+    """An unbounded keep-alive pool (the backend's `max_in_flight` bounds calls, not sockets).
+
+    An answer's head is bounded as the own pool bounds it: `MAX_HEADERS` headers (aiohttp's
+    default is 128), each within aiohttp's 8 KiB field size."""
     connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, enable_cleanup_closed=False)
     timeout = aiohttp.ClientTimeout(
         total=None, sock_connect=CONNECT_TIMEOUT_S, sock_read=READ_TIMEOUT_S
@@ -45,6 +51,7 @@ def new_session() -> aiohttp.ClientSession:
         auto_decompress=False,
         skip_auto_headers=("User-Agent",),
         trust_env=False,
+        max_headers=MAX_HEADERS,
     )
 
 

@@ -7,6 +7,11 @@ For non-streaming calls the body is read inside the attempt (the agent sees noth
 whole), so a backend dying mid-generation is retried too. A stream that breaks after it started
 is not counted against the breaker: the health checks notice an engine that died.
 
+One send per attempt: the only extra send is for `StaleConnection`, a pooled keep-alive
+connection that broke before any byte of the answer (the engine had closed it while idle), sent
+once more without counting against the backend. A new connection that breaks is the backend's
+failure like any other.
+
 The backend's in-flight count covers the call until the upstream response is closed: the
 response's byte stream is wrapped so that closing it (which the relay always does) releases it.
 The call is stamped with the name and policy version of the backend that served it.
@@ -24,15 +29,11 @@ import orjson
 from polar_mq.proxy.backends import aio
 from polar_mq.proxy.backends.backend import Backend
 from polar_mq.proxy.backends.pool import BackendPool, BackendUnavailable
+from polar_mq.proxy.backends.upstream_conn import StaleConnection
 from polar_mq.proxy.record import CallContext
 
 logger = logging.getLogger(__name__)
 
-STALE_CONNECTION_ERRORS = (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
-"""What a pooled keep-alive connection that the engine closed meanwhile raises before any byte
-of the response: the call is sent once more, to the same backend if it is the only one, before
-it counts as that backend's failure (the engine may see the request twice; nothing of the first
-reached the agent)."""
 
 UPSTREAM_HEADERS = {"content-type": "application/json", "accept-encoding": "identity"}
 
@@ -163,7 +164,7 @@ async def send_call(
         sent = content if backend.adapter is None else _with_model(body, backend.adapter)
         try:
             response = await _attempt(pool, backend, path, sent, read)
-        except STALE_CONNECTION_ERRORS as exc:
+        except StaleConnection as exc:
             last = exc
             if not stale_retried:  # a pooled keep-alive connection the engine had closed
                 stale_retried = True

@@ -13,6 +13,11 @@ Errors are the `httpx` errors `send` and `capture` sort: the engine closing the 
 before or during the answer is `httpx.RemoteProtocolError` (`httpx.ReadError` for a reset), so a
 stale pooled connection is retried once on a new one; a malformed answer is
 `httpx.RemoteProtocolError`; no byte for the read timeout is `httpx.ReadTimeout`.
+
+A hostile or broken engine cannot reach past one answer: a head over `MAX_HEADERS` headers or
+`MAX_HEAD_BYTES` bytes is a malformed answer (repeated headers are joined in linear time), and
+bytes after the end of an answer (past its content length, say) are never parsed as a second
+answer: the connection is closed, never reused.
 """
 
 from __future__ import annotations
@@ -30,6 +35,21 @@ if TYPE_CHECKING:
 READ_HIGH_WATER = 256 * 1024
 """Bytes of a streamed answer buffered and not yet taken by the relay before reading pauses."""
 NO_BODY_STATUS = frozenset({204, 304})
+MAX_HEADERS = 100
+"""Headers in an answer's head (as common servers and clients bound it): more is malformed."""
+MAX_HEAD_BYTES = 64 * 1024
+"""Bytes of an answer's status line and headers: more is malformed (memory stays bounded)."""
+
+
+class StaleConnection(httpx.RemoteProtocolError):
+    """A pooled keep-alive connection broke before any byte of the answer: the engine had closed
+    it (its keep-alive timeout racing the call), so the request most likely never reached it and
+    may be sent once more on a new connection (`send.send_call`). A new connection that breaks is
+    the engine's failure, never this."""
+
+
+class _Overflow(Exception):
+    """Raised in a parser callback to stop httptools (it then raises `HttpParserCallbackError`)."""
 
 
 class UpstreamConnection(asyncio.Protocol):
@@ -37,7 +57,11 @@ class UpstreamConnection(asyncio.Protocol):
 
     __slots__ = (
         "_buffered",
+        "_head_bytes",
+        "_head_count",
         "_on_lost",
+        "_raw_head",
+        "_repeated",
         "_until_eof",
         "chunks",
         "closed",
@@ -51,6 +75,7 @@ class UpstreamConnection(asyncio.Protocol):
         "parser",
         "read_timeout_s",
         "reading_paused",
+        "received",
         "status",
         "streaming",
         "transport",
@@ -85,6 +110,11 @@ class UpstreamConnection(asyncio.Protocol):
         self.keep_alive = False
         self._until_eof = False
         self.error: httpx.TransportError | None = None
+        self.received = False  # a byte of this exchange's answer arrived
+        self._head_count = 0
+        self._head_bytes = 0  # parsed headers' bytes
+        self._raw_head = 0  # bytes received while the head was incomplete
+        self._repeated: dict[str, list[str]] | None = None
 
     # the exchange
 
@@ -173,32 +203,76 @@ class UpstreamConnection(asyncio.Protocol):
             assert self.transport is not None
             self.transport.close()
             return
+        self.received = True
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserError as exc:
+        except httptools.HttpParserError as exc:  # callbacks' `_Overflow` included
             self._fail(httpx.RemoteProtocolError(f"malformed answer: {exc}"))
+            self.keep_alive = False
             assert self.transport is not None
             self.transport.close()
+            return
+        if not self.head_done:  # all of `data` was head: httptools may hold a partial header
+            self._raw_head += len(data)
+            if self._raw_head > MAX_HEAD_BYTES:
+                self._head_too_large()
+                self.keep_alive = False
+                assert self.transport is not None
+                self.transport.close()
 
     def eof_received(self) -> bool | None:
         return None  # close the transport (connection_lost follows)
 
     # httptools callbacks
 
+    def on_message_begin(self) -> None:
+        if self.head_done:  # bytes past the end of the answer: never a second answer
+            self.keep_alive = False
+            raise _Overflow("bytes after the end of the answer")
+
     def on_header(self, name: bytes, value: bytes) -> None:
+        self._head_count += 1
+        self._head_bytes += len(name) + len(value) + 4
+        if self._head_count > MAX_HEADERS or self._head_bytes > MAX_HEAD_BYTES:
+            self._head_too_large()
+            raise _Overflow("answer head too large")
         key = name.decode("latin-1").lower()
         text = value.decode("latin-1")
         headers = self.headers
-        headers[key] = headers[key] + ", " + text if key in headers else text
+        if key in headers:  # joined once the head is complete: linear in the head's size
+            repeated = self._repeated
+            if repeated is None:
+                self._repeated = repeated = {}
+            values = repeated.get(key)
+            if values is None:
+                repeated[key] = [headers[key], text]
+            else:
+                values.append(text)
+        else:
+            headers[key] = text
+
+    def _head_too_large(self) -> None:
+        self._fail(
+            httpx.RemoteProtocolError(
+                f"answer head over {MAX_HEADERS} headers or {MAX_HEAD_BYTES} bytes"
+            )
+        )
 
     def on_headers_complete(self) -> None:
         status = self.parser.get_status_code()
         if status < 200:  # 1xx (not asked for): the real answer follows
             self.headers = {}
+            self._repeated = None
+            self._head_count = self._head_bytes = 0
             return
         self.status = status
         self.head_done = True
         headers = self.headers
+        repeated = self._repeated
+        if repeated is not None:
+            for key, values in repeated.items():
+                headers[key] = ", ".join(values)
+            self._repeated = None
         self._until_eof = (
             "content-length" not in headers
             and "chunked" not in headers.get("transfer-encoding", "")

@@ -21,7 +21,7 @@ from typing import Literal
 
 import httpx
 
-from polar_mq.proxy.backends.upstream_conn import LeanResponse, UpstreamConnection
+from polar_mq.proxy.backends.upstream_conn import LeanResponse, StaleConnection, UpstreamConnection
 
 CONNECT_TIMEOUT_S = 10.0
 READ_TIMEOUT_S = 1800.0
@@ -71,16 +71,21 @@ class UpstreamPool:
     async def post(self, path: str, content: bytes, on_close: Callable[[], None]) -> LeanResponse:
         """Send the request and read the status line and headers (the body stays on the socket).
 
-        `on_close` is called when the response is closed, not when this raises.
+        `on_close` is called when the response is closed, not when this raises. A pooled
+        connection that breaks before any byte of the answer raises `StaleConnection`.
         """
         conn = self._take()
+        reused = conn is not None
         if conn is None:
             conn = await self._connect()
         conn.send(self.heads[path], content)
         try:
             while not conn.head_done:
-                if conn.error is not None:
-                    raise conn.error
+                error = conn.error
+                if error is not None:
+                    if reused and not conn.received and _broken(error):
+                        raise StaleConnection(str(error)) from error
+                    raise error
                 await conn.wait()
         except BaseException:
             conn.close()
@@ -134,3 +139,8 @@ class UpstreamPool:
         idle, self._idle = self._idle, {}
         for conn in idle:
             conn.close()
+
+
+def _broken(error: httpx.TransportError) -> bool:
+    """The connection closed or reset (not a timeout): what an engine's idle close looks like."""
+    return isinstance(error, httpx.ReadError | httpx.WriteError | httpx.RemoteProtocolError)
