@@ -263,8 +263,11 @@ def _failed(ctx: WorkerContext, claimed: Claimed, reason: str, message: str) -> 
     )
     try:
         _commit(ctx, lambda session: fail(session, claimed, reason, message), atomic=False)
-    except LeaseLost:
+    except LeaseLost:  # taken meanwhile (cancelled, restarted elsewhere): its end is not ours
         log.warning("%s of %s: lease lost before recording the failure", *_ids(claimed))
+        if claimed.stage in RUNTIME_STAGES:
+            _release_runtime(ctx, claimed)
+        return "lease_lost"
     if claimed.stage in RUNTIME_STAGES:
         _release_runtime(ctx, claimed)
     _rollout_ended(ctx, claimed)

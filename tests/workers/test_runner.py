@@ -152,3 +152,27 @@ def test_a_dropped_connection_is_retried_then_given_up(monkeypatch: pytest.Monke
     with pytest.raises(ValueError):
         flaky(1, ValueError("not the database"))
     assert len(calls) == 1
+
+
+def test_a_stage_failure_after_the_rollout_was_cancelled_is_reported_as_lease_lost(
+    ctx: WorkerContext, db_session_factory: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The job was cancelled while the stage ran and the stage then failed before the lease
+    keeper noticed: the fenced commit refuses the failure, and the runner says so (Flower showed
+    `failed:...` for a rollout that ended cancelled)."""
+    rid = _ran_rollout(db_session_factory)
+
+    def cancelled_meanwhile(_ctx: WorkerContext, _claimed: Claimed) -> StageOutcome:
+        with unit_of_work(db_session_factory) as session:
+            session.execute(
+                update(Rollout)
+                .where(Rollout.id == rid)
+                .values(status=RolloutStatus.CANCELLED, lease_owner=None)
+            )
+        raise StageFailure("builder_error", "no calls to build from")
+
+    _build_with(monkeypatch, cancelled_meanwhile)
+    assert runner.run_stage(ctx, Stage.BUILD, str(rid), "t1") == "lease_lost"
+    with db_session_factory() as session:
+        row = session.get_one(Rollout, rid)
+        assert (row.status, row.termination_reason) == (RolloutStatus.CANCELLED, None)
