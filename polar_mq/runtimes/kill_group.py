@@ -22,6 +22,8 @@ import time
 from functools import lru_cache
 from pathlib import Path
 
+from polar_mq.runtimes import cgroups
+
 V2_MOUNTS = (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified"))
 PARENT = "polar_mq_local"
 
@@ -107,16 +109,5 @@ def kill(group: Path | None, deadline_s: float = 10.0) -> list[int]:
 
 def remove(group: Path | None, timeout: float = 5.0) -> None:
     """Delete the (empty) group; its last members may take a moment to leave."""
-    if group is None:
-        return
-    end = time.monotonic() + timeout
-    while True:
-        try:
-            group.rmdir()
-            return
-        except FileNotFoundError:
-            return
-        except OSError:
-            if time.monotonic() >= end:
-                raise
-            time.sleep(0.01)
+    if group is not None:
+        cgroups.remove(group, timeout)

@@ -39,13 +39,15 @@ from polar_mq.runtimes import LocalRuntime, private_view
 from polar_mq.runtimes.bwrap import bwrap_available
 from polar_mq.runtimes.docker import docker_available
 from tests.e2e.stack import client_of, fake_upstream_stack
+from tests.security.reach_probe import REACH_PROBE
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 
 CHECKOUT = Path(__file__).resolve().parents[2]
 SECRET_FILE = "secret.txt"
 OUTSIDE = "1.1.1.1/80"
-PROBE = """\
+PROBE = (
+    """\
 echo "UID=$(id -u)"
 for pid in {pids}; do
   if cat /proc/$pid/environ >/dev/null 2>&1; then echo "ENVIRON_$pid=read"
@@ -58,25 +60,12 @@ if cat {checkout}/pyproject.toml >/dev/null 2>&1; then echo "CHECKOUT=read"
 else echo "CHECKOUT=refused"; fi
 if cat {checkout}/{planted} >/dev/null 2>&1; then echo "CHECKOUT_SECRET=read"
 else echo "CHECKOUT_SECRET=refused"; fi
-for target in 127.0.0.1/5432 127.0.0.1/6379 127.0.0.1/{proxy_port} {node_targets} {outside}; do
-  if timeout 5 bash -c "exec 3<>/dev/tcp/$target" 2>/dev/null; then echo "TCP_$target=open"
-  else echo "TCP_$target=refused"; fi
-done
-BODY='{{"model": "fake-model", "messages": [{{"role": "user", "content": "hi"}}]}}'
-if command -v curl >/dev/null 2>&1; then
-  curl -sS -m 30 -o reply.json -H "Authorization: Bearer $OPENAI_API_KEY" \\
-    -H 'Content-Type: application/json' -d "$BODY" "$OPENAI_BASE_URL/chat/completions"
-else
-  BODY="$BODY" python3 -c 'import os, urllib.request as r
-headers = {{"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"],
-           "Content-Type": "application/json"}}
-url = os.environ["OPENAI_BASE_URL"] + "/chat/completions"
-call = r.Request(url, data=os.environ["BODY"].encode(), headers=headers)
-open("reply.json", "wb").write(r.urlopen(call, timeout=30).read())'
-fi
-if grep -q choices reply.json; then echo "PROXY=answered"; else echo "PROXY=failed"; fi
-echo "BASE=$OPENAI_BASE_URL"
 """
+    + REACH_PROBE.replace(
+        "{targets}", "127.0.0.1/5432 127.0.0.1/6379 127.0.0.1/{proxy_port} {node_targets} {outside}"
+    )
+    + 'echo "BASE=$OPENAI_BASE_URL"\n'
+)
 
 
 def node_address() -> str | None:

@@ -39,6 +39,7 @@ from polar_mq.submit import Enqueuer
 from polar_mq.tenants.floors import FloorViolation, floor_of
 from tests.conftest import REDIS_URL, scratch_database
 from tests.e2e.stack import fake_upstream_stack
+from tests.security.reach_probe import REACH_PROBE
 from tests.security.test_agent_isolation import OUTSIDE, node_address
 
 COMMAND = {"type": "command", "command": "true"}
@@ -219,25 +220,7 @@ def test_development_stays_permissive_and_the_floor_is_configurable() -> None:
 # --------------------------------------------------------------------------------------------
 # Through the real stack: the allowed policy holds
 
-PROBE = """\
-for target in {targets}; do
-  if timeout 5 bash -c "exec 3<>/dev/tcp/$target" 2>/dev/null; then echo "TCP_$target=open"
-  else echo "TCP_$target=refused"; fi
-done
-BODY='{{"model": "fake-model", "messages": [{{"role": "user", "content": "hi"}}]}}'
-if command -v curl >/dev/null 2>&1; then
-  curl -sS -m 30 -o reply.json -H "Authorization: Bearer $OPENAI_API_KEY" \\
-    -H 'Content-Type: application/json' -d "$BODY" "$OPENAI_BASE_URL/chat/completions"
-else
-  BODY="$BODY" python3 -c 'import os, urllib.request as r
-headers = {{"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"],
-           "Content-Type": "application/json"}}
-url = os.environ["OPENAI_BASE_URL"] + "/chat/completions"
-call = r.Request(url, data=os.environ["BODY"].encode(), headers=headers)
-open("reply.json", "wb").write(r.urlopen(call, timeout=30).read())'
-fi
-if grep -q choices reply.json; then echo "PROXY=answered"; else echo "PROXY=failed"; fi
-"""
+PROBE = REACH_PROBE
 
 
 @pytest.fixture(scope="module")
