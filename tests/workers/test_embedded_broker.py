@@ -5,15 +5,18 @@ several processes publishing to new queues at once made kombu's own channel rais
 `IntegrityError` and then fail every later publish of that process (3 runs of this test's
 workload against kombu's channel: every one lost messages).
 
-Each publish is a SQLite commit: on a loaded machine (the whole suite on a slow host) 600 of them
-took over a minute, so the test publishes to 50 queues and waits up to 3 minutes.
+The publishers are separate interpreters, as the demo's workers are: forked children of a test
+process inherit whatever lock another thread of it held at the fork, and one of them hung CI for
+the whole wait. Each publisher connects, says so, and publishes only when every one has connected;
+whatever it raises is reported by name, so a failure reads as one, never as a timeout.
 """
 
 from __future__ import annotations
 
-import multiprocessing
+import json
 import sqlite3
-import time
+import subprocess
+import sys
 from pathlib import Path
 
 from kombu import Connection
@@ -26,39 +29,53 @@ PUBLISHERS = 3
 QUEUES = 50
 """Enough: kombu's own channel lost messages in 3 runs of 3 at 50 queues as at 200."""
 
-
-def _publish_to_new_queues(url: str, start_at: float, errors: multiprocessing.Queue) -> None:
-    """Publish one message to each of `QUEUES` new queues through one producer, as a stage worker
-    does, from `start_at` on; put the errors' names (or nothing) on `errors`."""
-    failed: list[str] = []
-    with Connection(url, transport=TRANSPORT) as conn:
+PUBLISHER = f"""
+import json, sys
+failed = []
+try:
+    from kombu import Connection
+    with Connection(sys.argv[1], transport={TRANSPORT!r}) as conn:
         producer = conn.Producer()
-        while time.time() < start_at:
-            time.sleep(0.001)
-        for i in range(QUEUES):
+        conn.default_channel  # connected: the barrier below waits for every publisher
+        print("ready", flush=True)
+        sys.stdin.readline()
+        for i in range({QUEUES}):
             try:
-                producer.publish({"i": i}, routing_key=f"q{i}", exchange="", declare=[])
+                producer.publish({{"i": i}}, routing_key=f"q{{i}}", exchange="", declare=[])
             except Exception as exc:  # every failure is counted; the test names them
                 failed.append(type(exc).__name__)
-    errors.put(failed)
+except Exception as exc:
+    failed.append("setup: " + repr(exc))
+print(json.dumps(failed), flush=True)
+"""
 
 
 def test_processes_publishing_to_new_queues_at_once_lose_no_message(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'broker.db'}"
     with Connection(url, transport=TRANSPORT) as conn:  # tables created, as the demo's start does
         conn.Producer().publish({"warm": 1}, routing_key="warm", exchange="", declare=[])
-    context = multiprocessing.get_context("fork")
-    errors: multiprocessing.Queue = context.Queue()
-    start_at = time.time() + 1.0  # every publisher connected before the first publish
     publishers = [
-        context.Process(target=_publish_to_new_queues, args=(url, start_at, errors))
+        subprocess.Popen(
+            [sys.executable, "-c", PUBLISHER, url],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for _ in range(PUBLISHERS)
     ]
-    for p in publishers:
-        p.start()
-    failures = [errors.get(timeout=180) for _ in publishers]
-    for p in publishers:
-        p.join(timeout=10)
+    try:
+        readiness = [p.stdout.readline().strip() for p in publishers if p.stdout]
+        for p in publishers:
+            if p.stdin:
+                p.stdin.write("go\n")
+                p.stdin.flush()  # communicate() closes it
+        outputs = [p.communicate(timeout=180) for p in publishers]
+    finally:
+        for p in publishers:
+            p.kill()
+    assert readiness == ["ready"] * PUBLISHERS, [err for _, err in outputs]
+    failures = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
     assert failures == [[]] * PUBLISHERS
     with sqlite3.connect(tmp_path / "broker.db") as db:
         queues = db.execute("SELECT count(*) FROM kombu_queue WHERE name LIKE 'q%'").fetchone()[0]
