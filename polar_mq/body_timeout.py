@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import TypeVar
 
 from starlette.exceptions import HTTPException
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 CLOSE = {"Connection": "close"}
+E = TypeVar("E", bound=Exception)
 
 
 class BodyReadTimeout(HTTPException):
@@ -48,7 +50,6 @@ class BodyTimeoutMiddleware:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout_s
         body_done = False
-        started = False
 
         async def timed_receive() -> Message:
             nonlocal body_done
@@ -62,15 +63,35 @@ class BodyTimeoutMiddleware:
                 body_done = True
             return message
 
-        async def tracking_send(message: Message) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
+        await refuse_unless_started(
+            self.app, scope, receive, send, timed_receive, BodyReadTimeout, self.refuse
+        )
 
-        try:
-            await self.app(scope, timed_receive, tracking_send)
-        except BodyReadTimeout as exc:
-            if started:
-                raise
-            await self.refuse(exc)(scope, receive, send)
+
+async def refuse_unless_started(
+    app: ASGIApp,
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+    guarded: Receive,
+    error: type[E],
+    refuse: Callable[[E], Response],
+) -> None:
+    """Run `app` reading the body through `guarded`, which raises `error` to cut the request;
+    answer with `refuse(error)` if the app had not started its response yet. Once it had, the
+    error goes on up and the server closes the connection (the status line is already out).
+    The body guards (`BodyTimeoutMiddleware`, `api.body_limit`) share this."""
+    started = False
+
+    async def tracking_send(message: Message) -> None:
+        nonlocal started
+        if message["type"] == "http.response.start":
+            started = True
+        await send(message)
+
+    try:
+        await app(scope, guarded, tracking_send)
+    except error as exc:
+        if started:
+            raise
+        await refuse(exc)(scope, receive, send)

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from functools import cache
+from functools import cache, partial
 from typing import Annotated
 
 from fastapi import Depends, Request
+from sqlalchemy.orm import Session
 
 from polar_mq.api.auth import Principal
 from polar_mq.api.deps import SessionDep, get_principal, get_principal_briefly
@@ -39,13 +40,28 @@ def check_scope(principal: Principal, scope: str) -> None:
         )
 
 
+Authenticated = Annotated[Principal, Depends(get_principal)]
+AuthenticatedBriefly = Annotated[Principal, Depends(get_principal_briefly)]
+"""The caller, authenticated in the request's session or in a short one of its own."""
+
+
+def _allowed(
+    principal: Principal, scope: str, owns: Callable[[str | None], None] | None = None
+) -> Principal:
+    """The principal, once it holds `scope` and (`owns`, given its visible tenant) owns what the
+    path names; the one body of every rule below, which differ only in what FastAPI injects."""
+    check_scope(principal, scope)
+    if owns is not None:
+        owns(principal.visible_tenant)
+    return principal
+
+
 @cache
 def require(scope: str) -> PrincipalOf:
     """The request's principal, which must hold `scope`."""
 
-    def dependency(principal: Annotated[Principal, Depends(get_principal)]) -> Principal:
-        check_scope(principal, scope)
-        return principal
+    def dependency(principal: Authenticated) -> Principal:
+        return _allowed(principal, scope)
 
     return dependency
 
@@ -54,9 +70,8 @@ def require(scope: str) -> PrincipalOf:
 def require_briefly(scope: str) -> PrincipalOf:
     """`require` with authentication in a short session of its own."""
 
-    def dependency(principal: Annotated[Principal, Depends(get_principal_briefly)]) -> Principal:
-        check_scope(principal, scope)
-        return principal
+    def dependency(principal: AuthenticatedBriefly) -> Principal:
+        return _allowed(principal, scope)
 
     return dependency
 
@@ -65,14 +80,8 @@ def require_briefly(scope: str) -> PrincipalOf:
 def job_access(scope: str) -> PrincipalOf:
     """`require(scope)`, and the `{job_id}` of the path must be the caller's tenant's (else 404)."""
 
-    def dependency(
-        job_id: uuid.UUID,
-        session: SessionDep,
-        principal: Annotated[Principal, Depends(get_principal)],
-    ) -> Principal:
-        check_scope(principal, scope)
-        authorize_job(session, job_id, principal.visible_tenant)
-        return principal
+    def dependency(job_id: uuid.UUID, session: SessionDep, principal: Authenticated) -> Principal:
+        return _allowed(principal, scope, partial(authorize_job, session, job_id))
 
     return dependency
 
@@ -82,14 +91,9 @@ def job_access_briefly(scope: str) -> PrincipalOf:
     """`job_access` in a short session of its own."""
 
     def dependency(
-        job_id: uuid.UUID,
-        request: Request,
-        principal: Annotated[Principal, Depends(get_principal_briefly)],
+        job_id: uuid.UUID, request: Request, principal: AuthenticatedBriefly
     ) -> Principal:
-        check_scope(principal, scope)
-        with unit_of_work(request.app.state.session_factory) as session:
-            authorize_job(session, job_id, principal.visible_tenant)
-        return principal
+        return _allowed(principal, scope, partial(_briefly, request, authorize_job, job_id))
 
     return dependency
 
@@ -99,12 +103,18 @@ def rollout_access(scope: str) -> PrincipalOf:
     """`require(scope)`, and the `{rollout_id}` of the path must be the caller's tenant's."""
 
     def dependency(
-        rollout_id: uuid.UUID,
-        session: SessionDep,
-        principal: Annotated[Principal, Depends(get_principal)],
+        rollout_id: uuid.UUID, session: SessionDep, principal: Authenticated
     ) -> Principal:
-        check_scope(principal, scope)
-        authorize_rollout(session, rollout_id, principal.visible_tenant)
-        return principal
+        return _allowed(principal, scope, partial(authorize_rollout, session, rollout_id))
 
     return dependency
+
+
+def _briefly(
+    request: Request,
+    authorize: Callable[[Session, uuid.UUID, str | None], object],
+    owned_id: uuid.UUID,
+    tenant: str | None,
+) -> None:
+    with unit_of_work(request.app.state.session_factory) as session:
+        authorize(session, owned_id, tenant)

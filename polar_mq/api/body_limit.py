@@ -8,10 +8,12 @@ off as soon as it passes the limit, so a client can never make the API buffer mo
 from __future__ import annotations
 
 from starlette.exceptions import HTTPException
+from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from polar_mq.api.errors import error_payload
 from polar_mq.api.responses import OrjsonResponse
+from polar_mq.body_timeout import refuse_unless_started
 
 
 class PayloadTooLarge(HTTPException):
@@ -32,10 +34,9 @@ class BodyLimitMiddleware:
             return
         declared = _content_length(scope)
         if declared is not None and declared > self.max_bytes:
-            await self._refuse(scope, receive, send)
+            await self._response()(scope, receive, send)
             return
         received = 0
-        started = False
 
         async def counting_receive() -> Message:
             nonlocal received
@@ -46,25 +47,16 @@ class BodyLimitMiddleware:
                     raise PayloadTooLarge(self.max_bytes)
             return message
 
-        async def tracking_send(message: Message) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
+        await refuse_unless_started(
+            self.app, scope, receive, send, counting_receive, PayloadTooLarge, self._response
+        )
 
-        try:
-            await self.app(scope, counting_receive, tracking_send)
-        except PayloadTooLarge:
-            if started:
-                raise
-            await self._refuse(scope, receive, send)
-
-    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
+    def _response(self, _: PayloadTooLarge | None = None) -> Response:
+        """The 413 in the API's error shape (the connection closes: the body is left unread)."""
         body = error_payload(
             "payload_too_large", f"request body exceeds the limit of {self.max_bytes} bytes"
         )
-        response = OrjsonResponse(body, status_code=413, headers={"Connection": "close"})
-        await response(scope, receive, send)
+        return OrjsonResponse(body, status_code=413, headers={"Connection": "close"})
 
 
 def _content_length(scope: Scope) -> int | None:

@@ -38,7 +38,9 @@ from sqlalchemy import (
 
 from polar_mq.lifecycle.stages import Stage
 
-_EVENT_COLUMNS = ["job_id", "rollout_id", "stage", "kind", "attempt", "worker", "at", "detail"]
+EVENT_COLUMNS = ("job_id", "rollout_id", "stage", "kind", "attempt", "worker", "at", "detail")
+"""The columns of an event row a transition writes, in the order both forms fill them: here from
+the UPDATE's result, in `transitions` from parameters of the same names."""
 MAX_FUSED_ROWS = 32
 """Rows one fused finish carries at most (a statement shape is cached per count)."""
 RowsShape = tuple[tuple[Table, int, tuple[str, ...]], ...]
@@ -76,7 +78,7 @@ def with_event(
     rows of `rows` (parameters `row_param`), inserted only if the UPDATE matched."""
     done = dml.cte("done")
     event = insert(events).from_select(
-        _EVENT_COLUMNS,
+        list(EVENT_COLUMNS),
         select(
             done.c.job_id,
             done.c.id,

@@ -34,10 +34,10 @@ class StageMessage:
 
 
 def queue_name(prefix: str, stage: Stage, pool: str, node: str | None) -> str:
-    if stage is Stage.PREPARE:
-        return f"{prefix}.prepare.{pool}"
-    if stage is Stage.BUILD:
-        return f"{prefix}.build.{pool}"
+    """The pool's queue of a stage, or the node's for one that touches the runtime
+    (`Stage.node_local`)."""
+    if not stage.node_local:
+        return f"{prefix}.{stage.value}.{pool}"
     if node is None:
         raise ValueError(f"stage {stage} runs on the node holding the runtime; node is required")
     return f"{prefix}.{stage.value}.{node}"

@@ -1,16 +1,19 @@
-"""The stage transitions' own statements run on the DBAPI cursor, compiled once.
+"""The one bypass of SQLAlchemy's execution: the stage transitions' own statements run on the
+DBAPI cursor, compiled once.
 
 Every stage of every rollout runs a claim and a finish (`transitions`, `fused`). Through
-SQLAlchemy's `Connection.execute` each one cost about 100 µs of CPU beyond the driver's own
-work (cache-key lookup, execution context, result wrapping), more than the driver itself. These
+`Connection.execute`, SQLAlchemy's own work on each (cache-key lookup, execution context, result
+wrapping) costs more CPU than the driver's (docs/benchmarks.md). These
 statements are built once and never change, so their compiled SQL and bind processors are kept
 here, and they run straight on the psycopg cursor of the same connection, inside the same
 transaction (or in the same autocommit mode) as before.
 
 What SQLAlchemy did on the way is done here too: bind processors (the JSON serializer of the
-engine), and a driver error wrapped as SQLAlchemy's (`OperationalError` for a dropped
-connection, which is also invalidated, so the runner's retry gets a fresh one). Any other driver
-than psycopg takes the ordinary path.
+engine, found through public API in `_processors`), and a driver error wrapped as SQLAlchemy's
+(`OperationalError` for a dropped connection, which is also invalidated, so the runner's retry
+gets a fresh one). Any other driver than psycopg takes the ordinary path.
+tests/lifecycle/test_raw_sql.py runs every statement built for this path both ways and compares
+the rows.
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ from psycopg.pq import ExecStatus
 from sqlalchemy import Connection, Insert, Select
 from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.sql.compiler import Compiled
+from sqlalchemy.sql.compiler import Compiled, SQLCompiler
+from sqlalchemy.types import TupleType
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +38,10 @@ class _Entry:
     compiled: Compiled
     sql: str
     processors: Mapping[str, Callable[[Any], Any]]
+    returns_rows: bool
+    """Whether the statement itself returns rows: a SELECT, or DML with RETURNING. An INSERT
+    compiled for PostgreSQL returns its new primary key (SQLAlchemy's implicit RETURNING), which
+    `execute` does not hand back as a row, so neither does `first_row`."""
 
 
 Statement = Select[Any] | Insert
@@ -46,10 +54,31 @@ def _entry(statement: Statement, dialect: Dialect) -> _Entry:
     entry = _compiled.get(key)
     if entry is None:
         compiled = statement.compile(dialect=dialect)
-        processors = dict(getattr(compiled, "_bind_processors", {}))
-        entry = _Entry(statement, dialect, compiled, compiled.string, processors)
+        entry = _Entry(
+            statement, dialect, compiled, compiled.string, _processors(compiled),
+            returns_rows=bool(statement.exported_columns),
+        )  # fmt: skip
         _compiled[key] = entry
     return entry
+
+
+def _processors(compiled: Compiled) -> dict[str, Callable[[Any], Any]]:
+    """The bind processor of each parameter that has one, by the name `construct_params` gives
+    it: what `execute` applies, read through public API (`SQLCompiler.bind_names` and each
+    type's `dialect_impl(...).bind_processor`, which SQLAlchemy's private, cached per-compile
+    map is built from). Expanding (IN lists), literal-execute and tuple parameters would need
+    SQLAlchemy's own per-execution rewriting: such a statement is refused."""
+    assert isinstance(compiled, SQLCompiler)
+    dialect = compiled.dialect
+    escaped = compiled.escaped_bind_names
+    found: dict[str, Callable[[Any], Any]] = {}
+    for param, name in compiled.bind_names.items():
+        if param.expanding or param.literal_execute or isinstance(param.type, TupleType):
+            raise ValueError(f"raw_sql cannot run parameter {name!r} (expanding, literal, tuple)")
+        process = param.type.dialect_impl(dialect).bind_processor(dialect)
+        if process is not None:
+            found[escaped.get(name, name)] = process
+    return found
 
 
 def first_row(
@@ -78,7 +107,8 @@ def first_row(
     try:
         cursor.execute(entry.sql, values)
         result = cursor.pgresult  # not `description`: it builds an object per column
-        found = cursor.fetchone() if result is not None and result.status == _TUPLES_OK else None
+        tuples = result is not None and result.status == _TUPLES_OK
+        found = cursor.fetchone() if tuples and entry.returns_rows else None
     except dbapi_error as error:
         disconnected = conn.dialect.is_disconnect(cast(Any, error), raw, None)
         if disconnected:

@@ -24,6 +24,8 @@ class Stage(StrEnum):
 
     @property
     def node_local(self) -> bool:
+        """Whether the stage touches the runtime, which lives on one node: its messages go to
+        that node's queue (`messages.queue_name`), the others' to the pool's."""
         return self in (Stage.RUN_AGENT, Stage.EVALUATE)
 
 

@@ -34,6 +34,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import Session
 
 from polar_mq.lifecycle.fused import (
+    EVENT_COLUMNS,
     MAX_FUSED_ROWS,
     RowsShape,
     fenced_update,
@@ -111,9 +112,8 @@ _SPEC_AND_TASK = (
 )
 
 
-_EVENT_KEYS = ("job_id", "rollout_id", "stage", "kind", "attempt", "worker", "at", "detail")
 _INSERT_EVENT = insert(EVENTS).values(
-    {k: bindparam(k, type_=EVENTS.c[k].type) for k in _EVENT_KEYS}
+    {k: bindparam(k, type_=EVENTS.c[k].type) for k in EVENT_COLUMNS}
 )
 """One event row, a constant statement: it runs on the driver's cursor (`raw_sql`)."""
 

@@ -94,10 +94,6 @@ class ProxyMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(_Collector(self))
 
-    def bind_sink(self, sink_stats: StatsSource) -> None:
-        """Read the gauges from this sink from now on."""
-        self._sink_stats = sink_stats
-
     def observe(
         self, row: Mapping[str, Any], added_s: float | None, upstream_s: float | None = None
     ) -> None:

@@ -39,7 +39,6 @@ from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 import psutil
 
@@ -61,10 +60,12 @@ from polar_mq.runtimes.proxy_relay import (
     record_route,
     recorded_route,
 )
-from polar_mq.runtimes.workspace_dir import DirBacked
+from polar_mq.runtimes.sandboxed import (
+    NETWORKS,
+    Network,
+    Sandboxed,
+)
 
-Network = Literal["host", "none", "proxy_only"]
-NETWORKS: tuple[Network, ...] = ("host", "none", "proxy_only")
 PROXY_SOCKET_INSIDE = "/run/polar-mq/proxy.sock"
 _SETTINGS_FILE = "bwrap.json"
 _SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt")
@@ -120,7 +121,7 @@ class StartedWith:
         return cls(data["network"], pids, tuple(str(path) for path in ro))
 
 
-class BwrapRuntime(DirBacked, Runtime):
+class BwrapRuntime(Sandboxed, Runtime):
     """A runtime whose commands run inside bubblewrap namespaces over its `RuntimeDir`.
 
     `network`, `pids_limit` and `ro_binds` take effect at `start()` and are recorded next to the
@@ -146,23 +147,10 @@ class BwrapRuntime(DirBacked, Runtime):
         agent: AgentIdentity | None = None,
     ) -> None:
         super().__init__(runtime_id)
-        # absolute: the directories are bound at the same paths inside the sandbox
-        self._attach_dir(
-            Path(root).resolve(),
-            self.kind,
-            limits,
-            agent,
-            owner_only_dirs=self.owner_only_dirs,
-            pooled=False,  # no reachability check: the sandbox mounts the directories itself
-            kill_grace_s=kill_grace_s,
-            drain_s=drain_s,
-        )
-        if network not in NETWORKS:
-            raise ValueError(f"bwrap network must be one of {', '.join(NETWORKS)}, not {network!r}")
-        if pids_limit is not None and (not isinstance(pids_limit, int) or pids_limit < 1):
-            raise ValueError("pids_limit must be a positive int or None")
-        self.network: Network = network
-        self.pids_limit = pids_limit
+        self._set_up_sandbox(
+            root, limits, agent, network=network, pids_limit=pids_limit,
+            kill_grace_s=kill_grace_s, drain_s=drain_s,
+        )  # fmt: skip
         self.ro_binds = [str(Path(p)) for p in ro_binds]
         self.cgroup = cgroups.group_path(cgroups.group_name(self.runtime_id, self.root))
 

@@ -28,7 +28,7 @@ import uuid
 from contextlib import nullcontext
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 from docker.models.containers import Container
@@ -41,10 +41,8 @@ from polar_mq.runtimes.docker_exec import container_pids, run_exec
 from polar_mq.runtimes.identity import AgentIdentity
 from polar_mq.runtimes.process_kit import EXEC_TAG, RUNTIME_TAG
 from polar_mq.runtimes.proxy_relay import ProxyRelay, record_route, recorded_route
-from polar_mq.runtimes.workspace_dir import DirBacked
+from polar_mq.runtimes.sandboxed import Network, Sandboxed
 
-Network = Literal["host", "none", "proxy_only"]
-NETWORKS: tuple[Network, ...] = ("host", "none", "proxy_only")
 LABEL_RUNTIME = "org.polar-mq.runtime-id"
 LABEL_ROOT = "org.polar-mq.runtime-root"
 LABEL_NETWORK = "org.polar-mq.network"
@@ -79,7 +77,7 @@ def container_name(runtime_id: str, root: Path) -> str:
     return f"polar-mq-{runtime_id}-{digest}"
 
 
-class DockerRuntime(DirBacked, Runtime):
+class DockerRuntime(Sandboxed, Runtime):
     """A runtime made of a container and the node-side directories bind mounted into it.
 
     `python` names the image's interpreter for the reference agent (`python3` on the image's PATH).
@@ -108,29 +106,14 @@ class DockerRuntime(DirBacked, Runtime):
         agent: AgentIdentity | None = None,
     ) -> None:
         super().__init__(runtime_id)
-        # absolute: the directories are bind mounted at the same paths inside the container
-        self._attach_dir(
-            Path(root).resolve(),
-            self.kind,
-            limits,
-            agent,
-            owner_only_dirs=self.owner_only_dirs,
-            pooled=False,  # no reachability check: the container mounts the directories itself
-            kill_grace_s=kill_grace_s,
-            drain_s=drain_s,
-        )
-        if network not in NETWORKS:
-            raise ValueError(
-                f"docker network must be one of {', '.join(NETWORKS)}, not {network!r}"
-            )
+        self._set_up_sandbox(
+            root, limits, agent, network=network, pids_limit=pids_limit,
+            kill_grace_s=kill_grace_s, drain_s=drain_s,
+        )  # fmt: skip
         if cpus is not None and not cpus > 0:
             raise ValueError("cpus must be positive or None")
-        if pids_limit is not None and (not isinstance(pids_limit, int) or pids_limit < 1):
-            raise ValueError("pids_limit must be a positive int or None")
         self.image = image
-        self.network: Network = network
         self.cpus = cpus
-        self.pids_limit = pids_limit
         self._python = python
         self._client = client
         self.name = container_name(self.runtime_id, self.root)

@@ -150,9 +150,9 @@ class LocalRuntime(DirBacked, Runtime):
 
     def _group(self) -> Path | None:
         """The runtime's kill group; None for a runtime on a pool uid of its own, whose uid
-        sweep already finds every process: joining a cgroup costs each command 5-40 ms (the
-        kernel's cgroup migration waits for an RCU grace period, longer on a busy node), the
-        sweep a /proc scan per stop (docs/runtimes.md)."""
+        sweep already finds every process: joining a cgroup costs each command milliseconds (the
+        kernel's cgroup migration waits for an RCU grace period, longer on a busy node;
+        docs/benchmarks.md), the sweep a /proc scan per stop (docs/runtimes.md)."""
         recorded = self.space.meta().get("agent")
         if isinstance(recorded, dict) and str(recorded.get("name")).startswith(POOL_PREFIX):
             return None

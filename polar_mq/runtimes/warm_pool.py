@@ -160,12 +160,6 @@ class WarmPool:
                         found.append(Marker(name, runtime_id, owner, directory / entry))
         return found
 
-    def marker_of(self, runtime_id: str) -> Marker | None:
-        for marker in self.markers():
-            if marker.runtime_id == runtime_id:
-                return marker
-        return None
-
     def _create(self, state: str, runtime_id: str, owner: str) -> Path:
         path = self._dir(state) / (f"{runtime_id}@{owner}" if owner else runtime_id)
         os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))

@@ -11,15 +11,12 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
-import socket
 import time
 import uuid
 from collections.abc import Sequence
 from typing import Any
 
 from celery import Celery
-from kombu import Producer, Queue
 from kombu.exceptions import ChannelError
 
 from polar_mq.config import Settings
@@ -27,12 +24,14 @@ from polar_mq.lifecycle.messages import StageMessage, queue_name
 from polar_mq.lifecycle.priority import MAX_PRIORITY
 from polar_mq.observability.celery_hooks import install_celery_hooks
 from polar_mq.observability.stage_metrics import DUE_HEADER
+from polar_mq.workers.direct_publish import publish_now
 from polar_mq.workers.priority import (
     BrokerKind,
     broker_kind,
     broker_priority,
     redis_priority_options,
 )
+from polar_mq.workers.waiting_leases import install_waiting_leases
 
 log = logging.getLogger(__name__)
 EMBEDDED_PREFIX = "sqla+"
@@ -110,14 +109,16 @@ def create_celery(settings: Settings) -> PolarCelery:
     )
     app.conf.include = ["polar_mq.workers.tasks"]
     install_celery_hooks(settings)  # logging, stage metrics and log context (signals)
+    install_waiting_leases(settings)  # a dead node's queue does not strand its rollouts
     return app
 
 
 def publish_messages(app: PolarCelery, messages: Sequence[StageMessage]) -> None:
     """Send stage messages to their queues (called after commit), with their job's priority.
 
-    A message due now goes straight through kombu (`_publish_now`); one with a countdown (a
-    retry's backoff) through Celery's `send_task`, which turns it into an ETA."""
+    A message due now goes straight through kombu (`direct_publish`, the message `send_task`
+    would send); one with a countdown (a retry's backoff) through Celery's `send_task`, which
+    turns it into an ETA."""
     prefix = app.polar_settings.queue_prefix
     kind = app.polar_broker_kind
     with app.producer_or_acquire() as producer:
@@ -134,7 +135,17 @@ def publish_messages(app: PolarCelery, messages: Sequence[StageMessage]) -> None
             queue = queue_name(prefix, msg.stage, msg.pool, msg.node)
             headers = {DUE_HEADER: time.time() + (msg.countdown or 0.0)}  # queue-wait metric
             if not msg.countdown:
-                _publish_now(app, producer, msg, kwargs, queue, headers, priority)
+                publish_now(
+                    app,
+                    producer,
+                    task_name=msg.stage.task_name,
+                    task_id=str(uuid.uuid4()),
+                    args=[str(msg.rollout_id)],
+                    kwargs=kwargs,
+                    queue=queue,
+                    headers=headers,
+                    priority=priority,
+                )
                 continue
             app.send_task(
                 msg.stage.task_name,
@@ -146,88 +157,6 @@ def publish_messages(app: PolarCelery, messages: Sequence[StageMessage]) -> None
                 headers=headers,
                 **options,
             )
-
-
-def _publish_now(
-    app: PolarCelery,
-    producer: Producer,
-    msg: StageMessage,
-    kwargs: dict[str, Any],
-    queue: str,
-    headers: dict[str, Any],
-    priority: int | None,
-) -> None:
-    """Publish a stage message as Celery's task protocol 2 message, straight through kombu.
-
-    `send_task` spends about twice the CPU of the publish itself on options, routing and
-    signals none of which a stage message uses (every one goes to a named queue, due now, no
-    result, no links), on every stage of every rollout. The message is the one `send_task`
-    builds: the same headers (the worker's task events, which Flower shows, read `argsrepr`),
-    body and properties; the queue is Celery's own (`app.amqp.queues`, declared with the
-    arguments the broker needs, e.g. `x-max-priority`), published through the default exchange
-    as Celery does for a direct queue, with Celery's publish retry policy.
-    """
-    task_id = str(uuid.uuid4())
-    args = [str(msg.rollout_id)]
-    target = app.amqp.queues[queue]
-    message_headers = {
-        "lang": "py",
-        "task": msg.stage.task_name,
-        "id": task_id,
-        "shadow": None,
-        "eta": None,
-        "expires": None,
-        "group": None,
-        "group_index": None,
-        "retries": 0,
-        "timelimit": [None, None],
-        "root_id": task_id,
-        "parent_id": None,
-        "argsrepr": repr(args),
-        "kwargsrepr": repr(kwargs),
-        "origin": _origin(os.getpid()),
-        "ignore_result": None,
-        "replaced_task_nesting": 0,
-        "stamped_headers": None,
-        "stamps": {},
-        **headers,
-    }
-    embed = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
-    retry, retry_policy, delivery_mode = app.polar_publish_conf
-    producer.publish(
-        (args, kwargs, embed),
-        exchange="",
-        routing_key=target.name,
-        serializer="json",
-        headers=message_headers,
-        declare=[] if _declared(app, producer, target) else [target],
-        delivery_mode=target.exchange.delivery_mode or delivery_mode,
-        retry=retry,
-        retry_policy=retry_policy,
-        correlation_id=task_id,
-        reply_to=app.thread_oid,  # as send_task: where a result backend would reply
-        **({} if priority is None else {"priority": priority}),
-    )
-
-
-def _declared(app: PolarCelery, producer: Producer, queue: Queue) -> bool:
-    """Whether `queue` needs no declaring with this message: on Redis, once kombu declared it
-    on the current connection (its own cache, emptied on every reconnect). `publish(declare=)`
-    asks the same, but binds a copy of the queue to the channel first, on every message. Other
-    brokers keep kombu's check inside the publish, which a reconnect retried there repeats (a
-    queue an AMQP broker lost must be declared again on the new connection)."""
-    if app.polar_broker_kind is not BrokerKind.REDIS:
-        return False
-    connection = getattr(producer.channel, "connection", None)
-    client = getattr(connection, "client", None)
-    declared = getattr(client, "declared_entities", None)
-    return declared is not None and queue.can_cache_declaration and hash(queue) in declared
-
-
-@functools.cache
-def _origin(pid: int) -> str:
-    """The `origin` header: this process, as Celery names a publisher that is not a worker."""
-    return f"gen{pid}@{socket.gethostname()}"
 
 
 def queue_depth(app: PolarCelery, queue: str) -> int | None:

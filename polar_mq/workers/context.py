@@ -37,8 +37,8 @@ class WorkerContext:
         stage's statements are one-statement writes and reads (`autocommit_factory`), which then
         check a connection out as it is; `session_factory`'s transactions switch theirs to READ
         COMMITTED for the checkout (SQLAlchemy sets the level on each checkout and resets it on
-        checkin, 2.6 % of the stages' in-process profile when the claims and finishes paid it:
-        the rarer transactions pay it now)."""
+        checkin, a visible share of the stages' in-process profile when the claims and finishes
+        paid it, docs/benchmarks.md: the rarer transactions pay it now)."""
         url = self.settings.database_url
         if url.startswith("sqlite"):
             return create_db_engine(url)

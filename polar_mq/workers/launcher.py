@@ -93,7 +93,8 @@ def plan_workers(
 
 START_METHODS = ("forkserver", "exec")
 """How stage workers start: forked from a pre-imported server (`polar_mq.forking`, the default:
-0.2 instead of 1.3 CPU-s per start), or each a fresh `celery worker` process."""
+a fraction of the CPU of a fresh start, docs/benchmarks.md), or each a fresh `celery worker`
+process."""
 
 
 def check_start_method(start: str) -> str:

@@ -7,20 +7,12 @@ priorities through the production path and takes them back the way a worker does
 
 from __future__ import annotations
 
-import os
 import uuid
-from collections.abc import Iterator
 
-import pytest
-import redis
-
-from polar_mq.config import Settings
 from polar_mq.lifecycle.messages import StageMessage, queue_name
 from polar_mq.lifecycle.stages import Stage
-from polar_mq.workers.celery_app import PolarCelery, create_celery, publish_messages
+from polar_mq.workers.celery_app import PolarCelery, publish_messages
 
-REDIS_URL = os.environ.get("POLAR_MQ_TEST_REDIS", "redis://127.0.0.1:6379")
-AMQP_URL = os.environ.get("POLAR_MQ_TEST_AMQP", "amqp://127.0.0.1:5672//")
 PRIORITIES = [0, 5, 9, 0, 3, 9, 5, 0]
 
 
@@ -53,33 +45,8 @@ def _publish_and_drain(app: PolarCelery, pool: str) -> list[tuple[int, str]]:
     return order
 
 
-@pytest.fixture()
-def redis_app() -> Iterator[PolarCelery]:
-    prefix = f"prio-{uuid.uuid4().hex[:8]}"
-    yield create_celery(Settings(broker_url=f"{REDIS_URL}/0", queue_prefix=prefix))
-    conn = redis.Redis.from_url(f"{REDIS_URL}/0")
-    for key in conn.scan_iter(f"{prefix}.*"):
-        conn.delete(key)
-    conn.close()
-
-
 def test_redis_hands_out_higher_job_priorities_first(redis_app: PolarCelery) -> None:
     _publish_and_drain(redis_app, "cpu")
-
-
-@pytest.fixture()
-def amqp_app() -> Iterator[PolarCelery]:
-    prefix = f"prio-{uuid.uuid4().hex[:8]}"
-    app = create_celery(Settings(broker_url=AMQP_URL, queue_prefix=prefix))
-    try:
-        with app.connection_for_write() as conn:
-            conn.ensure_connection(max_retries=1)
-    except Exception as exc:  # no RabbitMQ on this machine: nothing to check against
-        pytest.skip(f"RabbitMQ not reachable at {AMQP_URL}: {exc}")
-    yield app
-    with app.connection_for_write() as conn:
-        queue = queue_name(prefix, Stage.PREPARE, "cpu", None)
-        conn.default_channel.queue_delete(queue=queue)
 
 
 def test_rabbitmq_hands_out_higher_job_priorities_first(amqp_app: PolarCelery) -> None:

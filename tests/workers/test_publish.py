@@ -14,12 +14,8 @@ from polar_mq.config import Settings
 from polar_mq.lifecycle.messages import StageMessage, queue_name
 from polar_mq.lifecycle.stages import Stage
 from polar_mq.observability.stage_metrics import DUE_HEADER
-from polar_mq.workers.celery_app import (
-    PolarCelery,
-    _declared,
-    create_celery,
-    publish_messages,
-)
+from polar_mq.workers.celery_app import PolarCelery, create_celery, publish_messages
+from polar_mq.workers.direct_publish import declared
 from polar_mq.workers.priority import BrokerKind, broker_priority
 
 REDIS_URL = os.environ.get("POLAR_MQ_TEST_REDIS", "redis://127.0.0.1:6379")
@@ -53,10 +49,10 @@ def test_a_direct_publish_is_the_message_send_task_sends(broker: str) -> None:
         msg = StageMessage(Stage.BUILD, rid, "p", "n1", attempt=2, retries=1, priority=7)
         queue = queue_name(app.polar_settings.queue_prefix, Stage.BUILD, "p", "n1")
         with app.producer_or_acquire() as producer:
-            assert not _declared(app, producer, app.amqp.queues[queue])
+            assert not declared(app, producer, app.amqp.queues[queue])
         publish_messages(app, [msg])
         with app.producer_or_acquire() as producer:  # declared once per connection on Redis
-            assert _declared(app, producer, app.amqp.queues[queue]) is (kind is BrokerKind.REDIS)
+            assert declared(app, producer, app.amqp.queues[queue]) is (kind is BrokerKind.REDIS)
         direct = _take(app, queue)
         app.send_task(
             Stage.BUILD.task_name,
