@@ -5,8 +5,9 @@ Requests are counted by a plain ASGI middleware, labelled with the route's templ
 route matched is `(unmatched)`. Rollouts by status and jobs by state are counted in PostgreSQL
 when Prometheus scrapes, at most once per `metrics_cache_s` (several API replicas or a fast
 scrape interval cost one pair of queries per period), so they are the same numbers the status
-endpoints report. A database that cannot be read leaves those two families out and sets
-`polar_api_db_up` to 0; the request counters are still served.
+endpoints report; the reward and learning-signal metrics (`reward_metrics`) likewise, at most
+once per REWARD_CACHE_FACTOR periods. A database that cannot be read leaves those families out
+and sets `polar_api_db_up` to 0; the request counters are still served.
 
 Every app has its own `CollectorRegistry` (tests build many apps in one process). As the
 proxy's, this `/metrics` needs no key: it shows aggregate counts only.
@@ -32,11 +33,15 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from polar_mq.jobs.job_state import JOB_STATES, job_states_by_count
 from polar_mq.models import Rollout, RolloutStatus
+from polar_mq.observability.reward_metrics import RewardCollector
 
 log = logging.getLogger(__name__)
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 UNMATCHED = "(unmatched)"
+REWARD_CACHE_FACTOR = 3
+"""The reward and group metrics (a GROUP BY over every group) are read this many times less
+often than the state counts."""
 FactorySource = Callable[[], "sessionmaker[Session] | None"]
 
 
@@ -127,6 +132,8 @@ class ApiMetrics:
         )
         self.states = DbStateCollector(factory, cache_s)
         self.registry.register(self.states)
+        self.rewards = RewardCollector(factory, cache_s * REWARD_CACHE_FACTOR)
+        self.registry.register(self.rewards)
 
     def observe(self, method: str, route: str, status: int, seconds: float) -> None:
         self.requests.labels(method, route, str(status)).inc()

@@ -3,7 +3,8 @@
 A browser cannot send an `Authorization` header on a page load or an EventSource, so the login
 form takes an API key and keeps it in a cookie: HttpOnly (page scripts cannot read it),
 SameSite=Strict (no other site can make the browser send it, which is the dashboard's CSRF
-defence: it only reads), limited to `/ui`, `Secure` on HTTPS. The key itself is stored rather than
+defence; its one writing form, a job's cancel button, also checks `same_origin`), limited to
+`/ui`, `Secure` on HTTPS. The key itself is stored rather than
 a session of our own, so revoking the key signs the browser out at its next request and there is
 no second credential to manage.
 
@@ -86,6 +87,27 @@ def ui_principal(request: Request, session: SessionDep) -> Principal:
 
 
 UiPrincipal = Annotated[Principal, Depends(ui_principal)]
+
+
+def same_origin(request: Request) -> None:
+    """UiError 403 for a form post a browser says another site made.
+
+    The SameSite=Strict cookie already keeps other sites' posts unsigned-in; this is the second
+    lock for the dashboard's one writing form (cancel): Fetch Metadata first, else the Origin
+    header against this host. A client that sends neither (curl with the cookie) is not a
+    browser being tricked."""
+    site = request.headers.get("sec-fetch-site")
+    if site is not None:
+        if site not in ("same-origin", "none"):
+            raise UiError(403, "refused: this form was posted from another site")
+        return
+    origin = request.headers.get("origin")
+    if origin is not None and origin != "null":
+        expected = f"{request.url.scheme}://{request.url.netloc}"
+        if origin.rstrip("/") != expected:
+            raise UiError(403, "refused: this form was posted from another site")
+    elif origin == "null":
+        raise UiError(403, "refused: this form was posted from another site")
 
 
 def ui_job(job_id: uuid.UUID, session: SessionDep, principal: UiPrincipal) -> uuid.UUID:

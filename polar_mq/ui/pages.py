@@ -18,7 +18,10 @@ from polar_mq.jobs import results
 from polar_mq.models.base import utcnow
 from polar_mq.rollouts import artifact_queries
 from polar_mq.rollouts import queries as rollout_queries
-from polar_mq.ui import charts, queries
+from polar_mq.ui import charts, plot_shapes, queries
+from polar_mq.ui.call_body import call_parts
+from polar_mq.ui.job_plots import job_plots
+from polar_mq.ui.reward_view import explain, task_instance
 from polar_mq.ui.timeline import timeline
 from polar_mq.ui.tokens_text import TokenDecoder
 from polar_mq.ui.trajectory_view import trajectory_views
@@ -57,6 +60,7 @@ def job_page(
         )
         for g in page.groups
     }
+    plots = job_plots(session, job_id)
     chart = charts.progress(
         status.created_at, queries.finish_times(session, job_id), 640, 120, status.total
     )
@@ -73,9 +77,17 @@ def job_page(
         "stage_lines": charts.stage_lines(
             queries.stage_intervals(session, job_id), queries.STAGES, utcnow(), 640, 120
         ),
+        "task_texts": queries.task_texts(session, job_id, [g.task_index for g in page.groups]),
+        "plots": plots,
+        "version_chart": plot_shapes.version_chart(plots.versions, 300, 84),
+        "series": _series,
         "slowest": queries.slowest_rollouts(session, job_id),
         "failed": queries.failed_rollouts(session, job_id),
     }
+
+
+def _series(values: list[int], bin_s: float, unit: str) -> list[plot_shapes.Bar]:
+    return plot_shapes.series_bars(values, 300, 84, bin_s, unit)
 
 
 def _artifact_text(session: Session, rollout_id: uuid.UUID, name: str, media: str) -> str | None:
@@ -89,7 +101,8 @@ def _artifact_text(session: Session, rollout_id: uuid.UUID, name: str, media: st
 def rollout_page(
     session: Session, rollout_id: uuid.UUID, decoder: TokenDecoder | None
 ) -> dict[str, Any]:
-    """Detail, stage timeline, events, artifacts, LLM calls and the highlighted trajectory."""
+    """Detail, the reward explained, stage timeline, events, artifacts, LLM calls (their bodies
+    load when opened: `ui.call_body`) and the highlighted trajectory."""
     detail = rollout_queries.rollout_detail(session, rollout_id)
     calls = rollout_queries.rollout_calls(session, rollout_id).calls
     trajectory = rollout_queries.rollout_trajectory(session, rollout_id)
@@ -106,4 +119,6 @@ def rollout_page(
         "artifact_texts": texts,
         "samples": trajectory_views(trajectory.samples, calls, decoder),
         "inline_bytes": INLINE_ARTIFACT_BYTES,
+        "why": explain(detail, task_instance(session, rollout_id)),
+        "call_parts": call_parts,
     }

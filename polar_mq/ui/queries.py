@@ -25,6 +25,7 @@ from polar_mq.models import (
     Event,
     EventKind,
     Job,
+    JobTask,
     LlmCall,
     Rollout,
     RolloutStatus,
@@ -322,3 +323,25 @@ def rollout_fingerprint(session: Session, rollout_id: uuid.UUID) -> tuple[object
         select(func.count()).select_from(LlmCall).where(LlmCall.rollout_id == rollout_id, *window)
     )
     return (tuple(row[:3]) if row else None, last_event, calls)
+
+
+TASK_TEXT_CHARS = 160
+"""Characters of a task's instruction shown in a job page's group table."""
+
+
+def task_texts(session: Session, job_id: uuid.UUID, task_indexes: list[int]) -> dict[int, str]:
+    """The start of each listed task's instruction (cut in SQL: an SWE task's instance can carry
+    whole test files, which the group table does not need)."""
+    if not task_indexes:
+        return {}
+    text = func.substr(JobTask.instance["instruction"].as_string(), 1, TASK_TEXT_CHARS + 1)
+    rows = session.execute(
+        select(JobTask.task_index, text).where(
+            JobTask.job_id == job_id, JobTask.task_index.in_(task_indexes)
+        )
+    ).tuples()
+    return {
+        index: (value if len(value) <= TASK_TEXT_CHARS else value[:TASK_TEXT_CHARS] + "…")
+        for index, value in rows
+        if value is not None
+    }

@@ -22,17 +22,29 @@ from polar_mq.api.deps import SessionDep, SettingsDep
 from polar_mq.api.errors import ApiError
 from polar_mq.config import Settings
 from polar_mq.db import unit_of_work
+from polar_mq.errors import NotFound
+from polar_mq.jobs.cancel import cancel
 from polar_mq.models import RolloutStatus
 from polar_mq.rollouts import artifact_queries
+from polar_mq.tenants.scopes import JOBS_WRITE
 from polar_mq.ui import auth, pages, queries
 from polar_mq.ui.auth import JobId, RolloutId, UiPrincipal
+from polar_mq.ui.call_body import call_body
+from polar_mq.ui.compare import compare as compare_view
 from polar_mq.ui.live import RenderCache, Rendered, digest, live_stream
 from polar_mq.ui.render import STATIC, templates
+from polar_mq.ui.search import REASONS, SearchError, parse_query, search
 from polar_mq.ui.system import system_view
 from polar_mq.ui.tokens_text import TokenDecoder
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
 TEMPLATES = templates()
+PLAIN_HEADERS = {
+    "Content-Security-Policy": "sandbox; default-src 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Cache-Control": "no-store",
+}
+"""Agent-controlled text served on its own: inert even if a browser opens it as a page."""
 SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; "
     "style-src 'self'; script-src 'self'; frame-ancestors 'none'; form-action 'self'",
@@ -151,8 +163,24 @@ def job(
     context = {
         "job_id": job_id, "live_html": Markup(live.html), "done": live.done, "since": since,
         "groups_cursor": groups, "principal": principal,
+        "can_cancel": principal.can(JOBS_WRITE) and not live.done,
     }  # fmt: skip
     return page(request, "job.html", context)
+
+
+@router.post("/jobs/{job_id}/cancel")
+def cancel_job(
+    request: Request, job_id: JobId, session: SessionDep, principal: UiPrincipal
+) -> Response:
+    """The job page's cancel button: the API's cancel service, for keys with `jobs:write`.
+
+    A form post is the one thing the dashboard writes, so on top of the SameSite=Strict cookie
+    it refuses a request the browser says came from another site (`Sec-Fetch-Site`, `Origin`)."""
+    auth.same_origin(request)
+    if not principal.can(JOBS_WRITE):
+        raise auth.UiError(403, f"this API key lacks the {JOBS_WRITE!r} scope")
+    cancel(session, job_id=job_id)
+    return RedirectResponse(f"/ui/jobs/{job_id}", status_code=303)
 
 
 def _job_live_part(
@@ -217,6 +245,21 @@ def rollout_live(request: Request, rollout_id: RolloutId, since: Cursor = None) 
     return live_stream(request, fingerprint, render, since)
 
 
+@router.get("/rollouts/{rollout_id}/calls/{call_id}/{part}")
+def call_part(
+    rollout_id: RolloutId,
+    call_id: uuid.UUID,
+    part: Annotated[str, Path(max_length=32)],
+    session: SessionDep,
+) -> Response:
+    """One call's request or response as plain text (agent-controlled: never a page)."""
+    try:
+        text = call_body(session, rollout_id, call_id, part)
+    except NotFound as exc:
+        raise auth.UiError(404, str(exc)) from exc
+    return Response(text, media_type="text/plain; charset=utf-8", headers=PLAIN_HEADERS)
+
+
 @router.get("/rollouts/{rollout_id}/artifacts/{name:path}")
 def artifact(
     rollout_id: RolloutId,
@@ -235,6 +278,47 @@ def artifact(
     }
     kind = "text/plain; charset=utf-8" if text else "application/octet-stream"
     return Response(content, media_type=kind, headers=headers)
+
+
+# ---------------------------------------------------------------------------------------------
+# Search and comparison
+
+
+@router.get("/search")
+def search_page(
+    request: Request,
+    session: SessionDep,
+    principal: UiPrincipal,
+    q: Annotated[str | None, Query(max_length=1000)] = None,
+    status: Annotated[str | None, Query(max_length=100)] = None,
+    reason: Annotated[str | None, Query(max_length=100)] = None,
+) -> Response:
+    context: dict[str, Any] = {"principal": principal, "error": None, "results": None}
+    context.update(q=q or "", status=status or "", reason=reason or "", forms=_search_choices())
+    try:
+        query = parse_query(q, status, reason)
+    except SearchError as exc:
+        context["error"] = str(exc)
+        return page(request, "search.html", context, status=400)
+    if not query.empty:
+        context["results"] = search(session, query, principal.visible_tenant)
+    return page(request, "search.html", context)
+
+
+def _search_choices() -> dict[str, Any]:
+    return {"statuses": RolloutStatus.ALL, "reasons": REASONS}
+
+
+@router.get("/compare")
+def compare(
+    request: Request,
+    session: SessionDep,
+    principal: UiPrincipal,
+    jobs: Annotated[list[uuid.UUID] | None, Query(max_length=50)] = None,
+) -> Response:
+    context = compare_view(session, jobs or [], principal.visible_tenant)
+    context["principal"] = principal
+    return page(request, "compare.html", context)
 
 
 # ---------------------------------------------------------------------------------------------
