@@ -99,14 +99,14 @@ def _print_results(client: Client, job_id: str, seconds: float) -> None:
     console.print(f"median stage time — {stage_line}")
 
 
-def _exit_on_sigterm() -> None:
+def exit_on_sigterm() -> None:
     """SIGTERM unwinds like Ctrl-C, so the `with` blocks stop every process the demo started
     (they run in their own process groups and would otherwise outlive it)."""
     signal.signal(signal.SIGTERM, lambda _signum, _frame: sys.exit(143))
 
 
 def run_demo(use_fake: bool, n_tasks: int, samples: int) -> int:
-    _exit_on_sigterm()
+    exit_on_sigterm()
     shutil.rmtree(DEMO_DIR, ignore_errors=True)
     DEMO_DIR.mkdir(parents=True, mode=0o700)
     vllm: local_vllm.LocalVllmServer | None = None
@@ -154,10 +154,12 @@ def run_demo(use_fake: bool, n_tasks: int, samples: int) -> int:
             console.print(f"submitted job {job_id}: {len(job.rollout_ids)} rollouts")
             client.wait(job_id, progress=True, timeout=1800)
             _print_results(client, job_id, time.monotonic() - started)
+            engine = "--fake " if use_fake else ""
             console.print(
                 f"logs: {DEMO_DIR}/logs   database: {settings.database_url}\n"
-                "Flower (Celery dashboard) for a Redis deployment: `polar-mq flower` then open "
-                "http://127.0.0.1:5555"
+                f"Browse these results in the dashboard: `polar-mq up {engine}--dir {DEMO_DIR}`, "
+                "then open http://127.0.0.1:8000/ui/ with the API key it prints.",
+                soft_wrap=True,
             )
     finally:
         if vllm is not None:

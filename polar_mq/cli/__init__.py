@@ -7,7 +7,7 @@ import sys
 
 import typer
 
-from polar_mq.cli import jobs, logs, processes
+from polar_mq.cli import jobs, logs, processes, up
 from polar_mq.cli.common import console
 from polar_mq.cli.db import db_app
 from polar_mq.cli.harness import harness_app
@@ -19,7 +19,7 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 for command in (
     processes.api, processes.proxy, processes.worker, processes.warm_pool, processes.janitor,
     processes.sweeper, jobs.cancel, processes.flower, jobs.submit, jobs.export, jobs.status,
-    jobs.groups, logs.logs, processes.demo, jobs.policy,
+    jobs.results, jobs.groups, logs.logs, processes.demo, up.up, jobs.policy,
 ):  # fmt: skip
     app.command()(command)
 app.add_typer(db_app, name="db")

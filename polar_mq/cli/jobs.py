@@ -11,11 +11,13 @@ from typing import Annotated, Any
 import typer
 
 from polar_mq.cli.common import console, fail, load_settings
+from polar_mq.cli.tables import jobs_table, results_table, status_view
 from polar_mq.client import Client, PolarMQError
 
 ApiUrl = Annotated[str | None, typer.Option(help="API base URL")]
 ApiKey = Annotated[str | None, typer.Option(envvar="POLAR_MQ_API_KEY")]
 """The two options of every command here: which API, and the key (also from the environment)."""
+AsJson = Annotated[bool, typer.Option("--json", help="print the API's JSON (for scripts)")]
 DEFAULT_SAMPLES = 4
 """Samples per task when neither the file nor --samples says: a GRPO group."""
 
@@ -69,6 +71,12 @@ def _check_evaluator(spec: dict[str, Any], file: Path) -> None:
         raise fail(f"{file.name}: {problem}", 2)
 
 
+def api_failed(exc: PolarMQError) -> typer.Exit:
+    """Print an API error and return the exit: an unreachable API is its message alone (it names
+    the URL), an answer of the API keeps its status and type."""
+    return fail(exc.message if exc.status == 0 else str(exc))
+
+
 def api_client(url: str | None, api_key: str | None) -> Client:
     """A client of --url (default: the API this node's settings name)."""
     settings = load_settings()
@@ -103,6 +111,9 @@ def submit(
     agent_timeout: Annotated[float | None, typer.Option(help="agent wall clock, s")] = None,
     pool: Annotated[str | None, typer.Option(help="worker pool")] = None,
     wait: Annotated[bool, typer.Option("--wait", help="wait and print results")] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="with --wait: print the final status as JSON")
+    ] = False,
     url: ApiUrl = None,
     api_key: ApiKey = None,
 ) -> None:
@@ -139,10 +150,16 @@ def submit(
         submitted = client.submit_spec(spec)
         console.print(f"job {submitted.job_id}: {len(submitted.rollout_ids)} rollouts")
         if wait:
-            status = client.wait(str(submitted.job_id), progress=True)
-            console.print_json(data=status)
+            job_id = str(submitted.job_id)
+            final = client.wait(job_id, progress=not as_json)
+            if as_json:
+                sys.stdout.write(json.dumps(final, default=str) + "\n")
+            else:
+                groups = client.results(job_id, complete_only=False)
+                console.print(results_table(job_id, groups))
+                console.print(status_view(client.status(job_id)))
     except PolarMQError as exc:
-        raise fail(str(exc)) from exc
+        raise api_failed(exc) from exc
 
 
 def export(
@@ -180,7 +197,7 @@ def export(
             job_id, path, chosen.value, complete_only, advantages, artifacts_dir=artifacts
         )
     except PolarMQError as exc:
-        raise fail(str(exc)) from exc
+        raise api_failed(exc) from exc
     except OSError as exc:
         raise fail(f"cannot write {path}: {exc}") from exc
     console.print(f"{summary.rows} samples of {summary.groups} groups → {summary.path}")
@@ -192,15 +209,45 @@ def export(
 
 def status(
     job_id: Annotated[str | None, typer.Argument(help="a job id; all jobs when omitted")] = None,
+    as_json: AsJson = False,
     url: ApiUrl = None,
     api_key: ApiKey = None,
 ) -> None:
-    """Print a job's status, or the list of jobs."""
+    """Print a job's status (with the errors of its attempts), or the list of jobs."""
     client = api_client(url, api_key)
     try:
-        console.print_json(data=client.status(job_id) if job_id else client.jobs())
+        answer = client.status(job_id) if job_id else client.jobs()
     except PolarMQError as exc:
-        raise fail(str(exc)) from exc
+        raise api_failed(exc) from exc
+    if as_json:
+        console.print_json(data=answer)
+    else:
+        console.print(status_view(answer) if job_id else jobs_table(answer))
+
+
+def results(
+    job_id: Annotated[str, typer.Argument(help="a job id")],
+    complete_only: Annotated[
+        bool, typer.Option("--complete-only/--all-groups", help="only complete groups")
+    ] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="one JSON line per group, as the API returns it")
+    ] = False,
+    url: ApiUrl = None,
+    api_key: ApiKey = None,
+) -> None:
+    """Print a job's groups: each task, its rewards and how its rollouts ended (no leases taken:
+    `polar-mq groups` is the trainer's consuming stream)."""
+    client = api_client(url, api_key)
+    try:
+        found = client.results(job_id, complete_only=complete_only)
+    except PolarMQError as exc:
+        raise api_failed(exc) from exc
+    if as_json:
+        for group in found:
+            sys.stdout.write(json.dumps(group, default=str) + "\n")
+    else:
+        console.print(results_table(job_id, found))
 
 
 def groups(
@@ -239,7 +286,7 @@ def groups(
             if not ack and not fresh:
                 return  # peeking: the leases ran out and the printed groups came back
     except PolarMQError as exc:
-        raise fail(str(exc)) from exc
+        raise api_failed(exc) from exc
 
 
 def cancel(
@@ -249,7 +296,10 @@ def cancel(
 ) -> None:
     """Cancel every unfinished rollout of a job (running agents are killed)."""
     client = api_client(url, api_key)
-    result = client.cancel(job_id)
+    try:
+        result = client.cancel(job_id)
+    except PolarMQError as exc:
+        raise api_failed(exc) from exc
     console.print(
         f"cancelled {len(result['cancelled'])} rollouts "
         f"({result['already_terminal']} had already ended)"
@@ -291,5 +341,5 @@ def policy(
         else:
             answer = client.policy()
     except PolarMQError as exc:
-        raise fail(str(exc)) from exc
+        raise api_failed(exc) from exc
     sys.stdout.write(json.dumps(answer, default=str) + "\n")

@@ -8,8 +8,10 @@ Submitting is safe to retry: a submission without an `idempotency_key` gets a fr
 after a dropped connection returns the job the first attempt created instead of a second job.
 
 Layout: every operation is written once in `core.py` / `leases.py` as a sans-IO generator
-(`steps.py` describes the protocol); `sync.py` and `async_.py` are the two thin faces that carry
-the steps out over httpx.
+(`steps.py` describes the protocol); `operations.py` lists them once for both faces; `sync.py` and
+`async_.py` are the two thin faces that carry the steps out over httpx.
+
+A client without `api_key` uses `$POLAR_MQ_API_KEY` when it is set, as the `polar-mq` commands do.
 """
 
 from polar_mq.client.async_ import AsyncClient

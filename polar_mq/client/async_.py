@@ -1,13 +1,12 @@
 """`AsyncClient`: the asyncio face of the client core (httpx.AsyncClient, asyncio.sleep).
 
-The same operations as `Client`, each the core operation of the same name carried out step by
-step (`steps.py`): coroutines for calls, async iterators for streams.
+The same operations as `Client` (listed in `operations.py`), each the core operation of the same
+name carried out step by step (`steps.py`): coroutines for calls, async iterators for streams.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine
 from types import TracebackType
 from typing import Any, Concatenate, ParamSpec, TypeVar
@@ -16,6 +15,7 @@ import httpx
 
 from polar_mq.client.core import DEFAULT_TIMEOUT_S, ClientCore, headers
 from polar_mq.client.errors import PolarMQError
+from polar_mq.client.operations import Operation, Operations
 from polar_mq.client.steps import Call, Emit, Op, Sleep, Stepper, Stream, decode, unreachable
 from polar_mq.tls import client_ssl_context
 
@@ -24,31 +24,7 @@ T = TypeVar("T")
 I = TypeVar("I")  # noqa: E741
 
 
-def _awaiting(
-    op: Callable[Concatenate[ClientCore, P], Op[T]],
-) -> Callable[Concatenate[AsyncClient, P], Coroutine[Any, Any, T]]:
-    """The core operation `op` as a coroutine method that returns its result."""
-
-    @functools.wraps(op)
-    async def method(self: AsyncClient, /, *args: P.args, **kwargs: P.kwargs) -> T:
-        return await self._run(op(self._core, *args, **kwargs))
-
-    return method
-
-
-def _iterating(
-    op: Callable[Concatenate[ClientCore, P], Stream[I]],
-) -> Callable[Concatenate[AsyncClient, P], AsyncIterator[I]]:
-    """The streaming core operation `op` as a method returning an async iterator of its items."""
-
-    @functools.wraps(op)
-    def method(self: AsyncClient, /, *args: P.args, **kwargs: P.kwargs) -> AsyncIterator[I]:
-        return self._drive(Stepper(op(self._core, *args, **kwargs)))
-
-    return method
-
-
-class AsyncClient:
+class AsyncClient(Operations):
     """The same API for asyncio trainers: `async with AsyncClient(url) as client: ...`."""
 
     def __init__(
@@ -98,35 +74,27 @@ class AsyncClient:
         result: T = stepper.result
         return result
 
-    submit = _awaiting(ClientCore.submit)
-    submit_spec = _awaiting(ClientCore.submit_spec)
-    status = _awaiting(ClientCore.status)
-    cancel = _awaiting(ClientCore.cancel)
-    cancel_rollout = _awaiting(ClientCore.cancel_rollout)
-    jobs = _awaiting(ClientCore.jobs)
-    wait = _awaiting(ClientCore.wait)
+    def _bind(
+        self, op: Callable[Concatenate[ClientCore, P], Op[T]]
+    ) -> Callable[P, Coroutine[Any, Any, T]]:
+        """The core operation `op` as a coroutine method that returns its result."""
 
-    iter_pages = _iterating(ClientCore.iter_pages)
-    iter_results = _iterating(ClientCore.iter_results)
-    results = _awaiting(ClientCore.results)
-    iter_groups = _iterating(ClientCore.iter_groups)
-    export = _awaiting(ClientCore.export)  # its file writes happen in the event loop's thread
+        async def method(*args: P.args, **kwargs: P.kwargs) -> T:
+            return await self._run(op(self._core, *args, **kwargs))
 
-    policy = _awaiting(ClientCore.policy)
-    set_policy = _awaiting(ClientCore.set_policy)
-    resume_policy = _awaiting(ClientCore.resume_policy)
+        return method
 
-    lease_groups = _awaiting(ClientCore.lease_groups)
-    ack_groups = _awaiting(ClientCore.ack_groups)
-    extend_leases = _awaiting(ClientCore.extend_leases)
-    stream_groups = _iterating(ClientCore.stream_groups)
+    def _bind_stream(
+        self, op: Callable[Concatenate[ClientCore, P], Stream[I]]
+    ) -> Callable[P, AsyncIterator[I]]:
+        """The streaming core operation `op` as a method returning an async iterator."""
 
-    rollout = _awaiting(ClientCore.rollout)
-    trajectory = _awaiting(ClientCore.trajectory)
-    calls = _awaiting(ClientCore.calls)
-    artifacts = _awaiting(ClientCore.artifacts)
-    artifact = _awaiting(ClientCore.artifact)
-    save_artifacts = _awaiting(ClientCore.save_artifacts)
+        def method(*args: P.args, **kwargs: P.kwargs) -> AsyncIterator[I]:
+            return self._drive(Stepper(op(self._core, *args, **kwargs)))
+
+        return method
+
+    wait = Operation(ClientCore.wait)
 
     async def aclose(self) -> None:
         await self._http.aclose()

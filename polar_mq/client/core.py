@@ -44,8 +44,14 @@ SUBMIT_ATTEMPTS = 3
 Group = dict[str, Any]
 
 
+API_KEY_ENV = "POLAR_MQ_API_KEY"
+"""Where a client finds its key when none is passed (as the `polar-mq` commands do)."""
+
+
 def headers(api_key: str | None) -> dict[str, str]:
-    """The headers of every request of a client."""
+    """The headers of every request of a client; no key given: `$POLAR_MQ_API_KEY`, if set."""
+    if api_key is None:
+        api_key = os.environ.get(API_KEY_ENV) or None
     sent = {"Accept": "application/json", "User-Agent": "polar-mq-client"}
     if api_key:
         sent["Authorization"] = f"Bearer {api_key}"

@@ -66,20 +66,38 @@ Stream = Generator[Call | Sleep | Emit[I], Any, None]
 """A streaming operation: its items are the `Emit`s it yields."""
 
 
+KEY_HINT = "pass api_key= (--api-key on the command line) or set POLAR_MQ_API_KEY"
+"""What a 401 tells the user to do: where a client takes its key."""
+
+
 def decode(response: httpx.Response, raw: bool = False) -> Any:
-    """The JSON (or `raw` bytes) of a 2xx response, or the API's error raised as PolarMQError."""
+    """The JSON (or `raw` bytes) of a 2xx response, or the API's error raised as PolarMQError
+    (a 401 says where the key goes)."""
     if response.is_success:
         return response.content if raw else orjson.loads(response.content)
     try:
         error = orjson.loads(response.content)["error"]
-        raise PolarMQError(response.status_code, str(error["type"]), str(error["message"]))
+        kind, message = str(error["type"]), str(error["message"])
     except (orjson.JSONDecodeError, KeyError, TypeError):
-        raise PolarMQError(response.status_code, "http_error", response.text[:500]) from None
+        kind, message = "http_error", response.text[:500]
+    if response.status_code == 401:
+        message = f"{message}; {KEY_HINT}"
+    raise PolarMQError(response.status_code, kind, message)
 
 
 def unreachable(exc: httpx.TransportError) -> PolarMQError:
-    """A transport failure as the error every client method raises (status 0)."""
-    return PolarMQError(0, "connection_error", f"{type(exc).__name__}: {exc}")
+    """A transport failure as the error every client method raises (status 0), naming the URL
+    it tried: the first thing to check is that the API runs there."""
+    try:
+        url = f" at {exc.request.url.copy_with(query=None)}"
+    except RuntimeError:  # no request attached
+        url = ""
+    return PolarMQError(
+        0,
+        "connection_error",
+        f"cannot reach the API{url} ({type(exc).__name__}: {exc}); is it running? "
+        "(`polar-mq up` starts one locally)",
+    )
 
 
 class Stepper:

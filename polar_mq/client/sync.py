@@ -1,12 +1,11 @@
 """`Client`: the blocking face of the client core (httpx.Client, time.sleep).
 
-Each method is the core operation of the same name, carried out step by step (`steps.py`); only
-`wait` adds something of its own, the progress bar.
+Each method is the core operation of the same name (listed in `operations.py`), carried out step
+by step (`steps.py`); only `wait` adds something of its own, the progress bar.
 """
 
 from __future__ import annotations
 
-import functools
 import time
 from collections.abc import Callable, Generator, Iterator
 from types import TracebackType
@@ -16,6 +15,7 @@ import httpx
 
 from polar_mq.client.core import DEFAULT_TIMEOUT_S, ClientCore, headers
 from polar_mq.client.errors import PolarMQError
+from polar_mq.client.operations import Operations
 from polar_mq.client.progress import job_progress
 from polar_mq.client.steps import Call, Emit, Op, Sleep, Stepper, Stream, decode, unreachable
 from polar_mq.tls import client_ssl_context
@@ -25,31 +25,7 @@ T = TypeVar("T")
 I = TypeVar("I")  # noqa: E741
 
 
-def _blocking(
-    op: Callable[Concatenate[ClientCore, P], Op[T]],
-) -> Callable[Concatenate[Client, P], T]:
-    """The core operation `op` as a method that returns its result."""
-
-    @functools.wraps(op)
-    def method(self: Client, /, *args: P.args, **kwargs: P.kwargs) -> T:
-        return self._run(op(self._core, *args, **kwargs))
-
-    return method
-
-
-def _iterating(
-    op: Callable[Concatenate[ClientCore, P], Stream[I]],
-) -> Callable[Concatenate[Client, P], Iterator[I]]:
-    """The streaming core operation `op` as a method returning an iterator of its items."""
-
-    @functools.wraps(op)
-    def method(self: Client, /, *args: P.args, **kwargs: P.kwargs) -> Iterator[I]:
-        return self._drive(Stepper(op(self._core, *args, **kwargs)))
-
-    return method
-
-
-class Client:
+class Client(Operations):
     """Synchronous client: `Client("http://host:8000", api_key=...)`."""
 
     def __init__(
@@ -99,12 +75,23 @@ class Client:
         result: T = stepper.result
         return result
 
-    submit = _blocking(ClientCore.submit)
-    submit_spec = _blocking(ClientCore.submit_spec)
-    status = _blocking(ClientCore.status)
-    cancel = _blocking(ClientCore.cancel)
-    cancel_rollout = _blocking(ClientCore.cancel_rollout)
-    jobs = _blocking(ClientCore.jobs)
+    def _bind(self, op: Callable[Concatenate[ClientCore, P], Op[T]]) -> Callable[P, T]:
+        """The core operation `op` as a method that returns its result (`Operations`)."""
+
+        def method(*args: P.args, **kwargs: P.kwargs) -> T:
+            return self._run(op(self._core, *args, **kwargs))
+
+        return method
+
+    def _bind_stream(
+        self, op: Callable[Concatenate[ClientCore, P], Stream[I]]
+    ) -> Callable[P, Iterator[I]]:
+        """The streaming core operation `op` as a method returning an iterator of its items."""
+
+        def method(*args: P.args, **kwargs: P.kwargs) -> Iterator[I]:
+            return self._drive(Stepper(op(self._core, *args, **kwargs)))
+
+        return method
 
     def wait(
         self,
@@ -122,28 +109,6 @@ class Client:
             return self._run(self._core.wait(job_id, poll_s, timeout))
         with job_progress(job_id) as show:
             return self._run(self._core.wait(job_id, poll_s, timeout, show))
-
-    iter_pages = _iterating(ClientCore.iter_pages)
-    iter_results = _iterating(ClientCore.iter_results)
-    results = _blocking(ClientCore.results)
-    iter_groups = _iterating(ClientCore.iter_groups)
-    export = _blocking(ClientCore.export)
-
-    policy = _blocking(ClientCore.policy)
-    set_policy = _blocking(ClientCore.set_policy)
-    resume_policy = _blocking(ClientCore.resume_policy)
-
-    lease_groups = _blocking(ClientCore.lease_groups)
-    ack_groups = _blocking(ClientCore.ack_groups)
-    extend_leases = _blocking(ClientCore.extend_leases)
-    stream_groups = _iterating(ClientCore.stream_groups)
-
-    rollout = _blocking(ClientCore.rollout)
-    trajectory = _blocking(ClientCore.trajectory)
-    calls = _blocking(ClientCore.calls)
-    artifacts = _blocking(ClientCore.artifacts)
-    artifact = _blocking(ClientCore.artifact)
-    save_artifacts = _blocking(ClientCore.save_artifacts)
 
     def close(self) -> None:
         self._http.close()

@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 from polar_mq.errors import NotFound
 from polar_mq.jobs.cursors import decode_cursor, encode_cursor
 from polar_mq.jobs.early_stop import stop_status
+from polar_mq.jobs.failures import job_errors
 from polar_mq.jobs.job_state import RolloutCounts, job_state, outcome_columns
 from polar_mq.jobs.read_models import (
     JobPage,
@@ -143,6 +144,7 @@ def job_status(session: Session, job_id: uuid.UUID) -> JobStatus:
         held=held,
         staleness=_staleness_status(session, job),
         stop=stop_status(session, job),
+        errors=job_errors(session, job.id),
     )
 
 

@@ -82,6 +82,18 @@ class JobStatus:
     staleness: StalenessStatus | None = None
     stop: StopStatus | None = None
     """Present for a job with `stop`: its rule and, once applied, what the job stop did."""
+    errors: list[ErrorCount] = field(default_factory=list)
+    """The commonest failures of the job's attempts, retried ones included (`jobs.failures`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorCount:
+    """Failed attempts of a job sharing a reason and a signature (`jobs.failures`)."""
+
+    reason: str | None
+    error: str
+    """The signature: the errors' last line, the platform's verdict."""
+    count: int
 
 
 @dataclass(frozen=True, slots=True)

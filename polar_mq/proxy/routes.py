@@ -95,8 +95,17 @@ async def root(request: Request) -> Response:
 async def healthz(request: Request) -> Response:
     state: ProxyState = request.app.state.proxy
     worker = state.siblings.slot.index if state.siblings is not None else 0
+    backends = list(state.backends.backends.values())
+    usable = sum(1 for b in backends if not b.draining and b.usable())
     return _json(
-        {"status": "ok", "started_at": state.started_at, "worker": worker, "pid": os.getpid()}
+        {
+            "status": "ok",
+            "started_at": state.started_at,
+            "worker": worker,
+            "pid": os.getpid(),
+            "backends": len(backends),
+            "backends_usable": usable,  # counts only: engine addresses stay private
+        }
     )
 
 

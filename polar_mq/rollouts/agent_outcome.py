@@ -13,6 +13,9 @@ after the agent exits, what the platform saw decides:
   policy. The proxy's own refusals (bad token, spent budget, sampling policy) never reach the
   call log, so a logged 4xx is the engine's. Not restarted: the same transcript meets the same
   limit again, so the rollout ends unscored at once instead of burning its attempts;
+- the agent failed with no LLM call stored, or with its last call answered 502/503/504, and the
+  engine does not answer (`engine_down`, asked only then) -> `backend_error`, restarted, naming
+  the engine's URL: the engine is down, and neither the harness nor the proxy is to blame;
 - no LLM call of the agent reached the proxy at all -> `runtime_error` (the harness failed before
   the policy acted: misconfigured, missing, crashed at start);
 - the attempt spent the job's `max_tokens_per_rollout` (the proxy refused its further calls) ->
@@ -28,6 +31,7 @@ it recovered from included). The infrastructure outcomes are never scored; the t
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -35,11 +39,14 @@ from typing import Any
 from sqlalchemy import Engine
 
 from polar_mq.calls import AttemptCalls, CallSummary, last_agent_answer, summarize
+from polar_mq.jobs.verdicts import MODEL_NOT_SERVED
 from polar_mq.models import TerminationReason
 from polar_mq.runtimes import ExecResult
 
 PLATFORM_STATUSES = frozenset({404, 500, 502, 503, 504})
 """Failed-call statuses that are the platform's: the engine or the proxy could not serve."""
+UNANSWERED_STATUSES = frozenset({502, 503, 504})
+"""The proxy's answers when no engine answered it: asked whether the engine is down."""
 ENGINE_REFUSALS = frozenset({400, 413, 422})
 """Logged-call statuses of a request the engine refused (only upstream answers are logged)."""
 ENGINE_MESSAGE_MAX = 500
@@ -101,8 +108,11 @@ def classify(
     agent_started: datetime,
     proxy_started_at: float | None,
     token_budget: int | None = None,
+    engine_down: Callable[[], str | None] | None = None,
 ) -> AgentOutcome:
-    """The termination reason of an agent run (see the module docstring)."""
+    """The termination reason of an agent run (see the module docstring); `engine_down` says why
+    the engine does not answer (None: it does), asked only for a failed run without stored calls
+    or whose last call got no answer from the engine (502, 503, 504)."""
     if token_budget is not None and calls.completion_tokens >= token_budget:
         # The proxy refused its calls from here on: the policy's own truncation, like max_turns.
         return AgentOutcome(TerminationReason.TOKEN_BUDGET)
@@ -114,6 +124,12 @@ def classify(
             "the proxy restarted while the agent ran (calls it made then were refused)",
             restart=True,
         )
+    if calls.last_status == 404:
+        return AgentOutcome(TerminationReason.BACKEND_ERROR, MODEL_NOT_SERVED, restart=True)
+    if calls.calls == 0 or calls.last_status in UNANSWERED_STATUSES:
+        down = engine_down() if engine_down is not None else None
+        if down is not None:  # the engine, not the harness nor the proxy
+            return AgentOutcome(TerminationReason.BACKEND_ERROR, down, restart=True)
     if calls.last_status in PLATFORM_STATUSES:
         return AgentOutcome(
             TerminationReason.BACKEND_ERROR,

@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session
 
 from polar_mq.db import unit_of_work
 from polar_mq.imports import allowing
+from polar_mq.jobs.failures import stop_on_platform_failures
 from polar_mq.lifecycle.early_stop import after_rollout_ended
 from polar_mq.lifecycle.messages import StageMessage
 from polar_mq.lifecycle.outbox import publish_committed
@@ -271,7 +272,27 @@ def _failed(ctx: WorkerContext, claimed: Claimed, reason: str, message: str) -> 
     if claimed.stage in RUNTIME_STAGES:
         _release_runtime(ctx, claimed)
     _rollout_ended(ctx, claimed)
+    _platform_stop(ctx, claimed, reason)
     return f"failed:{reason}"
+
+
+def _platform_stop(ctx: WorkerContext, claimed: Claimed, reason: str) -> None:
+    """After a backend failure: fail the rest of the job when its attempts all fail the same
+    way and none got through (`jobs.failures`). A failure here is only logged: the next failed
+    attempt checks again."""
+    if reason != TerminationReason.BACKEND_ERROR:
+        return
+    job_id = claimed.rollout.job_id
+    try:
+        stopped = _commit(
+            ctx, lambda session: stop_on_platform_failures(session, job_id, claimed.owner)
+        )
+    except Exception:
+        log.exception("platform-stop check of job %s failed", job_id)
+        return
+    if stopped:
+        log.warning("job %s stopped: %d rollouts failed, its engine fails every call", job_id,
+                    stopped)  # fmt: skip
 
 
 def _unexpected(
@@ -297,6 +318,8 @@ def _unexpected(
             )
             if result == "failed":  # attempts used up: the rollout ended
                 _rollout_ended(ctx, claimed)
+            if result != "raced":
+                _platform_stop(ctx, claimed, reason)
             return f"restart:{result}"
         if retries >= stage_retries:
             return _failed(ctx, claimed, reason, f"failed after {retries} retries: {error}")

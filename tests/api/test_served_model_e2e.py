@@ -1,4 +1,4 @@
-"""The README's "Ten lines" on a stack started by hand, without `POLAR_MQ_SERVED_MODEL`.
+"""The README's first job on a stack started by hand, without `POLAR_MQ_SERVED_MODEL`.
 
 Real API, proxy, stage workers and the fake vLLM (serving one model, `fake-model`) on PostgreSQL.
 Without a configured served model the agent was told `default`, the proxy passed that name on and

@@ -4,6 +4,7 @@ covered end to end in tests/e2e/test_cli.py)."""
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +16,7 @@ from polar_mq.cli import app
 
 COMMANDS = [
     "api", "proxy", "worker", "warm-pool", "janitor", "sweeper", "cancel", "flower", "submit",
-    "export", "status", "groups", "demo", "policy", "db", "keys", "harness",
+    "export", "status", "results", "groups", "demo", "up", "policy", "db", "keys", "harness",
 ]  # fmt: skip
 
 
@@ -97,3 +98,45 @@ def test_a_bad_worker_option_is_a_clear_message(args: list[str], message: str) -
     assert result.returncode == 2, result.stderr
     assert message in result.stderr + result.stdout
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["status"], ["status", "JOB"], ["results", "JOB"], ["cancel", "JOB"], ["export", "JOB"]],
+)
+def test_an_unreachable_api_names_the_url_and_what_to_do(args: list[str]) -> None:
+    """Before: `error: 0 connection_error: ConnectError: [Errno 111] Connection refused`."""
+    result = CliRunner().invoke(app, [*args, "--url", "http://127.0.0.1:9"])
+    output = " ".join(result.output.split())
+    assert result.exit_code == 1, output
+    assert output.startswith("error: cannot reach the API at http://127.0.0.1:9/v1/"), output
+    assert "Connection refused" in output and "`polar-mq up` starts one locally" in output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+def test_up_refuses_a_database_that_does_not_answer(tmp_path: Path) -> None:
+    """A named PostgreSQL that is not there is refused before anything starts (no process, no
+    migration), with the URL and the way back to the embedded defaults."""
+    closed = "postgresql://postgres@127.0.0.1:9/polar_mq"
+    args = ["up", "--fake", "--dir", str(tmp_path / "up"), "--database-url", closed]
+    result = CliRunner().invoke(app, args)
+    output = " ".join(result.output.split())
+    assert result.exit_code == 2, output
+    assert f"error: the database at {closed} does not answer (127.0.0.1:9:" in output
+    assert "unset --database-url / POLAR_MQ_DATABASE_URL to run on the embedded SQLite" in output
+    assert not (tmp_path / "up" / "api_key").exists()
+
+
+def test_up_refuses_a_port_in_use(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        args = ["up", "--fake", "--dir", str(tmp_path / "up"), "--port", str(port)]
+        result = CliRunner().invoke(app, args)
+    output = " ".join(result.output.split())
+    assert result.exit_code == 2, output
+    assert (
+        f"error: port {port} is in use (another `polar-mq up`?): stop it or pass --port" in output
+    )
+    assert not (tmp_path / "up").exists()

@@ -14,7 +14,10 @@ from sqlalchemy import delete, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from polar_mq.devstack import LocalStack, settings_env
+from polar_mq.jobs.failures import PLATFORM_STOP_AFTER
 from polar_mq.models import ApiKey, Rollout, TrajectorySample
+from polar_mq.ports import free_port
+from tests.e2e.stack import e2e_settings
 
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
@@ -34,7 +37,7 @@ def test_submit_wait_and_status(fake_stack: LocalStack) -> None:
                     "--url", url)  # fmt: skip
     assert done.returncode == 0, done.stderr
     job_id = done.stdout.split()[1].rstrip(":")
-    status = json.loads(polar_mq("status", job_id, "--url", url).stdout)
+    status = json.loads(polar_mq("status", job_id, "--json", "--url", url).stdout)
     assert status["state"] == "completed"
     assert status["by_status"] == {"completed": 6}
     assert status["mean_reward"] == 1.0
@@ -102,7 +105,7 @@ def test_submit_tasks_file_then_export_both_formats(
                     "--url", url)  # fmt: skip
     assert done.returncode == 0, done.stderr
     job_id = done.stdout.split()[1].rstrip(":")
-    status = json.loads(polar_mq("status", job_id, "--url", url).stdout)
+    status = json.loads(polar_mq("status", job_id, "--json", "--url", url).stdout)
     assert status["total"] == 2 * GROUPS and status["state"] == "completed"
     assert status["spec"]["evaluator"] == "exact_match"  # every task has an answer
     assert status["spec"]["sampling"] == {"max_tokens": 64}
@@ -186,3 +189,41 @@ def test_policy_show_set_pause_resume_and_refuse_going_back(
     said = " ".join((back.stdout + back.stderr).split())  # the console wraps long lines
     assert back.returncode == 1 and "older than the current version 3" in said
     assert "Traceback" not in said
+
+
+def test_a_job_on_an_engine_that_is_down_stops_early_with_the_reason(
+    pg_url: str, tmp_path: Path, db_session_factory: sessionmaker[Session]
+) -> None:
+    """Before: every rollout was blamed on the harness ("the harness ended before any LLM call
+    reached the proxy") and retried three times. Now the engine is named, and the job stops once
+    `PLATFORM_STOP_AFTER` attempts in a row failed the same way, far short of 3 x 8 attempts."""
+    engine = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    settings = e2e_settings(pg_url, tmp_path, upstream_url=engine)
+    with LocalStack(settings, tmp_path / "logs") as stack:
+        stack.proxy(wait=False)
+        stack.workers(one_supervisor=True)
+        stack.api(wait=False)
+        stack.wait_ready()
+        url = f"http://{settings.api_host}:{settings.api_port}"
+        done = polar_mq("submit", str(REPO / "examples/arithmetic.json"), "--samples", "3",
+                        "--wait", "--url", url, env={"COLUMNS": "300"})  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+        job_id = done.stdout.split()[1].rstrip(":")
+        status = json.loads(polar_mq("status", job_id, "--json", "--url", url).stdout)
+        table = polar_mq("status", job_id, "--url", url, env={"COLUMNS": "300"}).stdout
+    assert status["state"] == "failed"
+    assert status["by_status"] == {"failed": 9}
+    down = f"no engine answers the proxy at {settings.proxy_base_url} (0 of 1 engines usable)"
+    assert any(e["error"].startswith(down) for e in status["errors"]), status["errors"]
+    named = (down, f"job stopped early: its last {PLATFORM_STOP_AFTER} attempts")
+    assert all(e["error"].startswith(named) for e in status["errors"]), status["errors"]
+    assert "errors (every attempt, retried ones included)" in table and down in table, table
+    with db_session_factory() as session:
+        rows = session.scalars(select(Rollout).where(Rollout.job_id == uuid.UUID(job_id))).all()
+        attempts = sum(r.attempt for r in rows)
+    assert attempts < 3 * len(rows)  # stopped: not every rollout used its three attempts
+    assert all("harness ended" not in (r.error or "") for r in rows)
+    assert any(
+        (r.error or "").startswith(f"job stopped early: its last {PLATFORM_STOP_AFTER} attempts")
+        for r in rows
+    )

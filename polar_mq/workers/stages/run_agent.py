@@ -31,6 +31,7 @@ from polar_mq.models.base import utcnow
 from polar_mq.rollouts.agent_outcome import classify, summarize_calls
 from polar_mq.rollouts.artifacts import collect_artifacts
 from polar_mq.rollouts.auxiliary import mark_auxiliary_calls
+from polar_mq.rollouts.engine_probe import engines_down
 from polar_mq.runtimes import ExecResult
 from polar_mq.sampling import sampling_policy
 from polar_mq.tokens import issue_rollout_token
@@ -228,7 +229,10 @@ def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
             ctx.autocommit_engine, rollout.id, rollout.attempt, rollout.created_at
         )
     budget = spec.max_tokens_per_rollout
-    outcome = classify(result, calls, agent_started, flushed.get("started_at"), budget)
+    outcome = classify(
+        result, calls, agent_started, flushed.get("started_at"), budget,
+        engine_down=lambda: engines_down(settings.proxy_base_url),
+    )  # fmt: skip
     if outcome.infrastructure:  # never scored: the platform failed, not the policy
         message = f"{_error_text(result)}\n{outcome.why}"  # the why last: tails are kept
         if outcome.restart:
