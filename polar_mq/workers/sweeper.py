@@ -7,6 +7,8 @@ to know what is pending):
   frozen process). The build stage (database only) is resumed where it was; any other stage starts
   the rollout over from prepare with attempt+1, up to the job's `retries.max_attempts`, after
   which it fails with `worker_lost`.
+- **Stranded on a dead node**: a rollout waiting in a node's own queue (prepared, built) whose
+  node stopped stamping it (`waiting_leases`): started over from prepare, like an expired lease.
 - **Held rollouts** of jobs under staleness control whose capacity grew without anyone admitting
   them (an API process that died between the version commit and the admission): admitted.
 - **Lost messages**: a rollout waiting in a ready state (queued, prepared, ran, built) that has seen
@@ -45,6 +47,11 @@ from polar_mq.policy.state import current_version
 from polar_mq.spec import load_spec
 
 log = logging.getLogger(__name__)
+
+WAITING_ON_NODE: dict[str, Stage] = {
+    ready: stage for ready, stage in READY.items() if stage.node_local
+}
+"""Ready states whose next stage runs on the rollout's node (`waiting_leases`)."""
 
 QueueDepth = Callable[[str], int | None]
 """Messages waiting in a queue, or None when the broker cannot say (then nothing is re-sent)."""
@@ -86,6 +93,7 @@ class Sweeper:
         report = SweepReport()
         with unit_of_work(self.factory) as session:
             ended = self._expired_leases(session, now, report)
+            ended += self._stranded(session, now, report)
         self._early_stops(ended)
         with unit_of_work(self.factory) as session:
             self._lost_messages(session, now, report)
@@ -120,6 +128,36 @@ class Sweeper:
                     f"lease of {row.lease_owner} expired during {stage}", self.name, stage.value,
                 )  # fmt: skip
             _count(report, outcome, rollout=str(row.id), stage=stage.value, owner=row.lease_owner)
+            if outcome == "failed":
+                ended.append(row)
+        return ended
+
+    def _stranded(self, session: Session, now: datetime, report: SweepReport) -> list[Any]:
+        """Restart what waits in the queue of a node that stopped consuming it: its
+        `waiting_leases` stamp expired (a dead node). Never stamped (NULL): left alone."""
+        rows = session.execute(
+            select(R.id, R.job_id, R.status, R.attempt, R.node, Job.spec)
+            .join(Job, Job.id == R.job_id)
+            .where(
+                R.status.in_(list(WAITING_ON_NODE)),
+                R.lease_owner.is_(None),
+                R.lease_expires_at < now,
+            )
+            .limit(self.batch)
+        ).all()
+        ended = []
+        for row in rows:
+            spec = load_spec(row.spec)
+            lost = LostAttempt(
+                row.id, row.job_id, row.status, row.attempt, None,
+                spec.pool, spec.retries.max_attempts, spec.priority,
+            )  # fmt: skip
+            stage = WAITING_ON_NODE[row.status]
+            outcome = restart(
+                session, lost, TerminationReason.WORKER_LOST,
+                f"node {row.node} stopped serving its {stage} queue", self.name, stage.value,
+            )  # fmt: skip
+            _count(report, outcome, rollout=str(row.id), stage=stage.value, node=row.node)
             if outcome == "failed":
                 ended.append(row)
         return ended
