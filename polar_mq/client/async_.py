@@ -15,7 +15,7 @@ import httpx
 
 from polar_mq.client.core import DEFAULT_TIMEOUT_S, ClientCore, headers
 from polar_mq.client.errors import PolarMQError
-from polar_mq.client.operations import Operation, Operations
+from polar_mq.client.operations import AsyncFace, Operation, Operations
 from polar_mq.client.steps import Call, Emit, Op, Sleep, Stepper, Stream, decode, unreachable
 from polar_mq.tls import client_ssl_context
 
@@ -24,7 +24,7 @@ T = TypeVar("T")
 I = TypeVar("I")  # noqa: E741
 
 
-class AsyncClient(Operations):
+class AsyncClient(Operations, AsyncFace):
     """The same API for asyncio trainers: `async with AsyncClient(url) as client: ...`."""
 
     def __init__(

@@ -10,18 +10,23 @@ from __future__ import annotations
 
 import functools
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
-from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar, overload
+from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
 from polar_mq.client.core import ClientCore
 from polar_mq.client.steps import Op, Stream
 
-if TYPE_CHECKING:
-    from polar_mq.client.async_ import AsyncClient
-    from polar_mq.client.sync import Client
-
 P = ParamSpec("P")
 T = TypeVar("T")
 I = TypeVar("I")  # noqa: E741 - the item type of a stream
+
+
+class SyncFace:
+    """The blocking face (`Client`): an operation read on it returns its result. A marker the
+    overloads below dispatch on, so this module never imports the faces (no import cycle)."""
+
+
+class AsyncFace:
+    """The asyncio face (`AsyncClient`): an operation read on it is a coroutine method."""
 
 
 class Operation(Generic[P, T]):
@@ -34,9 +39,9 @@ class Operation(Generic[P, T]):
     @overload
     def __get__(self, obj: None, owner: type) -> Operation[P, T]: ...
     @overload
-    def __get__(self, obj: Client, owner: type) -> Callable[P, T]: ...
+    def __get__(self, obj: SyncFace, owner: type) -> Callable[P, T]: ...
     @overload
-    def __get__(self, obj: AsyncClient, owner: type) -> Callable[P, Coroutine[Any, Any, T]]: ...
+    def __get__(self, obj: AsyncFace, owner: type) -> Callable[P, Coroutine[Any, Any, T]]: ...
     def __get__(self, obj: Any, owner: type) -> Any:
         if obj is None:
             return self
@@ -53,9 +58,9 @@ class StreamOperation(Generic[P, I]):
     @overload
     def __get__(self, obj: None, owner: type) -> StreamOperation[P, I]: ...
     @overload
-    def __get__(self, obj: Client, owner: type) -> Callable[P, Iterator[I]]: ...
+    def __get__(self, obj: SyncFace, owner: type) -> Callable[P, Iterator[I]]: ...
     @overload
-    def __get__(self, obj: AsyncClient, owner: type) -> Callable[P, AsyncIterator[I]]: ...
+    def __get__(self, obj: AsyncFace, owner: type) -> Callable[P, AsyncIterator[I]]: ...
     def __get__(self, obj: Any, owner: type) -> Any:
         if obj is None:
             return self

@@ -15,7 +15,7 @@ import httpx
 
 from polar_mq.client.core import DEFAULT_TIMEOUT_S, ClientCore, headers
 from polar_mq.client.errors import PolarMQError
-from polar_mq.client.operations import Operations
+from polar_mq.client.operations import Operations, SyncFace
 from polar_mq.client.progress import job_progress
 from polar_mq.client.steps import Call, Emit, Op, Sleep, Stepper, Stream, decode, unreachable
 from polar_mq.tls import client_ssl_context
@@ -25,7 +25,7 @@ T = TypeVar("T")
 I = TypeVar("I")  # noqa: E741
 
 
-class Client(Operations):
+class Client(Operations, SyncFace):
     """Synchronous client: `Client("http://host:8000", api_key=...)`."""
 
     def __init__(

@@ -253,5 +253,6 @@ async def test_healthz(harness: Harness) -> None:
     response = await harness.client.get("/healthz")
     body = response.json()
     assert response.status_code == 200 and body.pop("status") == "ok"
-    assert body.keys() == {"started_at", "worker", "pid"} and 0 < body["started_at"] <= time.time()
+    keys = {"started_at", "worker", "pid", "backends", "backends_usable"}
+    assert body.keys() == keys and 0 < body["started_at"] <= time.time()
     assert body["worker"] == 0 and body["pid"] == os.getpid()  # a single-process proxy
