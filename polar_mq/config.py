@@ -146,6 +146,16 @@ class Settings(FloorSettings, BaseSettings):
         30.0, ge=0, description="a call held by a pause waits this long, then gets a 503"
     )
     upstream_engine: str = Field("vllm", description="vllm | sglang | generic")
+    proxy_tito: Literal["auto", "on", "off"] = Field(
+        "off",
+        description="token-in/token-out for chat calls (polar_mq.proxy.tito): a turn that "
+        "extends the previous one is sent as its exact prompt + completion ids + the new "
+        "messages' ids; `auto`: on where the engine takes token prompts (vllm), `on` refuses "
+        "to boot on one that does not",
+    )
+    proxy_tito_tool_parser: str = Field(
+        "hermes", description="how TITO reads tool calls out of generated text (tito.tool_parsers)"
+    )
     served_model: str | None = Field(None, description="model name sent upstream")
     served_model_max_len: int | None = Field(
         None,

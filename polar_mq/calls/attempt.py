@@ -82,7 +82,7 @@ def agent_calls(session: Session, which: AttemptCalls) -> list[LlmCall]:
 _TRAJECTORY_COLUMNS = (
     LlmCall.seq, LlmCall.id, LlmCall.prompt_ids, LlmCall.completion_ids, LlmCall.logprobs,
     LlmCall.finish_reason, LlmCall.policy_version, LlmCall.status_code, LlmCall.engine_request,
-    LlmCall.request, LlmCall.response,
+    LlmCall.request, LlmCall.response, LlmCall.prompt_source, LlmCall.tito_fallback,
 )  # fmt: skip
 
 

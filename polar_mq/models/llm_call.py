@@ -54,3 +54,8 @@ class LlmCall(Base):
     attempt: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
     """The rollout attempt that made the call: a restarted rollout builds from its own calls."""
     """agent | judge (see polar_mq.tokens.PURPOSES)"""
+    prompt_source: Mapped[str] = mapped_column(String(8), default="chat", server_default="chat")
+    """How the engine's prompt was built: `chat` (messages the engine rendered) or `tito` (the
+    previous call's prompt + completion ids + the new messages' ids, `polar_mq.proxy.tito`)."""
+    tito_fallback: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    """Why a call token-in/token-out could have built went the chat way (None: it did not)."""

@@ -36,6 +36,7 @@ from polar_mq.proxy.rollout_states import RolloutStates, StateReader, db_state_r
 from polar_mq.proxy.seq import SeqFloor, sequencer, unknown_floor
 from polar_mq.proxy.seq_floor import db_seq_floor, spilled_rows
 from polar_mq.proxy.state import ProxyState
+from polar_mq.proxy.tito import Tito, tito_enabled
 from polar_mq.proxy.token_budget import (
     BudgetedSink,
     TokenBudgets,
@@ -73,6 +74,7 @@ def create_proxy_app(
     and once started it replays the admin changes they journaled (it was restarted).
     """
     engine = get_engine(settings.upstream_engine)
+    tito_enabled(settings)  # a TITO setting the engine cannot honour is refused at boot
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -129,6 +131,7 @@ def create_proxy_app(
                 else None
             ),
         )
+        app.state.proxy.tito = Tito.from_settings(settings)
         hurry = None
         if receipts_url and isinstance(stored_sink, DbCallWriter):
             hurry = HurryListener(receipts_url, stored_sink.hurry)
@@ -141,6 +144,8 @@ def create_proxy_app(
             if app.state.proxy.siblings is not None:
                 await app.state.proxy.siblings.aclose()
             await app.state.proxy.seqs.aclose()
+            if app.state.proxy.tito is not None:
+                await app.state.proxy.tito.aclose()
             if app.state.proxy.receipts is not None:
                 await app.state.proxy.receipts.aclose()
             if hurry is not None:

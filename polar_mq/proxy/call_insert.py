@@ -46,11 +46,19 @@ PG_ARRAY_TYPES = {
     "created_at": "timestamptz",
     "purpose": "text",
     "attempt": "int4",
+    "prompt_source": "text",
+    "tito_fallback": "text",
 }
 """Every `llm_calls` column and the array type it travels in (a test keeps it in sync)."""
 
 _JSON_COLUMNS = ("request", "engine_request", "response")
-_MISSING: dict[str, Any] = {"purpose": "agent", "attempt": 1, "engine_request": None}
+_MISSING: dict[str, Any] = {
+    "purpose": "agent",
+    "attempt": 1,
+    "engine_request": None,
+    "prompt_source": "chat",
+    "tito_fallback": None,
+}
 """Values of columns a row may lack (rows spilled by an older proxy, before the column existed)."""
 _PACKERS = {"prompt_ids": pack_int32, "completion_ids": pack_int32, "logprobs": pack_float32}
 _YIELD_EVERY = 64
@@ -70,7 +78,9 @@ def _pg_sql() -> str:
 PG_INSERT_SQL = _pg_sql()
 
 
-_TEXT_COLUMNS = ("backend", "model", "api_type", "finish_reason", "purpose")
+_TEXT_COLUMNS = (
+    "backend", "model", "api_type", "finish_reason", "purpose", "prompt_source", "tito_fallback"
+)  # fmt: skip
 
 
 def _json_or_none(value: Any) -> str | None:

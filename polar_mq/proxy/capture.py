@@ -106,7 +106,7 @@ async def forward_json(
         call.backend,
         status_code=upstream.status_code,
         complete=True,
-        response=data,
+        response=data if call.stored_response is None else call.stored_response(data),
         capture=capture,
     )
     state.sink.submit(row)
@@ -119,6 +119,8 @@ async def forward_json(
             return bad_gateway(f"the engine's answer could not be translated ({exc})")
     else:
         answer = state.engine.visible(data, call.view)
+    if call.on_answered is not None:  # TITO: the turn is kept before the agent can go on
+        await call.on_answered(capture, data)
     body = orjson.dumps(answer)
     response = Response(body, upstream.status_code, media_type="application/json")
     state.metrics.observe(row, time.perf_counter() - call.started - upstream_s, upstream_s)
@@ -239,6 +241,8 @@ class CapturedStream(Response):
         try:
             async for raw in self._upstream.aiter_bytes():
                 out = self._relay.feed(raw)
+                if self._relay.done and self._call.on_answered is not None:
+                    await self._answered()
                 if out:
                     self._delivered = self._relay.done  # handed over: the agent may leave now
                     await send({"type": "http.response.body", "body": out, "more_body": True})
@@ -257,6 +261,13 @@ class CapturedStream(Response):
         self._ended = True
         await send({"type": "http.response.body", "body": tail, "more_body": False})
 
+    async def _answered(self) -> None:
+        """The hook of a call whose whole answer arrived, once, before the agent gets its end."""
+        hook, self._call.on_answered = self._call.on_answered, None
+        capture = self._capture
+        if hook is not None and capture.finish_reason is not None and capture.error is None:
+            await hook(capture.result(), capture.summary())
+
     def _record(self) -> None:
         capture = self._capture
         complete = (
@@ -265,12 +276,15 @@ class CapturedStream(Response):
             and capture.finish_reason is not None
             and capture.error is None
         )
+        summary = capture.summary()
+        if self._call.stored_response is not None:
+            summary = self._call.stored_response(summary)
         row = call_row(
             self._call,
             self._call.backend,
             status_code=self._status,
             complete=complete,
-            response=capture.summary(),
+            response=summary,
             capture=capture.result(),
             first_token_at=self._first_token_at,
         )

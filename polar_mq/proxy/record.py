@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -47,6 +48,17 @@ class CallContext:
     other chat and completions calls store their request alone."""
     translated: TranslatedCall | None = None
     """How to answer in the agent's API family (None: the engine's own shape)."""
+    prompt_source: str = "chat"
+    """`tito` when the engine got token ids built by `polar_mq.proxy.tito`, else `chat`."""
+    tito_fallback: str | None = None
+    """Why token-in/token-out was not used for a call it could have served (None: not tried)."""
+    stored_response: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    """How `response` is stored from the engine's answer (a stream: its summary); None: as the
+    engine sent it. TITO stores its completion in chat's form, as the chat path would."""
+    on_answered: Callable[[Capture, dict[str, Any]], Awaitable[None]] | None = None
+    """Awaited with the capture and the answer (a stream: its summary) once the whole answer is
+    known and before its end reaches the agent (TITO keeps the rollout's turn there, so the
+    agent's next call finds it in any proxy process)."""
 
 
 def new_call(
@@ -137,4 +149,6 @@ def call_row(
         "created_at": call.created_at,
         "purpose": call.purpose,
         "attempt": call.attempt,
+        "prompt_source": call.prompt_source,
+        "tito_fallback": call.tito_fallback,
     }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from polar_mq.proxy.apis.response_store import ResponseStore
 from polar_mq.proxy.auth import RolloutAuth
@@ -17,6 +18,9 @@ from polar_mq.proxy.rollout_states import RolloutStates
 from polar_mq.proxy.seq import Sequencer
 from polar_mq.proxy.token_budget import TokenBudgets
 from polar_mq.proxy.writer import CallSink
+
+if TYPE_CHECKING:
+    from polar_mq.proxy.tito import Tito
 
 
 @dataclass(slots=True)
@@ -48,3 +52,5 @@ class ProxyState:
     """The deadline of an agent's request body (`body.read_json_object`); None: none (tests)."""
     receipts: StartCounter | None = None
     """Counts receipted calls before they are numbered (`receipts`); None: no Redis for it."""
+    tito: Tito | None = None
+    """Token-in/token-out for chat calls (`polar_mq.proxy.tito`); None: every call goes chat."""

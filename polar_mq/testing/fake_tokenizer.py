@@ -108,8 +108,15 @@ def render_chat(
     messages: Sequence[Mapping[str, Any]],
     tools: Sequence[Any] | None = None,
     add_generation_prompt: bool = True,
+    *,
+    strip_thinking: bool = False,
+    continue_final_message: bool = False,
 ) -> str:
-    """ChatML as SmolLM2's template renders it, plus a `<tools>` block when tools are offered."""
+    """ChatML as SmolLM2's template renders it, plus a `<tools>` block when tools are offered.
+
+    `strip_thinking`: a reasoning model's template (Qwen3-style) that drops the `<think>` block of
+    every assistant turn in the history. `continue_final_message`: a final assistant turn is left
+    open (no `<|im_end|>`), as vLLM's flag of that name renders it."""
     out: list[str] = []
     if not messages or messages[0].get("role") != "system":
         out.append(_system_block(DEFAULT_SYSTEM, tools))
@@ -118,12 +125,46 @@ def render_chat(
         if index == 0 and role == "system":
             out.append(_system_block(content_text(message.get("content")), tools))
         elif role == "assistant":
-            out.append(f"<|im_start|>assistant\n{_assistant_text(message)}<|im_end|>\n")
+            text = _assistant_text(message)
+            if strip_thinking:
+                text = _THINK_RE.sub("", text)
+            out.append(f"<|im_start|>assistant\n{text}<|im_end|>\n")
         else:
             out.append(f"<|im_start|>{role}\n{content_text(message.get('content'))}<|im_end|>\n")
-    if add_generation_prompt:
+    if continue_final_message and messages and messages[-1].get("role") == "assistant":
+        out[-1] = out[-1].removesuffix("<|im_end|>\n")
+    elif add_generation_prompt:
         out.append("<|im_start|>assistant\n")
     return "".join(out)
+
+
+_THINK_RE = re.compile(r"<think>.*?</think>\s*", re.DOTALL)
+_TURN_RE = re.compile(r"<\|im_start\|>(\w+)\n(.*?)<\|im_end\|>\n", re.DOTALL)
+_TOOLS_RE = re.compile(r"\n\n<tools>\n(.*)\n</tools>$", re.DOTALL)
+GENERATION_PROMPT = "<|im_start|>assistant\n"
+
+
+def parse_chat(text: str) -> tuple[list[dict[str, Any]], list[Any] | None] | None:
+    """The messages and tools of a rendered conversation that asks for the assistant's turn
+    (`render_chat`'s output), or None for any other text: how the fake reads a token prompt."""
+    if not text.endswith(GENERATION_PROMPT):
+        return None
+    body = text[: -len(GENERATION_PROMPT)]
+    messages: list[dict[str, Any]] = []
+    tools: list[Any] | None = None
+    pos = 0
+    for match in _TURN_RE.finditer(body):
+        if match.start() != pos:
+            return None
+        pos = match.end()
+        role, content = match.group(1), match.group(2)
+        if role == "system" and not messages:
+            found = _TOOLS_RE.search(content)
+            if found is not None:
+                tools = [json.loads(line) for line in found.group(1).splitlines()]
+                content = content[: found.start()]
+        messages.append({"role": role, "content": content})
+    return (messages, tools) if pos == len(body) and messages else None
 
 
 def _system_block(text: str, tools: Sequence[Any] | None) -> str:

@@ -46,12 +46,14 @@ from polar_mq.testing.fake_responses import (
     completion_response,
 )
 from polar_mq.testing.fake_sampling import sample
-from polar_mq.testing.fake_tokenizer import decode, encode, render_chat
+from polar_mq.testing.fake_tokenizer import decode, encode, parse_chat, render_chat
 from polar_mq.testing.scripted_policy import Policy, load_policy
 
 ADAPTER_SHIFT = -0.5
 """Added to every logprob of a call served by a LoRA adapter."""
 ADAPTER_CONFIG = "adapter_config.json"
+THOUGHT = "<think>\nLet me work this out.\n</think>\n"
+"""What the `thinking` fake thinks before every reply."""
 
 
 @dataclass
@@ -81,9 +83,13 @@ class FakeVllm:
         token_delay_s: float,
         max_model_len: int,
         script: Policy | None = None,
+        thinking: bool = False,
     ):
         self.model = model
         self.script = script
+        self.thinking = thinking
+        """A reasoning model: every reply opens with a `<think>` block, and the chat template
+        drops earlier turns' thinking from the history (as Qwen3's does)."""
         self.ttft_s = ttft_s
         self.token_delay_s = token_delay_s
         self.max_model_len = max_model_len
@@ -156,14 +162,15 @@ class FakeVllm:
                 raise BadRequest("when using `top_logprobs`, `logprobs` must be set to true")
             tools = body.get("tools") if body.get("tool_choice") != "none" else None
             add_prompt = body.get("add_generation_prompt", True) is not False
-            prompt_ids = encode(render_chat(messages, tools, add_prompt))
+            prompt_ids = encode(
+                render_chat(messages, tools, add_prompt, strip_thinking=self.thinking)
+            )
             budget = self._budget(body, len(prompt_ids), None)
             logprobs = (top or 0) if body.get("logprobs") else None
             opts = self._options(body, logprobs, take_int(body, "n", 1, 1, 16) or 1)
         except BadRequest as exc:
             return error_response(exc)
-        policy = self.script or chat_reply
-        result = sample(policy(messages, tools), budget)
+        result = sample(self._reply(messages, tools), budget)
         served = self._served_by(body)
         if body.get("stream"):
             return self._stream(self._shift(served, chat_chunks(prompt_ids, result, opts)))
@@ -178,18 +185,35 @@ class FakeVllm:
             self.stats.last_request = body
             prompts = parse_prompts(body.get("prompt"))
             longest = max(len(p) for p in prompts)
-            budget = self._budget(body, longest, 16)
+            # vLLM: completions default to 16 tokens; an explicit null means the context's room
+            explicit_null = "max_tokens" in body and body["max_tokens"] is None
+            budget = self._budget(body, longest, None if explicit_null else 16)
             logprobs = take_int(body, "logprobs", None, 0, MAX_LOGPROBS)
             opts = self._options(body, logprobs, take_int(body, "n", 1, 1, 16) or 1)
         except BadRequest as exc:
             return error_response(exc)
-        samples = [sample(Reply(completion_text(decode(p))), budget) for p in prompts]
+        samples = [sample(self._completion(p), budget) for p in prompts]
         served = self._served_by(body)
         if body.get("stream"):
             return self._stream(self._shift(served, completion_chunks(prompts, samples, opts)))
         await self._wait(max(len(s.token_ids) for s in samples))
         (answer,) = self._shift(served, [completion_response(prompts, samples, opts)])
         return json_response(answer)
+
+    def _reply(self, messages: list[Any], tools: Any) -> Reply:
+        reply = (self.script or chat_reply)(messages, tools)
+        if self.thinking:
+            return Reply(THOUGHT + reply.text, reply.tool_call)
+        return reply
+
+    def _completion(self, prompt: list[int]) -> Reply:
+        """A token prompt that is a rendered chat asking for the assistant's turn is answered as
+        that chat (token-in/token-out sends exactly such prompts); any other text is echoed."""
+        text = decode(prompt, skip_special_tokens=False)
+        chat = parse_chat(text)
+        if chat is None:
+            return Reply(completion_text(decode(prompt)))
+        return self._reply(*chat)
 
     async def load_lora_adapter(self, request: Request) -> Response:
         """vLLM's runtime LoRA load: 400 for a name already loaded or a missing adapter."""
@@ -261,7 +285,14 @@ class FakeVllm:
             body = await self._body(request)
             if isinstance(body.get("messages"), list):
                 add_prompt = body.get("add_generation_prompt", True) is not False
-                ids = encode(render_chat(body["messages"], body.get("tools"), add_prompt))
+                rendered = render_chat(
+                    body["messages"],
+                    body.get("tools"),
+                    add_prompt,
+                    strip_thinking=self.thinking,
+                    continue_final_message=bool(body.get("continue_final_message")),
+                )
+                ids = encode(rendered)
             elif isinstance(body.get("prompt"), str):
                 ids = encode(body["prompt"])
             else:
@@ -335,11 +366,13 @@ def create_fake_vllm_app(
     token_delay_s: float = 0.0,
     max_model_len: int = 32768,
     script: Policy | None = None,
+    thinking: bool = False,
 ) -> Starlette:
     """The fake engine as an ASGI app; `app.state.stats` is its `FakeStats`.
 
-    `script`: answer chat with a scripted plan (scripted_policy) instead of the calculator."""
-    fake = FakeVllm(model, ttft_s, token_delay_s, max_model_len, script)
+    `script`: answer chat with a scripted plan (scripted_policy) instead of the calculator.
+    `thinking`: a reasoning model whose template strips earlier thinking (`FakeVllm.thinking`)."""
+    fake = FakeVllm(model, ttft_s, token_delay_s, max_model_len, script, thinking)
     app = Starlette(
         routes=[
             Route("/v1/chat/completions", fake.chat, methods=["POST"]),

@@ -20,6 +20,10 @@ class CapturedCall:
     status_code: int
     request: dict[str, Any]
     response: dict[str, Any] | None
+    prompt_source: str = "chat"
+    """`tito`: the proxy built the prompt from the previous call's ids (`polar_mq.proxy.tito`)."""
+    tito_fallback: str | None = None
+    """Why the proxy sent a call the chat way though token-in/token-out was on."""
 
 
 @dataclass(slots=True)

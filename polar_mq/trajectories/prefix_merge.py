@@ -33,6 +33,15 @@ a call that was never answered adds nothing to the history its successor extends
 
 Statistics per rollout: `calls`, `samples`, `skipped` (+ `skipped_error`, `skipped_incomplete`,
 `skipped_missing_ids`), `chains`, `merged` (calls appended to an existing chain), `broken`.
+
+Token-in/token-out calls (`prompt_source` `tito`, `polar_mq.proxy.tito`) extend their
+predecessor by construction: the proxy sent the previous usable call's prompt + completion ids
+followed by the new messages' ids. For those the chain is proven, not found: the call must
+extend the chain of the call before it, which is checked (`tito_proven`; a `tito` call that does
+not is counted in `tito_unproven`, a bug to report, and placed by the rule above). Calls the
+proxy sent the chat way although TITO was on carry the reason (`tito_fallback`); the ones that
+could have extended a conversation (all but its first call) are counted in `tito_fallbacks`, and
+each sample lists its calls' `prompt_sources`.
 """
 
 from __future__ import annotations
@@ -47,6 +56,9 @@ LOGPROB_PLACEHOLDER = 0.0
 """The logprob stored for glue tokens (mask 0): they were not sampled, so they have none."""
 STATUS_CLIENT_GONE = 499
 """The proxy's status for a call the agent abandoned mid-answer: incomplete rather than failed."""
+TITO = "tito"
+FIRST_CALL = "first_call"
+"""The fallback of a conversation's first call: there was nothing to extend."""
 
 
 def skip_reason(call: CapturedCall) -> str | None:
@@ -126,6 +138,7 @@ class _Chain:
                 "max_policy_version": max(versions),
                 "finish_reason": last.finish_reason,
                 "prefix_break": self.prefix_break,
+                "prompt_sources": [call.prompt_source for call in self.calls],
             },
         )
 
@@ -139,20 +152,32 @@ class PrefixMergeBuilder:
         chains: list[_Chain] = []
         skipped = {"error": 0, "incomplete": 0, "missing_ids": 0}
         merged = broken = 0
+        tito = {"proven": 0, "unproven": 0, "fallbacks": 0}
+        previous: _Chain | None = None
         for tick, call in enumerate(sorted(calls, key=lambda c: c.seq), start=1):
             reason = skip_reason(call)
             if reason is not None:
                 skipped[reason] += 1
                 continue
             prompt = call.prompt_ids or []
-            target = self._longest_extended(chains, prompt)
+            target = None
+            if call.prompt_source == TITO:  # built on its predecessor: prove, don't search
+                proven = previous is not None and previous.extended_by(prompt)
+                tito["proven" if proven else "unproven"] += 1
+                target = previous if proven else None
+            elif call.tito_fallback is not None and call.tito_fallback != FIRST_CALL:
+                tito["fallbacks"] += 1
+            if target is None:
+                target = self._longest_extended(chains, prompt)
             if target is not None:
                 target.add(call, tick)
                 merged += 1
+                previous = target
                 continue
             rewritten = any(prompt[: len(c.opening)] == c.opening for c in chains)
             broken += rewritten
-            chains.append(_Chain.start(call, prefix_break=rewritten, tick=tick))
+            previous = _Chain.start(call, prefix_break=rewritten, tick=tick)
+            chains.append(previous)
         stats: dict[str, Any] = {
             "calls": len(calls),
             "samples": len(chains),
@@ -161,6 +186,9 @@ class PrefixMergeBuilder:
             "chains": len(chains),
             "merged": merged,
             "broken": broken,
+            "tito_proven": tito["proven"],
+            "tito_unproven": tito["unproven"],
+            "tito_fallbacks": tito["fallbacks"],
         }
         return BuildResult([chain.sample() for chain in chains], stats)
 

@@ -40,6 +40,7 @@ from polar_mq.proxy.state import ProxyState
 from polar_mq.proxy.token_budget import within_budget
 
 CHAT_PATH = "/v1/chat/completions"
+COMPLETIONS_PATH = "/v1/completions"
 JSON_HEADERS = {"content-type": "application/json"}
 KEPT_HEADERS = ("retry-after", "connection")
 ERROR_MESSAGE_MAX = 2000
@@ -119,10 +120,15 @@ async def forward_family(request: Request, family: ApiFamily) -> Response:
     call.engine_api = CHAT
     call.engine_request = upstream_body
     call.translated = TranslatedCall(family, translation)
+    path = CHAT_PATH
+    if state.tito is not None:  # token-in/token-out when the turn extends the last one
+        token_prompt = await state.tito.prepare(state.backends.primary.client, call, upstream_body)
+        if token_prompt is not None:
+            path, upstream_body = COMPLETIONS_PATH, token_prompt
     if call.stream:
-        response = await forward_stream(state, call, CHAT_PATH, upstream_body)
+        response = await forward_stream(state, call, path, upstream_body)
     else:
-        forward = forward_json(state, call, CHAT_PATH, upstream_body)
+        forward = forward_json(state, call, path, upstream_body)
         response = await unless_client_leaves(state, call, request.receive, forward)
     return reshape_error(response, family)
 

@@ -39,6 +39,8 @@ def load_calls(ctx: WorkerContext, claimed: Claimed) -> list[CapturedCall]:
                 status_code=row.status_code,
                 request=row.engine_request or row.request,  # a family call: its chat form
                 response=row.response,
+                prompt_source=row.prompt_source,
+                tito_fallback=row.tito_fallback,
             )
             for row in rows
         ]
