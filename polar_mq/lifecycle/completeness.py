@@ -24,7 +24,7 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Select, and_, case, func, literal, or_, select
+from sqlalchemy import Select, Subquery, and_, case, func, literal, or_, select
 from sqlalchemy.sql.elements import ColumnElement
 
 from polar_mq.models import Job, Rollout, RolloutStatus, TerminationReason
@@ -50,6 +50,25 @@ def usable_condition() -> ColumnElement[bool]:
             Rollout.termination_reason.not_in(_INFRASTRUCTURE),
         ),
         Rollout.reward.is_not(None),
+    )
+
+
+def group_reward_spread(*where: ColumnElement[bool]) -> Subquery:
+    """Per group (job, task) of the rollouts `where` selects: `n` rollouts, `n_terminal` ended,
+    `n_usable` usable, and the `low` and `high` usable reward (equal: no learning signal).
+    The dashboard's job page and the reward metrics count no-signal groups from it."""
+    usable = usable_condition()
+    return (
+        select(
+            func.count().label("n"),
+            func.sum(terminal_flag()).label("n_terminal"),
+            func.count(case((usable, 1))).label("n_usable"),
+            func.min(case((usable, Rollout.reward))).label("low"),
+            func.max(case((usable, Rollout.reward))).label("high"),
+        )
+        .where(*where)
+        .group_by(Rollout.job_id, Rollout.task_index)
+        .subquery()
     )
 
 

@@ -27,7 +27,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy import and_, case, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from polar_mq.lifecycle.completeness import terminal_flag, usable_condition
+from polar_mq.lifecycle.completeness import group_reward_spread, usable_condition
 from polar_mq.models import Rollout, TerminationReason
 
 log = logging.getLogger(__name__)
@@ -72,18 +72,7 @@ def reward_histogram(session: Session) -> RewardHistogram:
 
 def group_signals(session: Session) -> dict[str, int]:
     """Ended groups of every job by learning signal (see the module docstring)."""
-    usable = usable_condition()
-    per_group = (
-        select(
-            func.count().label("n"),
-            func.sum(terminal_flag()).label("n_terminal"),
-            func.count(case((usable, 1))).label("n_usable"),
-            func.min(case((usable, Rollout.reward))).label("low"),
-            func.max(case((usable, Rollout.reward))).label("high"),
-        )
-        .group_by(Rollout.job_id, Rollout.task_index)
-        .subquery()
-    )
+    per_group = group_reward_spread()
     g = per_group.c
     ended = g.n_terminal == g.n
     row = session.execute(

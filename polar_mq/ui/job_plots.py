@@ -26,7 +26,7 @@ from sqlalchemy import and_, case, func, literal, select
 from sqlalchemy.orm import Session
 
 from polar_mq.calls.window import job_calls_window
-from polar_mq.lifecycle.completeness import terminal_flag, usable_condition
+from polar_mq.lifecycle.completeness import group_reward_spread, usable_condition
 from polar_mq.models import Job, LlmCall, Rollout
 from polar_mq.models.base import UtcDateTime
 from polar_mq.ui.sql_stats import (
@@ -110,19 +110,7 @@ def tokens_of(column: Any) -> Any:
 
 
 def group_signal(session: Session, job_id: uuid.UUID) -> GroupSignal:
-    usable = usable_condition()
-    per_group = (
-        select(
-            func.count().label("n"),
-            func.sum(terminal_flag()).label("n_terminal"),
-            func.count(case((usable, 1))).label("n_usable"),
-            func.min(case((usable, Rollout.reward))).label("low"),
-            func.max(case((usable, Rollout.reward))).label("high"),
-        )
-        .where(Rollout.job_id == job_id)
-        .group_by(Rollout.task_index)
-        .subquery()
-    )
+    per_group = group_reward_spread(Rollout.job_id == job_id)
     ended = per_group.c.n_terminal == per_group.c.n
     row = session.execute(
         select(
