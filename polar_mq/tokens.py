@@ -27,6 +27,11 @@ Formats (purpose and attempt are inside the signed payload, so they cannot be sw
   segment ends in `n` (`..._agent_2n_...`, `..._agent_2rn_...`), so the proxy does not look the
   budget up in the database on the attempt's first call. A token without the mark is read as
   before: its budget is looked up.
+- for a job with `tito: off` (`polar_mq.proxy.tito`): the attempt segment ends in `c`
+  (`..._agent_2c_...`, `..._agent_2rnc_...`): every call of the attempt goes the chat way. A proxy
+  that predates the mark refuses the token rather than serve the job token-in against its wish.
+
+Marks follow the attempt number in the order `r`, `n`, `c`.
 """
 
 from __future__ import annotations
@@ -66,12 +71,19 @@ class RolloutClaim:
     """The proxy counts this attempt's calls in Redis (`call_receipts`) or refuses them."""
     unbudgeted: bool = False
     """The job sets no token budget: the proxy need not look one up (`proxy.token_budget`)."""
+    chat_only: bool = False
+    """The job turned token-in/token-out off (`tito: off`): every call goes the chat way."""
 
 
 RECEIPTS_MARK: Final = "r"
 UNBUDGETED_MARK: Final = "n"
-_ATTEMPT_MARKS: Final = ("", RECEIPTS_MARK, UNBUDGETED_MARK, RECEIPTS_MARK + UNBUDGETED_MARK)
-"""The mark suffixes an attempt segment may carry, each in this one order."""
+CHAT_ONLY_MARK: Final = "c"
+_MARK_ORDER: Final = (RECEIPTS_MARK, UNBUDGETED_MARK, CHAT_ONLY_MARK)
+_ATTEMPT_MARKS: Final = frozenset(
+    "".join(m for i, m in enumerate(_MARK_ORDER) if bits >> i & 1)
+    for bits in range(1 << len(_MARK_ORDER))
+)
+"""The mark suffixes an attempt segment may carry, each in the one order of `_MARK_ORDER`."""
 FIELD_CODES: Final = {"temperature": "t", "top_p": "p", "top_k": "k", "max_tokens": "m"}
 MODE_CODES: Final = {OVERRIDE: "o", CLAMP: "c"}
 _FIELDS_OF = {code: field for field, code in FIELD_CODES.items()}
@@ -114,12 +126,14 @@ def issue_rollout_token(
     sampling: SamplingPolicy | None = None,
     receipts: bool = False,
     unbudgeted: bool = False,
+    chat_only: bool = False,
 ) -> str:
     """A token for `rollout_id` valid for `ttl_s` seconds, for calls made with `purpose`.
 
     A non-empty `sampling` policy is signed into the token; without one the token is as short as
     before policies existed. `receipts` (needs an `attempt`) asks the proxy to count the calls;
-    `unbudgeted` (needs an `attempt`) tells it the job has no token budget to look up.
+    `unbudgeted` (needs an `attempt`) tells it the job has no token budget to look up;
+    `chat_only` (needs an `attempt`) keeps every call off token-in/token-out (`tito: off`).
     """
     if purpose not in PURPOSES:
         raise ValueError(f"unknown token purpose {purpose!r}; known: {', '.join(sorted(PURPOSES))}")
@@ -127,9 +141,10 @@ def issue_rollout_token(
         raise ValueError(f"attempt must be >= 1, got {attempt}")
     if receipts and attempt is None:
         raise ValueError("call receipts are kept per attempt: give the attempt")
-    if unbudgeted and attempt is None:
-        raise ValueError("the budget mark is carried by the attempt: give the attempt")
-    marks = f"{RECEIPTS_MARK if receipts else ''}{UNBUDGETED_MARK if unbudgeted else ''}"
+    if (unbudgeted or chat_only) and attempt is None:
+        raise ValueError("the budget and chat-only marks are carried by the attempt: give it")
+    chosen = (receipts, unbudgeted, chat_only)
+    marks = "".join(mark for mark, on in zip(_MARK_ORDER, chosen, strict=True) if on)
     attempt_text = None if attempt is None else f"{attempt}{marks}"
     payload = f"{PREFIX}_{rollout_id.hex}_{int(time.time()) + ttl_s}"
     if sampling:
@@ -156,7 +171,7 @@ def verify_rollout_token(secret: str, token: str, now: float | None = None) -> R
     attempt_part = parts[4] if len(parts) == 6 or (len(parts) == 7 and parts[4]) else None
     marks = ""
     if attempt_part is not None:
-        digits = attempt_part.rstrip(RECEIPTS_MARK + UNBUDGETED_MARK)
+        digits = attempt_part.rstrip("".join(_MARK_ORDER))
         attempt_part, marks = digits, attempt_part[len(digits) :]
         if marks not in _ATTEMPT_MARKS:  # signed, but not an order this issuer writes
             raise InvalidToken("malformed rollout token")
@@ -173,4 +188,7 @@ def verify_rollout_token(secret: str, token: str, now: float | None = None) -> R
         raise InvalidToken("malformed rollout token")
     receipts = RECEIPTS_MARK in marks
     unbudgeted = UNBUDGETED_MARK in marks
-    return RolloutClaim(rollout_id, expires_at, purpose, attempt, sampling, receipts, unbudgeted)
+    chat_only = CHAT_ONLY_MARK in marks
+    return RolloutClaim(
+        rollout_id, expires_at, purpose, attempt, sampling, receipts, unbudgeted, chat_only
+    )

@@ -331,6 +331,10 @@ class LlmCallRecord:
     trained on nor graded) or `judge` (an llm_judge scoring the rollout; never trained on)."""
     attempt: int
     """The rollout attempt that made the call; a restarted rollout trains on its last attempt's."""
+    prompt_source: str = "chat"
+    """`tito` (the proxy sent the previous call's ids plus the new messages') or `chat`."""
+    tito_fallback: str | None = None
+    """Why a call went the chat way although TITO was on (`polar_mq.proxy.tito`); else null."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,6 +33,7 @@ from polar_mq.spec.model import (
     StopSpec,
     StoredStaleness,
     TimeoutSpec,
+    TitoMode,
     workspace_path_problem,
 )
 from polar_mq.swe.spec import TaskSpecError, validate_task_fields
@@ -129,6 +130,12 @@ class JobCreate(StrictModel):
     model: str | None = Field(None, description="model name the agent is told to use")
     staleness: StalenessSpec | None = Field(
         None, description="asynchronous RL: admit rollouts by policy version (see docs/async_rl.md)"
+    )
+    tito: TitoMode = Field(
+        "auto",
+        description="token-in/token-out: auto (as the proxy's proxy_tito says) or off (every call "
+        "goes the chat way: the template renders the history, e.g. drops earlier reasoning); "
+        "see docs/tito.md",
     )
     pool: str | None = Field(
         None, pattern=r"^[A-Za-z0-9_-]{1,64}$", description="worker pool; default: the API's pool"

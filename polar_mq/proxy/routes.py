@@ -56,7 +56,7 @@ async def _generate(request: Request, api_type: str, path: str) -> Response:
     )
     if sent is not body:  # stored with the call: the values the engine used
         call.engine_request = upstream_body
-    if state.tito is not None and api_type == CHAT:  # token-in/token-out when it extends
+    if state.tito is not None and api_type == CHAT and not claim.chat_only:  # TITO if it extends
         token_prompt = await state.tito.prepare(state.backends.primary.client, call, upstream_body)
         if token_prompt is not None:
             path, upstream_body = COMPLETIONS_PATH, token_prompt

@@ -8,6 +8,7 @@ from polar_mq.spec.model import (
     MAX_PRIORITY,
     MIN_PRIORITY,
     SPEC_VERSION,
+    TITO_MODES,
     EvaluationRuntimeSpec,
     HarnessSpec,
     JobSpec,
@@ -18,6 +19,7 @@ from polar_mq.spec.model import (
     StopSpec,
     StoredStaleness,
     TimeoutSpec,
+    TitoMode,
     workspace_path_problem,
 )
 from polar_mq.spec.upgrade import SpecVersionError, load_spec, upgrade
@@ -28,6 +30,7 @@ __all__ = [
     "MAX_PRIORITY",
     "MIN_PRIORITY",
     "SPEC_VERSION",
+    "TITO_MODES",
     "EvaluationRuntimeSpec",
     "HarnessSpec",
     "JobSpec",
@@ -39,6 +42,7 @@ __all__ = [
     "StopSpec",
     "StoredStaleness",
     "TimeoutSpec",
+    "TitoMode",
     "load_spec",
     "upgrade",
     "workspace_path_problem",

@@ -31,6 +31,11 @@ DEFAULT_POOL = "default"
 MAX_MEMORY_MB = 1 << 24
 """16 TiB: any larger memory or file limit is a typo, and its byte count overflows a rlimit."""
 MAX_LIMIT = 2**31 - 1
+TitoMode = Literal["auto", "off"]
+"""A job's token-in/token-out choice (`polar_mq.proxy.tito`, docs/tito.md): `auto` follows the
+proxy's `proxy_tito`; `off` sends every call of the job's rollouts the chat way (the template's
+own rendering of the history, e.g. earlier reasoning dropped)."""
+TITO_MODES: tuple[TitoMode, ...] = ("auto", "off")
 
 
 class SpecModel(BaseModel):
@@ -315,6 +320,7 @@ class JobSpec(SpecModel):
     retries: RetrySpec = Field(default_factory=RetrySpec)
     model: str | None = None
     staleness: StoredStaleness | None = None
+    tito: TitoMode = "auto"
 
     @property
     def evaluator_name(self) -> str:

@@ -121,7 +121,7 @@ async def forward_family(request: Request, family: ApiFamily) -> Response:
     call.engine_request = upstream_body
     call.translated = TranslatedCall(family, translation)
     path = CHAT_PATH
-    if state.tito is not None:  # token-in/token-out when the turn extends the last one
+    if state.tito is not None and not claim.chat_only:  # TITO when the turn extends the last
         token_prompt = await state.tito.prepare(state.backends.primary.client, call, upstream_body)
         if token_prompt is not None:
             path, upstream_body = COMPLETIONS_PATH, token_prompt

@@ -18,6 +18,7 @@ import orjson
 FIRST_CALL = "first_call"
 HISTORY_REWRITTEN = "history_rewritten"
 REPLY_EDITED = "reply_edited"
+REPLY_DROPPED = "reply_dropped"
 NO_NEW_MESSAGES = "no_new_messages"
 TOOLS_CHANGED = "tools_changed"
 
@@ -130,7 +131,8 @@ def new_messages(turn: Turn | None, history: History) -> list[Any] | str:
     """The messages `history` adds after `turn`'s messages and reply, or why it does not extend.
 
     `history` must be hashed at `turn.n_messages`. Returns a fallback reason (a string) when the
-    history was rewritten, the reply edited, the tools changed or nothing new was sent."""
+    history was rewritten, the reply edited or dropped (the agent sent something else where its
+    reply goes), the tools changed or nothing new was sent."""
     if turn is None:
         return FIRST_CALL
     n = turn.n_messages
@@ -141,7 +143,10 @@ def new_messages(turn: Turn | None, history: History) -> list[Any] | str:
         return TOOLS_CHANGED
     if history.prefix != turn.messages_digest:
         return HISTORY_REWRITTEN
-    if normalize(messages[n]) != turn.reply:
+    reply = messages[n]
+    if not isinstance(reply, dict) or reply.get("role") != "assistant":
+        return REPLY_DROPPED  # e.g. mini-swe-agent on a reply without a tool call
+    if normalize(reply) != turn.reply:
         return REPLY_EDITED
     added = messages[n + 1 :]
     return added if added else NO_NEW_MESSAGES

@@ -179,6 +179,7 @@ def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
             sampling=sampling_policy(spec.sampling),  # enforced by the proxy
             receipts=receipts,  # the proxy counts the calls: no flush after the agent
             unbudgeted=spec.max_tokens_per_rollout is None,  # the proxy need not look it up
+            chat_only=spec.tito == "off",  # the job keeps its calls off token-in/token-out
         ),
         model=spec.model or settings.served_model or "default",
         python=runtime.python,

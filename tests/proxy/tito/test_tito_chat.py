@@ -128,6 +128,7 @@ async def test_a_compacted_history_falls_back_and_records_why() -> None:
     [
         (lambda m: m[:-3] + m[-2:], "history_rewritten"),  # a turn dropped
         (lambda m: [*m[:-2], {**m[-2], "content": "edited"}, m[-1]], "reply_edited"),
+        (lambda m: [*m[:-2], m[-1], m[-1]], "reply_dropped"),  # as mini-swe-agent does
     ],
 )
 async def test_edits_are_fallbacks(change: Any, reason: str) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shlex
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -77,3 +78,28 @@ def test_rollouts_go_token_in_and_build_one_proven_sample(
                 )
             ).one()
             assert (stats["samples"], stats["tito_proven"], stats["tito_unproven"]) == (1, 1, 0)
+
+
+def test_a_job_with_tito_off_goes_the_chat_way_on_a_tito_proxy(
+    tito_stack: LocalStack, db_session_factory: sessionmaker[Session]
+) -> None:
+    """`tito: off` travels from the submitted spec through the run-agent stage's token to the
+    proxy: every call goes the chat way (no fallback recorded: TITO is off, not failing)."""
+    client = client_of(tito_stack)
+    job = client.submit(
+        [{"instruction": "What is 6*7?", "answer": "42"}],
+        harness={"type": "command", "command": AGENTS["chat"]},
+        builder="prefix_merge",
+        evaluator="exact_match",
+        timeouts={"agent_s": 60},
+        tito="off",
+    )
+    status = client.wait(str(job.job_id), progress=False, timeout=180)
+    assert status["by_status"] == {"completed": 1}, client.rollout(str(job.rollout_ids[0]))
+    with db_session_factory() as session:
+        calls = session.scalars(
+            select(LlmCall)
+            .where(LlmCall.rollout_id == uuid.UUID(job.rollout_ids[0]))
+            .order_by(LlmCall.seq)
+        ).all()
+        assert [(c.prompt_source, c.tito_fallback) for c in calls] == [("chat", None)] * 2

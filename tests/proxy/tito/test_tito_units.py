@@ -17,6 +17,7 @@ from polar_mq.proxy.tito.history import (
     FIRST_CALL,
     HISTORY_REWRITTEN,
     NO_NEW_MESSAGES,
+    REPLY_DROPPED,
     REPLY_EDITED,
     TOOLS_CHANGED,
     Turn,
@@ -80,6 +81,8 @@ def test_which_turns_extend_the_last() -> None:
     assert added([*sent, reply]) == NO_NEW_MESSAGES
     assert added([{"role": "user", "content": "Q"}, reply, new]) == HISTORY_REWRITTEN
     assert added([*sent, {**reply, "content": "b"}, new]) == REPLY_EDITED
+    assert added([*sent, new]) == REPLY_DROPPED  # the reply left out, a message in its place
+    assert added([*sent, new, new]) == REPLY_DROPPED
     assert added([*sent, reply, new], [{"type": "function"}]) == TOOLS_CHANGED
     assert added(sent) == HISTORY_REWRITTEN
 
