@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from polar_mq.config import Settings
 from polar_mq.db import create_db_engine, make_session_factory, unit_of_work
+from polar_mq.errors import PolarError
 from polar_mq.jobs.queries import same_submission
 from polar_mq.jobs.schemas import JobCreate
 from polar_mq.jobs.service import SubmittedJob, create_job
@@ -34,8 +35,11 @@ from polar_mq.tenants.quotas import Owner, tenant_quota, with_token_limit
 from polar_mq.tenants.scopes import ADMIN_TENANT
 
 
-class IdempotencyConflict(Exception):
+class IdempotencyConflict(PolarError):
     """The idempotency key already names a job with a different body (the API answers 409)."""
+
+    status = 409
+    type = "idempotency_conflict"
 
     def __init__(self, key: str, job_id: uuid.UUID) -> None:
         super().__init__(
@@ -45,11 +49,15 @@ class IdempotencyConflict(Exception):
         self.job_id = job_id
 
 
-class UnstorableValue(ValueError):
+class UnstorableValue(PolarError, ValueError):
     """A value JSON allows but the database cannot store (the API answers 422)."""
 
+    status = 422
+    type = "validation_error"
+
     def __init__(self, path: str, problem: str) -> None:
-        super().__init__(f"{path}: {problem}" if path else problem)
+        message = f"{path}: {problem}" if path else problem
+        super().__init__(message, details=[{"path": path, "message": problem}])
         self.path = path
         self.problem = problem
 

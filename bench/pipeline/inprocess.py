@@ -99,7 +99,7 @@ def _run(
         cpu[msg.stage.value] += time.process_time() - t0
         if profiler is not None:
             profiler.disable()
-        outcomes[outcome.partition(":")[0]] += 1
+        outcomes[outcome.kind.value] += 1
     if set(outcomes) != {"done"} or outcomes["done"] != 4 * rollouts:
         raise RuntimeError(f"not every stage ended done: {dict(outcomes)}")
     result = {k: 1000.0 * v / rollouts for k, v in cpu.items()}

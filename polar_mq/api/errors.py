@@ -4,6 +4,10 @@ Trainers script against the API, so an error must be machine-readable (a stable 
 one line what to fix (the `message` names the offending field path). Bad input is always a 4xx:
 validation errors are rewritten from pydantic's nested form, a malformed body is `invalid_json`,
 and anything unexpected is a 500 whose body never leaks a traceback.
+
+Every domain error derives from `polar_mq.errors.PolarError`, which carries its own status, type,
+details and headers, so one handler answers them all; the other handlers here are for what the
+framework and the database raise (validation, HTTP errors, a refused value, a lost connection).
 """
 
 from __future__ import annotations
@@ -22,13 +26,7 @@ from starlette.responses import Response
 from polar_mq.api.allow import allowed_methods
 from polar_mq.api.responses import OrjsonResponse
 from polar_mq.body_timeout import BodyReadTimeout
-from polar_mq.errors import NotFound
-from polar_mq.jobs.deliveries import DeliveryConflict, UnknownDelivery
-from polar_mq.jobs.read_models import InvalidCursor
-from polar_mq.policy.state import VersionWentBack
-from polar_mq.submit import IdempotencyConflict, UnstorableValue
-from polar_mq.tenants.floors import ISOLATION_FLOOR, FloorViolation
-from polar_mq.tenants.quotas import QUOTA_EXCEEDED, QuotaExceeded
+from polar_mq.errors import PolarError
 
 log = logging.getLogger(__name__)
 
@@ -50,17 +48,13 @@ MAX_LISTED_ERRORS = 10
 FASTAPI_BODY_ERROR = "There was an error parsing the body"
 
 
-class ApiError(Exception):
+class ApiError(PolarError):
     """An error with its HTTP status and stable type, raised by routes and dependencies."""
 
     def __init__(
         self, status: int, type: str, message: str, headers: dict[str, str] | None = None
     ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.type = type
-        self.message = message
-        self.headers = headers
+        super().__init__(message, status=status, type=type, headers=headers)
 
 
 def error_payload(
@@ -170,52 +164,12 @@ async def _http(request: Request, exc: Exception) -> Response:
     return error_response(exc.status_code, type_, message, headers=headers)
 
 
-async def _api(_request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, ApiError)
-    return error_response(exc.status, exc.type, exc.message, headers=exc.headers)
-
-
-async def _not_found(_request: Request, exc: Exception) -> Response:
-    return error_response(404, "not_found", str(exc))
-
-
-async def _invalid_cursor(_request: Request, exc: Exception) -> Response:
-    return error_response(400, "invalid_cursor", str(exc))
-
-
-async def _conflict(_request: Request, exc: Exception) -> Response:
-    return error_response(409, "idempotency_conflict", str(exc))
-
-
-async def _unknown_delivery(_request: Request, exc: Exception) -> Response:
-    return error_response(404, "unknown_delivery", str(exc))
-
-
-async def _delivery_conflict(_request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, DeliveryConflict)
-    return error_response(409, exc.type, str(exc))
-
-
-async def _version_went_back(_request: Request, exc: Exception) -> Response:
-    return error_response(409, "policy_version_went_back", str(exc))
-
-
-async def _unstorable(_request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, UnstorableValue)
-    details = [{"path": exc.path, "message": exc.problem}]
-    return error_response(422, "validation_error", str(exc), details=details)
-
-
-async def _quota_exceeded(_request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, QuotaExceeded)
-    headers = {"Retry-After": "30"} if exc.status == 429 else None
-    return error_response(exc.status, QUOTA_EXCEEDED, str(exc), headers=headers)
-
-
-async def _below_floor(_request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, FloorViolation)
-    details = [{"setting": exc.setting, "message": str(exc)}]
-    return error_response(422, ISOLATION_FLOOR, str(exc), details=details)
+async def _polar(_request: Request, exc: Exception) -> Response:
+    """Every domain error (`polar_mq.errors.PolarError`): it carries its own answer."""
+    assert isinstance(exc, PolarError)
+    return error_response(
+        exc.status, exc.type, exc.message, headers=exc.headers, details=exc.details
+    )
 
 
 async def _data_error(request: Request, exc: Exception) -> Response:
@@ -241,18 +195,11 @@ def body_timeout_response(exc: BodyReadTimeout) -> Response:
 
 
 def install_error_handlers(app: FastAPI) -> None:
+    """One handler per family: domain errors (`PolarError`), the framework's, the database's,
+    and the catch-all 500."""
     app.add_exception_handler(RequestValidationError, _validation)
     app.add_exception_handler(HTTPException, _http)
-    app.add_exception_handler(ApiError, _api)
-    app.add_exception_handler(NotFound, _not_found)
-    app.add_exception_handler(InvalidCursor, _invalid_cursor)
-    app.add_exception_handler(IdempotencyConflict, _conflict)
-    app.add_exception_handler(UnstorableValue, _unstorable)
-    app.add_exception_handler(QuotaExceeded, _quota_exceeded)
-    app.add_exception_handler(FloorViolation, _below_floor)
-    app.add_exception_handler(UnknownDelivery, _unknown_delivery)
-    app.add_exception_handler(DeliveryConflict, _delivery_conflict)
-    app.add_exception_handler(VersionWentBack, _version_went_back)
+    app.add_exception_handler(PolarError, _polar)
     app.add_exception_handler(DataError, _data_error)
     app.add_exception_handler(OperationalError, _database_down)
     app.add_exception_handler(Exception, _unexpected)

@@ -30,6 +30,7 @@ from sqlalchemy import and_, case, func, or_, select, tuple_, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
+from polar_mq.errors import PolarError
 from polar_mq.jobs.queries import get_job, rollout_totals
 from polar_mq.jobs.read_models import (
     AckResult,
@@ -53,16 +54,20 @@ CLAIM_ROUNDS = 3
 """Candidates lost to a concurrent consumer are replaced by the next ones, this many times."""
 
 
-class UnknownDelivery(LookupError):
+class UnknownDelivery(PolarError, LookupError):
     """A delivery id this job never handed out (the API answers 404)."""
 
+    status = 404
+    type = "unknown_delivery"
 
-class DeliveryConflict(Exception):
+
+class DeliveryConflict(PolarError):
     """A delivery the caller may no longer act on (the API answers 409 with `type`)."""
 
+    status = 409
+
     def __init__(self, type: str, message: str) -> None:
-        super().__init__(message)
-        self.type = type
+        super().__init__(message, type=type)
 
 
 def delivery_id(job_id: uuid.UUID, task_index: int, count: int) -> str:

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import Any, Literal, TypeVar
 
+from polar_mq.errors import PolarError
+
 _R = TypeVar("_R")
 
 JobStateName = Literal[
@@ -19,8 +21,11 @@ JobStateName = Literal[
 """A job's state (`polar_mq.jobs.job_state` says when each applies)."""
 
 
-class InvalidCursor(ValueError):
+class InvalidCursor(PolarError, ValueError):
     """A cursor that this server did not hand out (the API answers 400)."""
+
+    status = 400
+    type = "invalid_cursor"
 
 
 @dataclass(frozen=True, slots=True)

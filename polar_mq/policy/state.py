@@ -13,13 +13,17 @@ from datetime import datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from polar_mq.errors import PolarError
 from polar_mq.models import DEFAULT_POLICY, PolicyState
 from polar_mq.models.base import utcnow
 from polar_mq.policy.weights import Adapter
 
 
-class VersionWentBack(Exception):
+class VersionWentBack(PolarError):
     """A policy version lower than the current one (the API answers 409)."""
+
+    status = 409
+    type = "policy_version_went_back"
 
 
 class AdapterChanged(VersionWentBack):

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, Self, TypeVar
 
 from polar_mq.config import Settings
+from polar_mq.errors import PolarError
 from polar_mq.spec.model import RuntimeSpec, TimeoutSpec
 
 ISOLATION_FLOOR = "isolation_floor"
@@ -81,12 +82,15 @@ OPEN_FLOOR = IsolationFloor()
 """No floor at all: what a job written without Settings (tests, old callers) gets."""
 
 
-class FloorViolation(Exception):
+class FloorViolation(PolarError):
     """A job below its submitter's isolation floor; `setting` names what the operator would change
     to allow it (the API answers 422, type `isolation_floor`)."""
 
+    status = 422
+    type = ISOLATION_FLOOR
+
     def __init__(self, setting: str, message: str) -> None:
-        super().__init__(message)
+        super().__init__(message, details=[{"setting": setting, "message": message}])
         self.setting = setting
 
 

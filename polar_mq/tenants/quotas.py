@@ -28,6 +28,7 @@ from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
 from polar_mq.config import UNLIMITED, QuotaLimits, Settings
+from polar_mq.errors import PolarError
 from polar_mq.models import Job, Rollout, RolloutStatus
 from polar_mq.sampling import sampling_policy
 from polar_mq.tenants.floors import OPEN_FLOOR, IsolationFloor
@@ -37,6 +38,9 @@ LOCK_NAMESPACE = 0x504D51
 """First key of the per-tenant advisory lock (`PMQ`), so it never meets another lock's keys."""
 NOT_TERMINAL = [s for s in RolloutStatus.ALL if s not in RolloutStatus.TERMINAL]
 QUOTA_EXCEEDED = "quota_exceeded"
+RETRY_AFTER_S = "30"
+"""What a 429 tells the client to wait before submitting again: some rollouts in flight will
+have finished by then."""
 
 
 class JobRequest(Protocol):
@@ -69,12 +73,15 @@ class Owner:
     """The runtimes, networks and resource limits it may ask for (`tenants.floors`)."""
 
 
-class QuotaExceeded(Exception):
-    """A job over one of its tenant's limits; `limit` names it, `status` is 422 or 429."""
+class QuotaExceeded(PolarError):
+    """A job over one of its tenant's limits; `limit` names it, `status` is 422 (never
+    acceptable) or 429 (over the in-flight limit now: retry after `Retry-After` seconds)."""
+
+    type = QUOTA_EXCEEDED
 
     def __init__(self, status: int, limit: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
+        headers = {"Retry-After": RETRY_AFTER_S} if status == 429 else None
+        super().__init__(message, status=status, headers=headers)
         self.limit = limit
 
 

@@ -41,6 +41,7 @@ from polar_mq.models import RolloutStatus, TerminationReason
 from polar_mq.observability import context as log_context
 from polar_mq.observability.stage_metrics import observe_outcome
 from polar_mq.workers.context import WorkerContext
+from polar_mq.workers.run_result import RunResult
 from polar_mq.workers.stages import build, evaluate, prepare, run_agent
 from polar_mq.workers.stages.common import (
     StageFailure,
@@ -189,13 +190,13 @@ def run_stage(
     task_id: str | None,
     attempt: int | None = None,
     retries: int = 0,
-) -> str:
-    """Run one stage for one rollout; returns what happened (for logs and tests)."""
+) -> RunResult:
+    """Run one stage for one rollout; returns what happened (the task turns it into its state)."""
     owner = ctx.lease_owner(task_id)
     claimed = _claim(ctx, stage, rollout_id, owner, attempt)
     if isinstance(claimed, str):
         log.info("%s of %s skipped: rollout is %s", stage, rollout_id, claimed)
-        return f"skipped:{claimed}"
+        return RunResult.skipped(claimed)
     log_context.bind(job_id=claimed.rollout.job_id, attempt=claimed.rollout.attempt)
     on_lost = (lambda: _release_runtime(ctx, claimed)) if stage in RUNTIME_STAGES else None
     started = time.monotonic()
@@ -206,7 +207,7 @@ def run_stage(
         except Exception as exc:
             held.settle()
             if held.lost.is_set():  # taken meanwhile (its agent killed): nothing of it is kept
-                return "lease_lost"
+                return RunResult.lease_lost()
             if isinstance(exc, StageRestart):
                 return _unexpected(ctx, claimed, retries, str(exc), exc.reason)
             if isinstance(exc, StageFailure):
@@ -222,11 +223,11 @@ def run_stage(
             log.warning("%s of %s: lease lost, result discarded", stage, rollout_id)
             if stage in RUNTIME_STAGES:
                 _release_runtime(ctx, claimed)
-            return "lease_lost"
+            return RunResult.lease_lost()
     if STAGE_STATES[stage][2] in RolloutStatus.TERMINAL:
         _release_runtime(ctx, claimed, reusable=True)
         _rollout_ended(ctx, claimed)
-    return "done"
+    return RunResult.done()
 
 
 def _rollout_ended(ctx: WorkerContext, claimed: Claimed) -> None:
@@ -257,7 +258,7 @@ def _rollout_ended(ctx: WorkerContext, claimed: Claimed) -> None:
         )  # fmt: skip
 
 
-def _failed(ctx: WorkerContext, claimed: Claimed, reason: str, message: str) -> str:
+def _failed(ctx: WorkerContext, claimed: Claimed, reason: str, message: str) -> RunResult:
     """End the rollout as failed with its reason (an infrastructure failure, never scored)."""
     log.warning(
         "%s of %s failed (%s): %s", claimed.stage, claimed.rollout.id, reason, message[-500:]
@@ -268,12 +269,12 @@ def _failed(ctx: WorkerContext, claimed: Claimed, reason: str, message: str) -> 
         log.warning("%s of %s: lease lost before recording the failure", *_ids(claimed))
         if claimed.stage in RUNTIME_STAGES:
             _release_runtime(ctx, claimed)
-        return "lease_lost"
+        return RunResult.lease_lost()
     if claimed.stage in RUNTIME_STAGES:
         _release_runtime(ctx, claimed)
     _rollout_ended(ctx, claimed)
     _platform_stop(ctx, claimed, reason)
-    return f"failed:{reason}"
+    return RunResult.failed(reason)
 
 
 def _platform_stop(ctx: WorkerContext, claimed: Claimed, reason: str) -> None:
@@ -301,7 +302,7 @@ def _unexpected(
     retries: int,
     error: str,
     reason: str = TerminationReason.RUNTIME_ERROR,
-) -> str:
+) -> RunResult:
     """A stage raised: retry it in place with backoff, or start the rollout over, within bounds.
 
     The agent stage is never retried in place (its calls and files would mix two runs): a new
@@ -320,7 +321,7 @@ def _unexpected(
                 _rollout_ended(ctx, claimed)
             if result != "raced":
                 _platform_stop(ctx, claimed, reason)
-            return f"restart:{result}"
+            return RunResult.restart(result)
         if retries >= stage_retries:
             return _failed(ctx, claimed, reason, f"failed after {retries} retries: {error}")
         delay = backoff_s(retries, ctx.settings.retry_backoff_s)
@@ -330,10 +331,10 @@ def _unexpected(
             priority=claimed.spec.priority,
         )  # fmt: skip
         _commit(ctx, lambda session: retry_in_place(session, claimed, message, error, delay))
-        return f"retry:{retries + 1}"
+        return RunResult.retry(retries + 1)
     except LeaseLost:
         log.warning("%s of %s: lease lost while recovering", *_ids(claimed))
-        return "lease_lost"
+        return RunResult.lease_lost()
 
 
 def _ids(claimed: Claimed) -> tuple[str, str]:

@@ -11,6 +11,7 @@ from celery.exceptions import Retry
 from polar_mq.lifecycle.stages import Stage
 from polar_mq.workers.celery_app import PolarCelery, publish_messages
 from polar_mq.workers.context import WorkerContext
+from polar_mq.workers.run_result import RunKind, RunResult
 from polar_mq.workers.runner import run_stage
 
 _contexts: dict[tuple[int, int], WorkerContext] = {}
@@ -43,7 +44,7 @@ class StageNotFinished(Exception):
     def __init__(self, outcome: str) -> None:
         super().__init__(outcome)
         self.outcome = outcome
-        """`run_stage`'s return value (the stage metrics label it by its head)."""
+        """`run_stage`'s result as text (the stage metrics label it by its head)."""
 
 
 class StageRetried(Retry):
@@ -59,26 +60,26 @@ class StageRetried(Retry):
         self.outcome = outcome
 
 
-NOT_FINISHED = ("failed", "restart", "lease_lost")
-"""Heads of `run_stage` outcomes shown as a failed task (`retry` shows as a retried one)."""
+NOT_FINISHED = frozenset({RunKind.FAILED, RunKind.RESTART, RunKind.LEASE_LOST})
+"""Kinds of `run_stage` results shown as a failed task (`RETRY` shows as a retried one)."""
 
 
-def raise_unless_finished(outcome: str) -> str:
-    """`outcome` when the stage finished or skipped a duplicate; else the exception that gives
-    the task its true state in Flower and the result backend."""
-    head = outcome.partition(":")[0]
-    if head == "retry":
-        raise StageRetried(outcome)
-    if head in NOT_FINISHED:
-        raise StageNotFinished(outcome)
-    return outcome
+def raise_unless_finished(result: RunResult) -> str:
+    """`result` as text when the stage finished or skipped a duplicate; else the exception that
+    gives the task its true state in Flower and the result backend. Text, not the typed result:
+    the result backend stores it and Flower shows it, as they did before it was typed."""
+    if result.kind is RunKind.RETRY:
+        raise StageRetried(str(result))
+    if result.kind in NOT_FINISHED:
+        raise StageNotFinished(str(result))
+    return str(result)
 
 
 def _stage_task(stage: Stage) -> Any:
     @shared_task(bind=True, base=StageTask, name=stage.task_name, throws=(StageNotFinished,))
     def task(self: StageTask, rollout_id: str, attempt: int | None = None, retries: int = 0) -> str:
-        outcome = run_stage(self.context, stage, rollout_id, self.request.id, attempt, retries)
-        return raise_unless_finished(outcome)
+        result = run_stage(self.context, stage, rollout_id, self.request.id, attempt, retries)
+        return raise_unless_finished(result)
 
     return task
 

@@ -171,7 +171,14 @@ def all_terminal(factory: sessionmaker[Session], rollout_ids: list[str]) -> bool
 def wait_terminal(
     factory: sessionmaker[Session], rollout_ids: list[str], timeout_s: float = 90
 ) -> float:
-    return wait_until(lambda: all_terminal(factory, rollout_ids), timeout_s, "terminal rollouts")
+    """Seconds until every rollout is terminal; a timeout names the statuses they were stuck in."""
+    try:
+        return wait_until(
+            lambda: all_terminal(factory, rollout_ids), timeout_s, "terminal rollouts"
+        )
+    except AssertionError as exc:
+        stuck = Counter(statuses(factory, rollout_ids).values())
+        raise AssertionError(f"{exc}; rollouts by status: {dict(stuck)}") from None
 
 
 def wait_status(

@@ -99,7 +99,9 @@ def test_broker_restart_with_rollouts_queued_and_running(
             lambda: _started_since(db_session_factory, down) > 0, 60,
             "a worker to claim a stage after the restart",
         )  # fmt: skip
-        wait_terminal(db_session_factory, ids, 120)
+        # On a loaded host the private node's restart and the workers' reconnects stretch: all 12
+        # were done 15 s after the stop when quiet, not within 120 s once at load average 13.
+        wait_terminal(db_session_factory, ids, 300)
         total_s = time.monotonic() - down
         check_invariants(rel, db_session_factory, ids, {i: "completed" for i in ids})
         republished = _count(db_session_factory, EventKind.REPUBLISHED)

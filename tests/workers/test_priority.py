@@ -29,6 +29,7 @@ from polar_mq.spec import load_spec
 from polar_mq.workers.celery_app import create_celery
 from polar_mq.workers.context import WorkerContext
 from polar_mq.workers.priority import REDIS_PRIORITY_STEPS, BrokerKind, broker_kind, broker_priority
+from polar_mq.workers.run_result import RunResult
 from polar_mq.workers.runner import _next_message, _unexpected
 from polar_mq.workers.stages.common import StageOutcome
 from polar_mq.workers.sweeper import Sweeper
@@ -143,7 +144,7 @@ def test_next_stage_and_in_place_retry_keep_the_priority(
     assert nxt is not None and (nxt.stage, nxt.node, nxt.priority) == (Stage.RUN_AGENT, "n1", 6)
 
     published.clear()
-    assert _unexpected(_ctx(db_session_factory), claimed, 0, "boom") == "retry:1"
+    assert _unexpected(_ctx(db_session_factory), claimed, 0, "boom") == RunResult.retry(1)
     (retry,) = published
     assert (retry.stage, retry.retries, retry.priority) == (Stage.PREPARE, 1, 6)
 

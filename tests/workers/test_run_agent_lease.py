@@ -31,6 +31,7 @@ from polar_mq.ports import free_port
 from polar_mq.runtimes.host_exec import tagged_pids
 from polar_mq.workers import runner
 from polar_mq.workers.context import WorkerContext
+from polar_mq.workers.run_result import RunResult
 from polar_mq.workers.stages import run_agent
 
 
@@ -62,12 +63,12 @@ def _prepared(ctx: WorkerContext, factory: sessionmaker[Session], command: str) 
     )
     with unit_of_work(factory) as session:
         rid = create_job(session, spec, ctx.settings.pool).rollout_ids[0]
-    assert runner.run_stage(ctx, Stage.PREPARE, str(rid), "t1", attempt=1) == "done"
+    assert runner.run_stage(ctx, Stage.PREPARE, str(rid), "t1", attempt=1) == RunResult.done()
     return rid
 
 
 def _run_agent_in_thread(
-    ctx: WorkerContext, rid: uuid.UUID, outcome: list[str]
+    ctx: WorkerContext, rid: uuid.UUID, outcome: list[RunResult]
 ) -> threading.Thread:
     def run() -> None:
         outcome.append(runner.run_stage(ctx, Stage.RUN_AGENT, str(rid), "t2", attempt=1))
@@ -102,7 +103,7 @@ def test_a_rollout_cancelled_under_its_agent_ends_the_stage_without_a_flush(
 
     monkeypatch.setattr(run_agent, "flush_proxy", flush)
     rid = _prepared(ctx, db_session_factory, "sleep 60")
-    outcome: list[str] = []
+    outcome: list[RunResult] = []
     stage = _run_agent_in_thread(ctx, rid, outcome)
     runtime_id = f"{rid.hex}-1"  # the rollout's runtime of attempt 1
     # the `sleep 60` agent, found by its runtime's tag
@@ -110,7 +111,7 @@ def test_a_rollout_cancelled_under_its_agent_ends_the_stage_without_a_flush(
     _cancel(db_session_factory, rid)
     stage.join(30)
     assert not stage.is_alive(), "the stage still runs after its rollout was cancelled"
-    assert outcome == ["lease_lost"]
+    assert outcome == [RunResult.lease_lost()]
     assert flushes == [], "a cancelled rollout's stage must not wait for the proxy"
     assert tagged_pids(runtime_id) == [], "the agent outlived its cancelled rollout"
     assert _status(db_session_factory, rid) == RolloutStatus.CANCELLED
@@ -130,14 +131,14 @@ def test_a_flush_waiting_for_a_gone_proxy_stops_once_the_rollout_is_cancelled(
         return real_post(url, **kwargs)
 
     ctx.http.post = post  # type: ignore[method-assign]
-    outcome: list[str] = []
+    outcome: list[RunResult] = []
     stage = _run_agent_in_thread(ctx, rid, outcome)
     _wait(lambda: len(tries) >= 2, "the stage never flushed the proxy")
     _cancel(db_session_factory, rid)
     tries_at_cancel = len(tries)
     stage.join(30)
     assert not stage.is_alive()
-    assert outcome == ["lease_lost"]
+    assert outcome == [RunResult.lease_lost()]
     # retried for 20 s before (about 9 tries); now one more at most once the keeper saw it
     assert len(tries) <= tries_at_cancel + 2, (tries_at_cancel, len(tries))
     assert _status(db_session_factory, rid) == RolloutStatus.CANCELLED

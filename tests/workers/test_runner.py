@@ -21,6 +21,7 @@ from polar_mq.lifecycle.transitions import Claimed
 from polar_mq.models import Rollout, RolloutStatus
 from polar_mq.workers import runner
 from polar_mq.workers.context import WorkerContext
+from polar_mq.workers.run_result import RunResult
 from polar_mq.workers.stages.common import StageFailure, StageOutcome
 
 BuildStage = Callable[[WorkerContext, Claimed], StageOutcome]
@@ -72,11 +73,12 @@ def test_a_stage_that_succeeds_records_and_hands_over(
 ) -> None:
     rid = _ran_rollout(db_session_factory)
     _build_with(monkeypatch, lambda _ctx, _claimed: StageOutcome(detail={"samples": 1}))
-    assert runner.run_stage(ctx, Stage.BUILD, str(rid), "t1", attempt=1) == "done"
+    assert runner.run_stage(ctx, Stage.BUILD, str(rid), "t1", attempt=1) == RunResult.done()
     assert _status(db_session_factory, rid) == RolloutStatus.BUILT
     assert sent == [StageMessage(Stage.EVALUATE, rid, "p", "n1", attempt=1, priority=4)]
     # the same message delivered twice: the claim fails, nothing runs, nothing is sent
-    assert runner.run_stage(ctx, Stage.BUILD, str(rid), "t2", attempt=1) == "skipped:built"
+    again = runner.run_stage(ctx, Stage.BUILD, str(rid), "t2", attempt=1)
+    assert again == RunResult.skipped("built")
     assert len(sent) == 1
 
 
@@ -92,14 +94,14 @@ def test_a_raising_stage_is_retried_in_place_then_failed(
         raise RuntimeError("database hiccup")
 
     _build_with(monkeypatch, broken)
-    assert runner.run_stage(ctx, Stage.BUILD, str(rid), "t1", attempt=1) == "retry:1"
+    assert runner.run_stage(ctx, Stage.BUILD, str(rid), "t1", attempt=1) == RunResult.retry(1)
     assert _status(db_session_factory, rid) == RolloutStatus.RAN
     (again,) = sent
     assert (again.stage, again.retries, again.countdown, again.priority) == (
         Stage.BUILD, 1, 1.0, 4,
     )  # fmt: skip
     outcome = runner.run_stage(ctx, Stage.BUILD, str(rid), "t2", attempt=1, retries=1)
-    assert outcome == "failed:runtime_error"
+    assert outcome == RunResult.failed("runtime_error")
     assert _status(db_session_factory, rid) == RolloutStatus.FAILED
 
 
@@ -112,7 +114,7 @@ def test_a_stage_failure_ends_the_rollout_with_its_reason(
         raise StageFailure("builder_error", "no calls to build from")
 
     _build_with(monkeypatch, refused)
-    assert runner.run_stage(ctx, Stage.BUILD, str(rid), "t1") == "failed:builder_error"
+    assert runner.run_stage(ctx, Stage.BUILD, str(rid), "t1") == RunResult.failed("builder_error")
     with db_session_factory() as session:
         row = session.get_one(Rollout, rid)
         assert (row.status, row.termination_reason) == (RolloutStatus.FAILED, "builder_error")
@@ -124,7 +126,8 @@ def test_a_message_of_an_earlier_attempt_is_a_no_op(
 ) -> None:
     rid = _ran_rollout(db_session_factory)
     _build_with(monkeypatch, lambda _ctx, _claimed: pytest.fail("must not run"))
-    assert runner.run_stage(ctx, Stage.BUILD, str(rid), "t1", attempt=7) == "skipped:stale_attempt"
+    stale = runner.run_stage(ctx, Stage.BUILD, str(rid), "t1", attempt=7)
+    assert stale == RunResult.skipped("stale_attempt")
     assert _status(db_session_factory, rid) == RolloutStatus.RAN
 
 
@@ -172,7 +175,7 @@ def test_a_stage_failure_after_the_rollout_was_cancelled_is_reported_as_lease_lo
         raise StageFailure("builder_error", "no calls to build from")
 
     _build_with(monkeypatch, cancelled_meanwhile)
-    assert runner.run_stage(ctx, Stage.BUILD, str(rid), "t1") == "lease_lost"
+    assert runner.run_stage(ctx, Stage.BUILD, str(rid), "t1") == RunResult.lease_lost()
     with db_session_factory() as session:
         row = session.get_one(Rollout, rid)
         assert (row.status, row.termination_reason) == (RolloutStatus.CANCELLED, None)
