@@ -23,8 +23,8 @@ from typing import Any, TextIO, TypeVar
 import torch
 
 from polar_mq.training.torch_ops import (
-    batch_response_logprobs,
     clipped_fraction,
+    grouped_response_logprobs,
     grpo_loss,
     mismatch,
     response_logprobs,
@@ -61,7 +61,8 @@ class Policy:
         self.trainable = sum(p.numel() for p in params)
         self.max_grad_norm = float(request.get("max_grad_norm", 1.0))
         self.micro_batch = int(request.get("micro_batch", 8))
-        """Sequences per forward pass (padded to the longest)."""
+        """Sequences per forward pass (padded to the longest); the samples of a group come in
+        order and share their prompt, which then runs once per micro-batch (`torch_ops`)."""
         eos = base.config.eos_token_id
         self.pad_id = int((eos[0] if isinstance(eos, list) else eos) or 0)
         """Any id does (masked out, and after every real token); the end-of-text one is safe."""
@@ -107,7 +108,7 @@ class Policy:
         return [v for part in chunks(pairs, self.micro_batch) for v in self.batch(part)]
 
     def batch(self, pairs: list[tuple[list[int], list[int]]]) -> list[torch.Tensor]:
-        return batch_response_logprobs(self.model, pairs, self.pad_id)
+        return grouped_response_logprobs(self.model, pairs, self.pad_id)
 
     @staticmethod
     def arrays(sample: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -37,7 +37,7 @@ class LoopConfig:
     max_staleness: int = 1
     clip: float = 0.2
     temperature: float = 1.0
-    max_tokens: int = 24
+    max_tokens: int = 16
     lease_s: float = 900.0
     consumer: str = "polar-mq-trainer"
 

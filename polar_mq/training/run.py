@@ -36,15 +36,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         prog="scripts/train", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )  # fmt: skip
-    p.add_argument("--steps", type=int, default=60, help="optimizer steps (policy versions)")
-    p.add_argument("--groups", type=int, default=4, help="groups (tasks) per step")
-    p.add_argument("--samples", type=int, default=4, help="samples per group (GRPO group size)")
+    p.add_argument("--steps", type=int, default=100, help="optimizer steps (policy versions)")
+    p.add_argument("--groups", type=int, default=2, help="groups (tasks) per step")
+    p.add_argument("--samples", type=int, default=8, help="samples per group (GRPO group size)")
     p.add_argument("--max-staleness", type=int, default=1, help="versions a group may lag")
-    p.add_argument("--lr", type=float, default=3e-4, help="AdamW on the LoRA weights")
+    p.add_argument("--lr", type=float, default=1e-3, help="AdamW on the LoRA weights")
     p.add_argument("--rank", type=int, default=8, help=f"LoRA rank (<= {local_vllm.LORA_MAX_RANK})")
     p.add_argument("--clip", type=float, default=0.2, help="importance ratio clip")
     p.add_argument("--temperature", type=float, default=1.0, help="training rollouts")
-    p.add_argument("--max-tokens", type=int, default=24)
+    p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--seed", type=int, default=0, help="task split and LoRA init")
     p.add_argument("--learner-threads", type=int, default=1, help="torch threads")
     p.add_argument("--vllm-threads", type=int, default=1, help="OpenMP threads of vLLM")
@@ -104,6 +104,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def train_and_report(client: Client, learner: Learner, args: argparse.Namespace, out: Path) -> int:
+    began = time.monotonic()
     train_tasks, eval_tasks = task_set.split(args.seed)
     config = LoopConfig(
         steps=args.steps, groups_per_step=args.groups, samples_per_group=args.samples,
@@ -143,6 +144,7 @@ def train_and_report(client: Client, learner: Learner, args: argparse.Namespace,
     if not args.no_eval:
         print("held-out eval after …", flush=True)
         run["eval_after"] = evaluate(client, eval_tasks, args.max_tokens)
+    run["wall_s"] = round(time.monotonic() - began, 1)  # evals and training, not the start-up
     write_run(run_json, run, steps)
     learner.call("plot", json=str(run_json), png=str(out / "reward_curve.png"))
     print_summary(run, steps, out)

@@ -2,11 +2,11 @@
 
 Short factual questions whose answer is one word (capitals, opposites, sums), asked with
 "Answer with one word." SmolLM2-135M-Instruct often knows the fact but answers in a sentence
-("The capital of Peru is Lima."), and at temperature 1 often rambles. The reward pays half for
-the answer word appearing and the other half for brevity, in proportion (all of it for one word,
-nothing from `WORDS_TO_ZERO` words on), right answer or not: the replies of a group differ in
-length and so in reward even when none is right (dense signal for GRPO), and the gain to learn
-is a format the base model misses.
+("The capital of Peru is Lima."), and sampled it often rambles. The reward is 0 unless the
+answer word appears; then half, plus the other half for brevity in proportion (all of it for the
+word alone, nothing from `WORDS_TO_ZERO` words on). The model is right often enough that most
+groups hold replies of different lengths, so GRPO has a signal, and the gain to learn is a
+format the base model misses (stop after the answer), not a fact it does not know.
 
 `reward` is the job's evaluator (`{"name": "python", "callable":
 "polar_mq.training.tasks:reward"}`): it runs in the workers, on the agent's last message.
@@ -29,12 +29,22 @@ CAPITALS = {
     "Ireland": "Dublin", "Poland": "Warsaw", "Kenya": "Nairobi", "Peru": "Lima",
     "China": "Beijing", "Thailand": "Bangkok", "Cuba": "Havana", "Finland": "Helsinki",
     "Denmark": "Copenhagen", "Hungary": "Budapest", "Turkey": "Ankara", "Chile": "Santiago",
+    "Canada": "Ottawa", "England": "London", "Belgium": "Brussels", "Iran": "Tehran",
+    "Iraq": "Baghdad", "South Korea": "Seoul", "Vietnam": "Hanoi", "Indonesia": "Jakarta",
+    "the Philippines": "Manila", "the Czech Republic": "Prague", "Romania": "Bucharest",
+    "Syria": "Damascus", "Lebanon": "Beirut", "Afghanistan": "Kabul", "Venezuela": "Caracas",
+    "Iceland": "Reykjavik", "Saudi Arabia": "Riyadh", "Qatar": "Doha", "Scotland": "Edinburgh",
+    "Bulgaria": "Sofia", "Serbia": "Belgrade", "Libya": "Tripoli", "Jordan": "Amman",
+    "Ghana": "Accra",
 }  # fmt: skip
 OPPOSITES = {
     "hot": "cold", "big": "small", "up": "down", "fast": "slow", "happy": "sad",
     "day": "night", "old": "new", "open": "closed", "light": "dark", "early": "late",
     "wet": "dry", "full": "empty", "hard": "soft", "high": "low", "rich": "poor",
-    "strong": "weak",
+    "strong": "weak", "good": "bad", "black": "white", "in": "out", "left": "right",
+    "true": "false", "win": "lose", "love": "hate", "young": "old", "thick": "thin",
+    "long": "short", "clean": "dirty", "heavy": "light", "near": "far", "push": "pull",
+    "buy": "sell", "first": "last",
 }  # fmt: skip
 WORDS_TO_ZERO = 7
 """A reply of this many words or more gets no brevity credit."""
@@ -53,7 +63,24 @@ def all_tasks() -> list[dict[str, Any]]:
     ]
     tasks += [
         {"instruction": f"What is {a} plus {b}?{SUFFIX}", "answer": str(a + b)}
-        for a, b in ((2, 3), (4, 5), (6, 1), (7, 2), (3, 3), (8, 1), (5, 4), (2, 7))
+        for a, b in (
+            (2, 3),
+            (4, 5),
+            (6, 1),
+            (7, 2),
+            (3, 3),
+            (8, 1),
+            (5, 4),
+            (2, 7),
+            (1, 1),
+            (3, 4),
+            (6, 2),
+            (5, 5),
+            (4, 4),
+            (3, 6),
+            (1, 8),
+            (2, 2),
+        )
     ]
     return tasks
 
@@ -70,13 +97,15 @@ def split(seed: int, eval_fraction: float = 0.25) -> tuple[Tasks, Tasks]:
 
 
 def score(text: str | None, answer: str) -> float:
-    """0.5 when the answer word appears, plus up to 0.5 the shorter the (non-empty) reply."""
+    """0 without the answer word; with it, 0.5 plus up to 0.5 the shorter the reply.
+
+    Brevity earns nothing on its own: a constant one-word reply scores only where it happens to
+    be the answer, so the reward cannot be gamed by the format alone."""
     words = _WORD.findall(text or "")
-    if not words:
+    if answer.lower() not in (w.lower() for w in words):
         return 0.0
-    found = answer.lower() in (w.lower() for w in words)
     brevity = max(0.0, 1.0 - (len(words) - 1) / (WORDS_TO_ZERO - 1))
-    return 0.5 * found + 0.5 * brevity
+    return 0.5 + 0.5 * brevity
 
 
 def reward(ctx: EvalContext) -> EvalResult:

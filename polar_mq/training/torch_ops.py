@@ -34,7 +34,9 @@ def batch_response_logprobs(
     """`response_logprobs` of several (prompt, response) pairs in one forward pass.
 
     Right-padded with an attention mask: a causal model's logits at the real positions do not
-    see the padding after them, and the positions count from 0 as in a single pass."""
+    see the padding after them, and the positions count from 0 as in a single pass. Logits are
+    computed only from the first position that scores a response token on (`logits_to_keep`):
+    the vocabulary projection of the prompt positions is wasted work, forward and backward."""
     if not pairs:
         return []
     lengths = [len(p) + len(r) for p, r in pairs]
@@ -44,14 +46,77 @@ def batch_response_logprobs(
     for row, ((prompt, response), n) in enumerate(zip(pairs, lengths, strict=True)):
         ids[row, :n] = torch.tensor(prompt + response, dtype=torch.long)
         attention[row, :n] = 1
-    logits = model(input_ids=ids, attention_mask=attention).logits
+    first = min(len(prompt) for prompt, _ in pairs) - 1  # the first position that scores
+    keep = width - first  # the lm head (a 49k-word matmul) runs on response positions only
+    logits = model(input_ids=ids, attention_mask=attention, logits_to_keep=keep).logits
     out = []
     for row, (prompt, response) in enumerate(pairs):
-        start = len(prompt) - 1
+        start = len(prompt) - 1 - first
         scoring = logits[row, start : start + len(response)].float()
         targets = torch.tensor(response, dtype=torch.long)
         out.append(F.log_softmax(scoring, dim=-1).gather(1, targets[:, None])[:, 0])
     return out
+
+
+def shared_prompt_logprobs(
+    model: Any, prompt: list[int], responses: list[list[int]], pad_id: int = 0
+) -> list[torch.Tensor]:
+    """`response_logprobs` of several responses to one prompt, running the prompt once.
+
+    The samples of a GRPO group share their prompt, which is most of each sequence here: the
+    prompt goes through the model once (its keys and values kept, with their gradient), is
+    repeated for every response, and the responses run on top of it, right-padded. The values
+    and the gradient are those of one pass per sample; the prompt's share of the work is paid
+    once per group instead of once per sample."""
+    if not responses:
+        return []
+    head = model(input_ids=torch.tensor([prompt], dtype=torch.long), use_cache=True,
+                 logits_to_keep=1)  # fmt: skip
+    first = head.logits[0, -1].float()  # scores every response's first token
+    cache = head.past_key_values
+    cache.batch_repeat_interleave(len(responses))
+    width = max(1, max(len(r) for r in responses))
+    ids = torch.full((len(responses), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(responses), len(prompt) + width), dtype=torch.long)
+    attention[:, : len(prompt)] = 1
+    for row, response in enumerate(responses):
+        ids[row, : len(response)] = torch.tensor(response, dtype=torch.long)
+        attention[row, len(prompt) : len(prompt) + len(response)] = 1
+    positions = torch.arange(len(prompt), len(prompt) + width).expand(len(responses), width)
+    logits = model(
+        input_ids=ids, attention_mask=attention, position_ids=positions, past_key_values=cache
+    ).logits
+    out = []
+    for row, response in enumerate(responses):
+        scoring = torch.cat([first[None], logits[row, : len(response) - 1].float()])
+        scoring = scoring[: len(response)]
+        targets = torch.tensor(response, dtype=torch.long)
+        out.append(F.log_softmax(scoring, dim=-1).gather(1, targets[:, None])[:, 0])
+    return out
+
+
+def grouped_response_logprobs(
+    model: Any, pairs: list[tuple[list[int], list[int]]], pad_id: int = 0
+) -> list[torch.Tensor]:
+    """`response_logprobs` of (prompt, response) pairs, in order: pairs that share a prompt go
+    through `shared_prompt_logprobs` together, the others through `batch_response_logprobs`."""
+    by_prompt: dict[tuple[int, ...], list[int]] = {}
+    for index, (prompt, _) in enumerate(pairs):
+        by_prompt.setdefault(tuple(prompt), []).append(index)
+    out: list[torch.Tensor | None] = [None] * len(pairs)
+    singles = [indices[0] for indices in by_prompt.values() if len(indices) == 1]
+    for index, value in zip(
+        singles, batch_response_logprobs(model, [pairs[i] for i in singles], pad_id), strict=True
+    ):
+        out[index] = value
+    for shared, indices in by_prompt.items():
+        if len(indices) > 1:
+            values = shared_prompt_logprobs(
+                model, list(shared), [pairs[i][1] for i in indices], pad_id
+            )
+            for index, value in zip(indices, values, strict=True):
+                out[index] = value
+    return [value for value in out if value is not None]
 
 
 @dataclass(frozen=True, slots=True)

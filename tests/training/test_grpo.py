@@ -59,10 +59,18 @@ def test_the_reward_pays_the_answer_and_brevity() -> None:
     assert score("Lima.", "Lima") == 1.0
     assert score("The capital of Peru is Lima.", "Lima") == pytest.approx(0.5 + 0.5 / 6)
     assert score("The capital of Peru is the city of Lima, Peru.", "Lima") == 0.5
-    assert score("Cusco", "Lima") == 0.5  # short, wrong
     assert score("It is a city in the mountains of Peru", "Lima") == 0.0
     assert score(None, "Lima") == 0.0 and score("...", "Lima") == 0.0
-    assert score("limabean", "Lima") == 0.5  # a whole word, not a substring
+    assert score("limabean", "Lima") == 0.0  # a whole word, not a substring
+
+
+def test_brevity_alone_earns_nothing() -> None:
+    """A constant short reply cannot game the reward: it scores only where it is the answer."""
+    assert score("Cusco", "Lima") == 0.0
+    tasks = all_tasks()
+    for constant in ("Yes", "Paris", "1"):
+        mean = sum(score(constant, str(t["answer"])) for t in tasks) / len(tasks)
+        assert mean < 0.05, constant
 
 
 def test_the_eval_split_is_held_out_and_seeded() -> None:

@@ -74,3 +74,12 @@ def test_the_step_zero_policy_is_the_base_model_and_a_step_moves_it(
     assert offsets["zero_lora_vs_base"] == 0.0
     assert offsets["step_tokens"] == 8 and offsets["step_mismatch_max"] < 1e-3
     assert offsets["moved_up"] > 0.0  # advantage +1 raised the reply's logprobs
+
+
+def test_a_shared_prompt_run_once_gives_the_values_and_gradient_of_one_pass_each(
+    figures: dict[str, Any],
+) -> None:
+    shared = figures["shared"]
+    assert shared["lengths_match"] == 1.0
+    assert shared["values"] < 1e-4, shared
+    assert shared["gradient"] < 1e-3, shared

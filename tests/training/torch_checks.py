@@ -18,6 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from polar_mq.training.learner import Policy
 from polar_mq.training.torch_ops import (
     batch_response_logprobs,
+    grouped_response_logprobs,
     grpo_loss,
     mismatch,
     response_logprobs,
@@ -87,5 +88,41 @@ def offset_figures(model_dir: str) -> dict[str, object]:
     }
 
 
+def shared_prompt_figures(model_dir: str) -> dict[str, float]:
+    """Samples that share a prompt, scored with the prompt run once (`grouped_response_logprobs`)
+    against one pass per sample: the logprobs and the LoRA gradient of a weighted sum of them."""
+    policy = Policy({"model_dir": model_dir, "seed": 0, "threads": 1, "rank": 8, "lr": 1e-3})
+    model = policy.model
+    for name, param in model.named_parameters():
+        if "lora_B" in name:  # a LoRA that changes the model, so its gradient path is exercised
+            param.data.normal_(0.0, 0.02)
+    a, b = list(range(100, 130)), list(range(300, 321))
+    pairs = [(a, [5, 6, 7]), (a, [8]), (b, [9, 10, 11, 12]), (a, [14, 15, 16, 17, 18]), (b, [20])]
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def gradient(values: list[torch.Tensor]) -> torch.Tensor:
+        model.zero_grad(set_to_none=True)
+        sum((v * (i + 1)).sum() for i, v in enumerate(values)).backward()
+        return torch.cat([p.grad.flatten() for p in params if p.grad is not None])
+
+    grouped = grouped_response_logprobs(model, pairs, pad_id=2)
+    grouped_grad = gradient(grouped)
+    single = [response_logprobs(model, prompt, response) for prompt, response in pairs]
+    single_grad = gradient(single)
+    return {
+        "lengths_match": float([len(v) for v in grouped] == [len(r) for _, r in pairs]),
+        "values": max(float((g - s).abs().max()) for g, s in zip(grouped, single, strict=True)),
+        "gradient": float((grouped_grad - single_grad).norm() / single_grad.norm()),
+    }
+
+
 if __name__ == "__main__":
-    print(json.dumps({"loss": loss_figures(), "offsets": offset_figures(sys.argv[1])}))
+    print(
+        json.dumps(
+            {
+                "loss": loss_figures(),
+                "offsets": offset_figures(sys.argv[1]),
+                "shared": shared_prompt_figures(sys.argv[1]),
+            }
+        )
+    )
