@@ -14,6 +14,8 @@ import time
 import traceback
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
+from datetime import timedelta
 from typing import ParamSpec, TypeVar
 
 from sqlalchemy import Connection
@@ -38,6 +40,7 @@ from polar_mq.lifecycle.transitions import (
     runtime_released,
 )
 from polar_mq.models import RolloutStatus, TerminationReason
+from polar_mq.models.base import utcnow
 from polar_mq.observability import context as log_context
 from polar_mq.observability.stage_metrics import observe_outcome
 from polar_mq.workers.context import WorkerContext
@@ -164,6 +167,7 @@ def _finish(
     autocommit on a bare connection: no BEGIN and COMMIT round trips, no session; the next
     stage is published once it returned. Otherwise (or with more rows than one statement
     carries) a transaction, publishing after its commit."""
+    outcome = _with_waiting_lease(ctx, claimed, outcome)
     if _finish_in_one(ctx, claimed, outcome):
         publish_committed(ctx.publisher, [next_message] if next_message is not None else [])
         return
@@ -173,6 +177,19 @@ def _finish(
             session, claimed, outcome.values, outcome.rows, outcome.detail, next_message
         ),
     )
+
+
+def _with_waiting_lease(
+    ctx: WorkerContext, claimed: Claimed, outcome: StageOutcome
+) -> StageOutcome:
+    """A rollout that will wait in its node's own queue (prepared, built) leaves with a lease the
+    node's keeper renews (`waiting_leases`): a node that dies before its keeper's first renewal
+    leaves the rollout to expire and be started over, instead of stranding it forever."""
+    next_stage = NEXT_STAGE[claimed.stage]
+    if next_stage is None or not next_stage.node_local:
+        return outcome
+    expires = utcnow() + timedelta(seconds=ctx.settings.lease_s)
+    return replace(outcome, values={**outcome.values, "lease_expires_at": expires})
 
 
 @_retry_db

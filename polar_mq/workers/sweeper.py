@@ -134,7 +134,8 @@ class Sweeper:
 
     def _stranded(self, session: Session, now: datetime, report: SweepReport) -> list[Any]:
         """Restart what waits in the queue of a node that stopped consuming it: its
-        `waiting_leases` stamp expired (a dead node). Never stamped (NULL): left alone."""
+        lease (given by the stage that left it waiting, renewed by the node's `waiting_leases`)
+        expired: a dead node. No lease at all (NULL, rows from before leases): left alone."""
         rows = session.execute(
             select(R.id, R.job_id, R.status, R.attempt, R.node, Job.spec)
             .join(Job, Job.id == R.job_id)

@@ -9,10 +9,10 @@ The Celery worker that consumes a node-local queue therefore keeps a lease on th
 waiting for it: every `lease_s / 3` one UPDATE stamps `lease_expires_at = now + lease_s` on the
 node's rollouts in that ready state with no owner. While the consumer lives, the stamp stays
 fresh; when the node dies, it expires, and the sweeper (`Sweeper._stranded`) starts those
-rollouts over from prepare with attempt+1, on any node. A rollout no consumer ever stamped
-(NULL) is never swept this way: deployments that do not run this keeper behave as before, and a
-node that dies within one interval of a rollout becoming ready there leaves that one waiting
-for its return (the gap is one renewal interval wide).
+rollouts over from prepare with attempt+1, on any node. The stage that leaves a rollout waiting
+gives it its first lease (`runner._with_waiting_lease`), so a node that dies before its
+keeper's first renewal strands nothing either (the host-kill test met that gap). Only rows
+from before that change carry no lease (NULL) and are never swept this way.
 
 Races are settled by the rows' compare-and-set: a claim moves the rollout out of the ready
 state (the sweeper's restart then matches nothing), a restart moves it to `queued` with

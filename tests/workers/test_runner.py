@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterator, Sequence
+from datetime import timedelta
 
 import pytest
 from sqlalchemy import update
@@ -19,10 +20,12 @@ from polar_mq.lifecycle.outbox import attach_publisher
 from polar_mq.lifecycle.stages import Stage
 from polar_mq.lifecycle.transitions import Claimed
 from polar_mq.models import Rollout, RolloutStatus
+from polar_mq.models.base import utcnow
 from polar_mq.workers import runner
 from polar_mq.workers.context import WorkerContext
 from polar_mq.workers.run_result import RunResult
 from polar_mq.workers.stages.common import StageFailure, StageOutcome
+from polar_mq.workers.sweeper import Sweeper
 
 BuildStage = Callable[[WorkerContext, Claimed], StageOutcome]
 
@@ -179,3 +182,31 @@ def test_a_stage_failure_after_the_rollout_was_cancelled_is_reported_as_lease_lo
     with db_session_factory() as session:
         row = session.get_one(Rollout, rid)
         assert (row.status, row.termination_reason) == (RolloutStatus.CANCELLED, None)
+
+
+def test_a_rollout_left_waiting_for_its_node_carries_a_lease_a_dead_node_lets_expire(
+    ctx: WorkerContext,
+    db_session_factory: sessionmaker[Session],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Built, the rollout waits in its node's evaluate queue with a lease of `lease_s` that no
+    keeper renews here (its node died before the first renewal): the sweeper starts it over once
+    that lease expires. Before, it left build with no lease at all and waited forever."""
+    rid = _ran_rollout(db_session_factory)
+    _build_with(monkeypatch, lambda _ctx, _claimed: StageOutcome(detail={"samples": 1}))
+    before = utcnow()
+    assert runner.run_stage(ctx, Stage.BUILD, str(rid), "t1", attempt=1) == RunResult.done()
+    with db_session_factory() as session:
+        row = session.get_one(Rollout, rid)
+        assert (row.status, row.lease_owner) == (RolloutStatus.BUILT, None)
+        assert row.lease_expires_at is not None
+        lease = (row.lease_expires_at - before).total_seconds()
+    assert ctx.settings.lease_s - 5 <= lease <= ctx.settings.lease_s + 5
+    sweeper = Sweeper(Settings(database_url=ctx.settings.database_url), db_session_factory,
+                      lambda _queue: 1, name="sweeper-test")  # fmt: skip
+    sweeper.sweep_once(utcnow())  # the lease is fresh: its node may still be alive
+    assert _status(db_session_factory, rid) == RolloutStatus.BUILT
+    sweeper.sweep_once(utcnow() + timedelta(seconds=ctx.settings.lease_s + 1))
+    with db_session_factory() as session:
+        row = session.get_one(Rollout, rid)
+        assert (row.status, row.attempt) == (RolloutStatus.QUEUED, 2)
