@@ -114,11 +114,7 @@ class Sweeper:
             .limit(self.batch)
         ).all()
         for row in rows:
-            spec = load_spec(row.spec)
-            lost = LostAttempt(
-                row.id, row.job_id, row.status, row.attempt, row.lease_owner,
-                spec.pool, spec.retries.max_attempts, spec.priority,
-            )  # fmt: skip
+            lost = _lost_attempt(row, row.lease_owner)
             stage = BUSY[row.status]
             if stage is Stage.BUILD:
                 outcome = resume(session, lost, stage, self.name)
@@ -137,7 +133,7 @@ class Sweeper:
         lease (given by the stage that left it waiting, renewed by the node's `waiting_leases`)
         expired: a dead node. No lease at all (NULL, rows from before leases): left alone."""
         rows = session.execute(
-            select(R.id, R.job_id, R.status, R.attempt, R.node, Job.spec)
+            select(R.id, R.job_id, R.task_index, R.status, R.attempt, R.node, Job.spec)
             .join(Job, Job.id == R.job_id)
             .where(
                 R.status.in_(list(WAITING_ON_NODE)),
@@ -148,11 +144,7 @@ class Sweeper:
         ).all()
         ended = []
         for row in rows:
-            spec = load_spec(row.spec)
-            lost = LostAttempt(
-                row.id, row.job_id, row.status, row.attempt, None,
-                spec.pool, spec.retries.max_attempts, spec.priority,
-            )  # fmt: skip
+            lost = _lost_attempt(row, None)
             stage = WAITING_ON_NODE[row.status]
             outcome = restart(
                 session, lost, TerminationReason.WORKER_LOST,
@@ -179,7 +171,7 @@ class Sweeper:
         last_event = select(func.max(Event.at)).where(Event.rollout_id == R.id).scalar_subquery()
         cutoff = now - timedelta(seconds=self.settings.republish_after_s)
         rows = session.execute(
-            select(R.id, R.job_id, R.status, R.attempt, R.node, Job.spec)
+            select(R.id, R.job_id, R.task_index, R.status, R.attempt, R.node, Job.spec)
             .join(Job, Job.id == R.job_id)
             .where(R.status.in_(list(READY)), func.coalesce(last_event, R.created_at) < cutoff)
             .limit(self.batch)
@@ -210,6 +202,16 @@ class Sweeper:
             except Exception:
                 log.exception("sweep failed; next one in %.1f s", self.settings.sweep_interval_s)
             stop.wait(self.settings.sweep_interval_s)
+
+
+def _lost_attempt(row: Any, owner: str | None) -> LostAttempt:
+    """The attempt a swept row stands for, with the recovery settings of its job's spec; the row
+    carries the job's spec and task index, which the early-stop check after a give-up reads."""
+    spec = load_spec(row.spec)
+    return LostAttempt(
+        row.id, row.job_id, row.status, row.attempt, owner,
+        spec.pool, spec.retries.max_attempts, spec.priority,
+    )  # fmt: skip
 
 
 def _count(report: SweepReport, outcome: str, **detail: Any) -> None:

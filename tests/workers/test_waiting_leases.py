@@ -82,3 +82,31 @@ def test_a_stamp_that_expires_restarts_the_rollout_elsewhere(
     assert _row(db_session_factory, built) == (RolloutStatus.QUEUED, 2)
     assert {(m.stage, m.attempt, m.node) for m in sent} == {(Stage.PREPARE, 2, None)}
     assert _row(db_session_factory, other) == (RolloutStatus.PREPARED, 1), "never stamped"
+
+
+def test_a_stranded_rollout_given_up_runs_its_jobs_early_stop_check(
+    db_session_factory: sessionmaker[Session],
+    sent: list[StageMessage],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The give-up path reads the row's task index for the early-stop check: a stranded row
+    selected without it failed that check silently (logged, never applied)."""
+    spec = JobCreate.model_validate(
+        {
+            "tasks": [{"instruction": "x"}],
+            "samples_per_task": 2,
+            "retries": {"max_attempts": 1},
+            "stop": {"usable_samples_per_group": 1},
+        }
+    )
+    with unit_of_work(db_session_factory) as session:
+        rid = create_job(session, spec, "p").rollout_ids[0]
+        session.execute(
+            update(Rollout)
+            .where(Rollout.id == rid)
+            .values(status=RolloutStatus.PREPARED, node="x", lease_expires_at=utcnow())
+        )
+    with caplog.at_level("ERROR"):
+        _sweep(db_session_factory)
+    assert _row(db_session_factory, rid)[0] == RolloutStatus.FAILED
+    assert not [r for r in caplog.records if "early-stop check" in r.getMessage()]
