@@ -1,7 +1,8 @@
 """docker/compose.yaml's `two-hosts` profile: two more worker nodes that could be two machines.
 
-`docker compose config` checks it when the compose plugin is installed; otherwise (as on this
-machine) the structure is checked here: the rules compose itself and polar_mq's routing need."""
+Compose itself checks it (`config`: the v2 plugin, or Debian's `docker-compose` 1.29 that
+`scripts/docker_engine.sh` installs), and the structure is checked here too: the rules compose
+itself and polar_mq's routing need."""
 
 from __future__ import annotations
 
@@ -75,15 +76,21 @@ def test_database_and_broker_host_default_to_this_host() -> None:
     assert _resolved(env["POLAR_MQ_BROKER_URL"]) == "redis://127.0.0.1:6379/0"
 
 
-def _compose_plugin() -> bool:
+def _compose_command() -> list[str] | None:
+    """The compose command here: the v2 plugin (`docker compose`), else `docker-compose`."""
     docker = shutil.which("docker")
-    if docker is None:
-        return False
-    done = subprocess.run([docker, "compose", "version"], capture_output=True, check=False)
-    return done.returncode == 0
+    if docker is not None:
+        done = subprocess.run([docker, "compose", "version"], capture_output=True, check=False)
+        if done.returncode == 0:
+            return [docker, "compose"]
+    legacy = shutil.which("docker-compose")
+    return [legacy] if legacy else None
 
 
-@pytest.mark.skipif(not _compose_plugin(), reason="needs the docker compose plugin")
+COMPOSE_CMD = _compose_command()
+
+
+@pytest.mark.skipif(COMPOSE_CMD is None, reason="needs docker compose (scripts/docker_engine.sh)")
 def test_docker_compose_config_accepts_the_profile() -> None:
     env = {
         "POLAR_MQ_SECRET_KEY": "x" * 64,
@@ -91,7 +98,7 @@ def test_docker_compose_config_accepts_the_profile() -> None:
         "PATH": "/usr/bin:/bin",
     }
     done = subprocess.run(
-        ["docker", "compose", "-f", str(COMPOSE), "--profile", "two-hosts", "config", "--quiet"],
+        [*(COMPOSE_CMD or []), "-f", str(COMPOSE), "--profile", "two-hosts", "config", "--quiet"],
         env=env, capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
