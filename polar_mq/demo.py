@@ -9,6 +9,7 @@ printed as a table.
 
 from __future__ import annotations
 
+import operator
 import random
 import shutil
 import signal
@@ -16,6 +17,7 @@ import statistics
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +34,11 @@ from polar_mq.ports import free_port
 
 console = Console()
 DEMO_DIR = Path(".polar_mq") / "demo"
-OPS = [("+", lambda a, b: a + b), ("-", lambda a, b: a - b), ("*", lambda a, b: a * b)]
+OPS: list[tuple[str, Callable[[int, int], int]]] = [
+    ("+", operator.add),
+    ("-", operator.sub),
+    ("*", operator.mul),
+]
 
 
 def arithmetic_tasks(n: int, seed: int = 7) -> list[dict[str, Any]]:

@@ -64,8 +64,9 @@ class SamplingRule:
         """The value the engine gets when the agent asked for `asked` (None: nothing)."""
         if self.mode == OVERRIDE or not is_number(asked):
             return self.value
-        if _limit(self.field, asked) <= _limit(self.field, self.value):
-            return asked
+        number: int | float = asked  # a number: checked by is_number above
+        if _limit(self.field, number) <= _limit(self.field, self.value):
+            return number
         return self.value
 
 

@@ -44,7 +44,8 @@ def _eval_node(node: ast.AST) -> float | int:
         if isinstance(value, int | float) and not isinstance(value, bool):
             return value
     if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
-        return _UNARY[type(node.op)](_eval_node(node.operand))
+        unary: float | int = _UNARY[type(node.op)](_eval_node(node.operand))
+        return unary
     if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
         left, right = _eval_node(node.left), _eval_node(node.right)
         if isinstance(node.op, ast.Pow | ast.BitXor) and (
@@ -52,7 +53,7 @@ def _eval_node(node: ast.AST) -> float | int:
             or (isinstance(left, int) and left.bit_length() * abs(right) > _MAX_BITS)
         ):
             raise ValueError("result too large")
-        result = _BINARY[type(node.op)](left, right)
+        result: float | int = _BINARY[type(node.op)](left, right)
         if isinstance(result, int) and result.bit_length() > _MAX_BITS:
             raise ValueError("result too large")
         return result

@@ -107,8 +107,9 @@ def _instruction(environ: Mapping[str, str]) -> str:
     task_file = environ.get("POLAR_TASK_FILE")
     if task_file and Path(task_file).is_file():
         task = json.loads(Path(task_file).read_text())
-        if isinstance(task, dict) and isinstance(task.get("instruction"), str):
-            return task["instruction"]
+        instruction = task.get("instruction") if isinstance(task, dict) else None
+        if isinstance(instruction, str):
+            return instruction
     raise ValueError("no task: set POLAR_INSTRUCTION or POLAR_TASK_FILE")
 
 
@@ -167,7 +168,8 @@ class ToolAgent:
             handle.write(json.dumps(record, default=str) + "\n")
         if not response.choices:
             raise openai.OpenAIError("response has no choices")
-        return response.choices[0].message
+        message: ChatCompletionMessage = response.choices[0].message
+        return message
 
     def _text_step(self, message: ChatCompletionMessage) -> tuple[list[dict[str, Any]], str | None]:
         """Act on the first directive: a CALC waits for its RESULT, an ANSWER ends the episode."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import anyio
-from kombu import Connection
+from kombu.connection import Connection
 from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 

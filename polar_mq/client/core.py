@@ -104,7 +104,7 @@ class ClientCore(GroupLeases):
     # -- jobs
 
     def submit(
-        self, tasks: Sequence[Mapping[str, Any]], samples_per_task: int = 1, **spec: Any
+        self, /, tasks: Sequence[Mapping[str, Any]], samples_per_task: int = 1, **spec: Any
     ) -> Op[Submission]:
         """Submit tasks x samples_per_task rollouts; other JobCreate fields go in **spec."""
         spec = {"tasks": list(tasks), "samples_per_task": samples_per_task, **spec}

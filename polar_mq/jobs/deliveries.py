@@ -40,7 +40,8 @@ from polar_mq.jobs.read_models import (
     GroupLease,
     GroupResult,
 )
-from polar_mq.jobs.results import build_groups, group_id, group_query
+from polar_mq.jobs.results import build_groups, group_id
+from polar_mq.lifecycle.completeness import group_query
 from polar_mq.models import GroupDelivery, StaleGroup
 from polar_mq.models.base import utcnow
 from polar_mq.policy.admission import admit

@@ -7,7 +7,7 @@ path inside the sandbox), and both enforce a network policy and a process limit 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import ClassVar, Literal, cast
+from typing import ClassVar, Literal
 
 from polar_mq.runtimes.base import ResourceLimits
 from polar_mq.runtimes.identity import AgentIdentity
@@ -58,7 +58,7 @@ def checked_network(kind: str, network: str) -> Network:
     """`network` if the sandbox can enforce it, else a ValueError naming the choices."""
     if network not in NETWORKS:
         raise ValueError(f"{kind} network must be one of {', '.join(NETWORKS)}, not {network!r}")
-    return cast(Network, network)
+    return network
 
 
 def checked_pids_limit(pids_limit: int | None) -> int | None:

@@ -39,7 +39,7 @@ def take_int(
         return default
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise BadRequest(f"`{key}` must be an integer in [{low}, {high}]", param=key)
-    return value
+    return int(value)
 
 
 def parse_prompts(prompt: Any) -> list[list[int]]:

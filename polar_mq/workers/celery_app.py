@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 EMBEDDED_PREFIX = "sqla+"
 
 
-class PolarCelery(Celery):
+class PolarCelery(Celery):  # type: ignore[misc]  # celery ships no types
     """A Celery app that carries the polar_mq Settings it was built from."""
 
     polar_settings: Settings

@@ -21,7 +21,8 @@ import socket
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from kombu import Producer, Queue
+from kombu.entity import Queue
+from kombu.messaging import Producer
 
 from polar_mq.workers.priority import BrokerKind
 

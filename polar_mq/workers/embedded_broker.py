@@ -27,18 +27,18 @@ class Channel(SqlAlchemyChannel):
 
     def _get_or_create(self, queue: str) -> Any:
         try:
-            return super()._get_or_create(queue)
+            return super()._get_or_create(queue)  # type: ignore[no-untyped-call]
         except IntegrityError:
             # Another process inserted the queue's row between our look and our insert: use it.
             self.session.rollback()
-            return super()._get_or_create(queue)
+            return super()._get_or_create(queue)  # type: ignore[no-untyped-call]
         except SQLAlchemyError:
             self.session.rollback()  # the next publish starts from a clean session
             raise
 
     def _put(self, *args: Any, **kwargs: Any) -> None:  # kombu's two bases name them apart
         try:
-            super()._put(*args, **kwargs)
+            super()._put(*args, **kwargs)  # type: ignore[no-untyped-call]
         except SQLAlchemyError:
             self.session.rollback()  # kombu rolls back only an OperationalError
             raise

@@ -103,14 +103,14 @@ class SettledFilesCollector(MultiProcessCollector):
 
     def __init__(self, registry: CollectorRegistry, path: str) -> None:
         self.directory = path  # before registering: an auto-describing registry collects then
-        super().__init__(registry, path=path)
+        super().__init__(registry, path=path)  # type: ignore[no-untyped-call]
 
     def collect(self) -> Iterator[Metric]:
         attempts = 3
         for attempt in range(1, attempts + 1):
             files = [f for f in glob.glob(os.path.join(self.directory, "*.db")) if _sized(f)]
             try:
-                return iter(self.merge(files, accumulate=True))
+                return iter(self.merge(files, accumulate=True))  # type: ignore[no-untyped-call]
             except FileNotFoundError:
                 if attempt == attempts:
                     raise

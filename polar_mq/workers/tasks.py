@@ -17,7 +17,7 @@ from polar_mq.workers.runner import run_stage
 _contexts: dict[tuple[int, int], WorkerContext] = {}
 
 
-class StageTask(Task):
+class StageTask(Task):  # type: ignore[misc]  # celery ships no types
     """Gives each task the worker context of its process (built after fork, once per app)."""
 
     @property
@@ -47,7 +47,7 @@ class StageNotFinished(Exception):
         """`run_stage`'s result as text (the stage metrics label it by its head)."""
 
 
-class StageRetried(Retry):
+class StageRetried(Retry):  # type: ignore[misc]
     """The stage raised and was handed back to its queue (`retry:N`): Celery marks the task RETRY.
 
     The retry message is already published by `run_stage` (through the outbox, with its
@@ -76,7 +76,9 @@ def raise_unless_finished(result: RunResult) -> str:
 
 
 def _stage_task(stage: Stage) -> Any:
-    @shared_task(bind=True, base=StageTask, name=stage.task_name, throws=(StageNotFinished,))
+    @shared_task(  # type: ignore[untyped-decorator]
+        bind=True, base=StageTask, name=stage.task_name, throws=(StageNotFinished,)
+    )
     def task(self: StageTask, rollout_id: str, attempt: int | None = None, retries: int = 0) -> str:
         result = run_stage(self.context, stage, rollout_id, self.request.id, attempt, retries)
         return raise_unless_finished(result)

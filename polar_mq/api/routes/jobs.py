@@ -20,7 +20,7 @@ from polar_mq.config import Settings
 from polar_mq.jobs import queries, results
 from polar_mq.jobs.context_check import CONTEXT_OVERFLOW, context_problem
 from polar_mq.jobs.group_stats import GRPO_EPS
-from polar_mq.jobs.read_models import ResultsPage
+from polar_mq.jobs.read_models import JobPage, JobStatus, ResultsPage
 from polar_mq.jobs.schemas import JobCreate
 from polar_mq.jobs.served_models import UNKNOWN_MODEL, choose_model, engine_models
 from polar_mq.submit import submit_job
@@ -89,7 +89,7 @@ def _with_served_model(spec: JobCreate, settings: Settings) -> JobCreate:
     return spec if choice.model == spec.model else spec.model_copy(update={"model": choice.model})
 
 
-@router.get("", response_model=queries.JobPage, responses=error_responses(400))
+@router.get("", response_model=JobPage, responses=error_responses(400))
 def list_jobs(
     session: SessionDep,
     principal: Annotated[Principal, Depends(require(JOBS_READ))],
@@ -102,7 +102,7 @@ def list_jobs(
 
 @router.get(
     "/{job_id}",
-    response_model=queries.JobStatus,
+    response_model=JobStatus,
     responses=error_responses(404),
     dependencies=[Depends(job_access(JOBS_READ))],
 )

@@ -12,6 +12,7 @@ from polar_mq.api.access import rollout_access
 from polar_mq.api.deps import SessionDep, get_principal
 from polar_mq.api.responses import OrjsonResponse
 from polar_mq.api.schemas import error_responses
+from polar_mq.jobs.read_models import RolloutCalls, RolloutDetail, RolloutTrajectory
 from polar_mq.rollouts import artifact_queries, queries
 from polar_mq.tenants.scopes import JOBS_READ
 
@@ -24,19 +25,19 @@ router = APIRouter(
 READ = [Depends(rollout_access(JOBS_READ))]
 
 
-@router.get("/{rollout_id}", response_model=queries.RolloutDetail, dependencies=READ)
+@router.get("/{rollout_id}", response_model=RolloutDetail, dependencies=READ)
 def rollout_detail(rollout_id: uuid.UUID, session: SessionDep) -> Response:
     """Fields, event log, per-stage timings, error and the evaluator's verdict."""
     return OrjsonResponse(queries.rollout_detail(session, rollout_id))
 
 
-@router.get("/{rollout_id}/trajectory", response_model=queries.RolloutTrajectory, dependencies=READ)
+@router.get("/{rollout_id}/trajectory", response_model=RolloutTrajectory, dependencies=READ)
 def rollout_trajectory(rollout_id: uuid.UUID, session: SessionDep) -> Response:
     """Training samples (token ids, loss mask, logprobs) of the current attempt."""
     return OrjsonResponse(queries.rollout_trajectory(session, rollout_id))
 
 
-@router.get("/{rollout_id}/calls", response_model=queries.RolloutCalls, dependencies=READ)
+@router.get("/{rollout_id}/calls", response_model=RolloutCalls, dependencies=READ)
 def rollout_calls(rollout_id: uuid.UUID, session: SessionDep) -> Response:
     """LLM calls captured by the proxy, in order, with token ids and logprobs."""
     return OrjsonResponse(queries.rollout_calls(session, rollout_id))

@@ -57,8 +57,9 @@ def error_message(response: Response) -> str:
         data = None
     if isinstance(data, dict):
         error = data.get("error")
-        if isinstance(error, dict) and isinstance(error.get("message"), str):
-            return error["message"]
+        message = error.get("message") if isinstance(error, dict) else None
+        if isinstance(message, str):
+            return message
         if isinstance(error, str):
             return error
         if isinstance(data.get("message"), str):

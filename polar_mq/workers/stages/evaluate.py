@@ -74,8 +74,10 @@ def _last_assistant_text(ctx: WorkerContext, claimed: Claimed) -> str | None:
     if choices:
         first = choices[0]
         message = first.get("message") or {}
-        return message.get("content") or first.get("text")
-    return response.get("text")
+        value = message.get("content") or first.get("text")
+    else:
+        value = response.get("text")
+    return value if isinstance(value, str) else None
 
 
 def final_text(ctx: WorkerContext, claimed: Claimed, runtime: Runtime) -> str | None:

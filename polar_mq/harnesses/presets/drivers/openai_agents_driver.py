@@ -58,7 +58,7 @@ def _path(path: str) -> Path:
     return (WORKDIR / path).resolve() if not os.path.isabs(path) else Path(path)
 
 
-@function_tool
+@function_tool  # type: ignore[untyped-decorator]
 def run_shell(command: str) -> str:
     """Run a shell command in the workspace and return its exit code, stdout and stderr.
 
@@ -81,7 +81,7 @@ def run_shell(command: str) -> str:
     return _clip(f"exit code {proc.returncode}\n{proc.stdout}{proc.stderr}")
 
 
-@function_tool
+@function_tool  # type: ignore[untyped-decorator]
 def read_file(path: str) -> str:
     """Read a text file.
 
@@ -94,7 +94,7 @@ def read_file(path: str) -> str:
         return f"error: {exc}"
 
 
-@function_tool
+@function_tool  # type: ignore[untyped-decorator]
 def write_file(path: str, content: str) -> str:
     """Write a text file (created with its parent directories, or overwritten).
 
