@@ -134,6 +134,9 @@ def worker(
             settings, parse_stages(stages), parse_concurrency(concurrency), pool_impl
         )
         check_start_method(start)
+        from polar_mq.workers.open_files import ensure
+
+        ensure(w.concurrency for w in plan)  # before the workers start: they inherit it
     except ValueError as exc:
         raise fail(str(exc), 2) from exc
     for w in plan:

@@ -25,6 +25,14 @@ from polar_mq.tls import client_ssl_context
 from polar_mq.workers.leases import LeaseKeeper
 from polar_mq.workers.spec_cache import SpecCache
 
+POOL_WAIT_S = 600.0
+"""How long a stage thread waits for a connection of its process's pool (4 + 8 overflow, whatever
+the concurrency: a node's PostgreSQL connections do not grow with its sessions). A live session
+holds none while its agent runs, but a thousand of them start and end in bursts, and on a busy
+machine the queue for the pool moves slowly: SQLAlchemy's 30 s default failed, and restarted,
+sessions that only had to wait (docs/multihost.md, "Live sessions"). Their leases stay renewed
+meanwhile: the keeper has a connection of its own."""
+
 
 @dataclass
 class WorkerContext:
@@ -45,8 +53,19 @@ class WorkerContext:
         # No pre-ping: a stage is two short transactions, and the runner retries one whose
         # connection dropped; a SELECT 1 before each would add a round trip to every one.
         return create_db_engine(
-            url, pool_size=4, max_overflow=8, pool_pre_ping=False, isolation_level="AUTOCOMMIT"
-        )
+            url, pool_size=4, max_overflow=8, pool_pre_ping=False, isolation_level="AUTOCOMMIT",
+            pool_timeout=POOL_WAIT_S,
+        )  # fmt: skip
+
+    @cached_property
+    def _lease_engine(self) -> Engine:
+        """The lease keeper's own connection, out of the stages' pool: a burst of hundreds of
+        sessions starting or ending at once queues for that pool, and renewals queued behind
+        them would let the leases of every live session expire."""
+        url = self.settings.database_url
+        if url.startswith("sqlite"):
+            return self._engine
+        return create_db_engine(url, pool_size=1, max_overflow=0, pool_pre_ping=False)
 
     @cached_property
     def session_factory(self) -> sessionmaker[Session]:
@@ -76,7 +95,7 @@ class WorkerContext:
 
     @cached_property
     def leases(self) -> LeaseKeeper:
-        return LeaseKeeper(self.session_factory, self.settings.lease_s)
+        return LeaseKeeper(make_session_factory(self._lease_engine), self.settings.lease_s)
 
     @cached_property
     def spec_cache(self) -> SpecCache:
