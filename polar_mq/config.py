@@ -211,7 +211,8 @@ class Settings(FloorSettings, BaseSettings):
     proxy_shared_seq: bool | None = Field(
         None,
         description="number each rollout's calls with a counter in Redis, exact across proxy "
-        "processes and instances (default: on with proxy_workers > 1)",
+        "processes and instances (default: on with proxy_workers > 1 or several proxies in "
+        "proxy_admin_urls; rollouts' backend bindings are then shared there too)",
     )
     proxy_call_receipts: bool | None = Field(
         None,
@@ -230,6 +231,12 @@ class Settings(FloorSettings, BaseSettings):
         gt=0,
         description="how long the run-agent stage waits for an attempt's call receipts before "
         "it falls back to flushing the proxy",
+    )
+    proxy_durable_answers: bool = Field(
+        True,
+        description="an answer leaves the proxy only once its call row is committed or spilled "
+        "to local disk (group commit: one commit round trip per call), so a proxy killed with "
+        "-9 loses no call an agent saw answered; false: answer first, store after",
     )
     proxy_flush_timeout_s: float = Field(
         20.0,
@@ -355,12 +362,21 @@ class Settings(FloorSettings, BaseSettings):
     @property
     def proxy_seq_redis_url(self) -> str | None:
         """The Redis of the shared per-rollout call counter, None when the proxy counts alone."""
-        shared = self.proxy_shared_seq
-        if shared is None:
-            shared = self.proxy_workers > 1
-        if not shared:
-            return None
-        return self._proxy_redis
+        return self._proxy_redis if self._proxy_shared else None
+
+    @property
+    def proxy_sticky_redis_url(self) -> str | None:
+        """The Redis where rollouts' backend bindings are shared, None when the proxy is alone."""
+        return self._proxy_redis if self._proxy_shared else None
+
+    @property
+    def _proxy_shared(self) -> bool:
+        """Several proxy processes (`--workers`) or instances (more than one admin URL: the
+        list the API pauses around a weight update) serve one rollout's calls: its call order
+        and its backend must be kept where all of them see it."""
+        if self.proxy_shared_seq is not None:
+            return self.proxy_shared_seq
+        return self.proxy_workers > 1 or len(self.proxy_admin_urls) > 1
 
     @property
     def _proxy_redis(self) -> str | None:
@@ -444,14 +460,11 @@ class Settings(FloorSettings, BaseSettings):
             problems.append("production needs PostgreSQL (POLAR_MQ_DATABASE_URL)")
         if self.is_production and self.unsafe_root_agents:
             problems.append("POLAR_MQ_UNSAFE_ROOT_AGENTS is for development only")
-        wants_shared = self.proxy_shared_seq or (
-            self.proxy_shared_seq is None and self.proxy_workers > 1
-        )
-        if wants_shared and self.proxy_seq_redis_url is None:
+        if self._proxy_shared and self.proxy_seq_redis_url is None:
             problems.append(
-                "the proxy's call order across processes (POLAR_MQ_PROXY_WORKERS > 1 or "
-                "POLAR_MQ_PROXY_SHARED_SEQ) needs Redis: set POLAR_MQ_PROXY_REDIS_URL (or a "
-                "redis:// POLAR_MQ_BROKER_URL)"
+                "the proxy's call order across processes (POLAR_MQ_PROXY_WORKERS > 1, several "
+                "POLAR_MQ_PROXY_ADMIN_URLS or POLAR_MQ_PROXY_SHARED_SEQ) needs Redis: set "
+                "POLAR_MQ_PROXY_REDIS_URL (or a redis:// POLAR_MQ_BROKER_URL)"
             )
         if self.proxy_call_receipts and self.call_receipts_redis_url is None:
             problems.append("POLAR_MQ_PROXY_CALL_RECEIPTS needs POLAR_MQ_PROXY_REDIS_URL")

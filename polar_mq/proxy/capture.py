@@ -4,6 +4,14 @@ A stream is relayed as it arrives (each upstream read is re-framed, stripped and
 while token ids, logprobs, finish reason and the time to the first token accumulate. If the agent
 disconnects, the upstream request is closed (vLLM then aborts the generation) and the partial call
 is still logged, once, with `complete=False` and status 499 (client closed request).
+
+An answered call's row is durable before the agent can have the answer (`CallSink.durable`):
+a JSON answer is sent only after, and a stream's end (the read holding `[DONE]` or the family's
+final event, or the last bytes of a stream that ended without one) is held back until its row is
+recorded and durable. Everything before the end is relayed at once, so the time to the first
+token does not change. A proxy killed with -9 then never leaves an agent holding an answer whose
+call is not stored. (An agent that hangs up in that last wait leaves a complete row: the engine
+did answer in full.) Failures and refusals are not held: the agent did not get an answer.
 """
 
 from __future__ import annotations
@@ -122,6 +130,7 @@ async def forward_json(
     if call.on_answered is not None:  # TITO: the turn is kept before the agent can go on
         await call.on_answered(capture, data)
     body = orjson.dumps(answer)
+    await state.sink.durable()  # the row survives a crash before the agent has the answer
     response = Response(body, upstream.status_code, media_type="application/json")
     state.metrics.observe(row, time.perf_counter() - call.started - upstream_s, upstream_s)
     return response
@@ -193,6 +202,7 @@ class CapturedStream(Response):
         whole call, which stays complete."""
         self._status = upstream.status_code
         """What we record: upstream's status, 499 if the agent left, 502 if upstream broke off."""
+        self._recorded = False
 
     def _on_event(self, chunk: dict[str, Any]) -> None:
         if self._capture.feed(chunk):
@@ -241,8 +251,10 @@ class CapturedStream(Response):
         try:
             async for raw in self._upstream.aiter_bytes():
                 out = self._relay.feed(raw)
-                if self._relay.done and self._call.on_answered is not None:
-                    await self._answered()
+                if self._relay.done and not self._recorded:
+                    if self._call.on_answered is not None:
+                        await self._answered()
+                    await self._record_durably()  # before the end reaches the agent
                 if out:
                     self._delivered = self._relay.done  # handed over: the agent may leave now
                     await send({"type": "http.response.body", "body": out, "more_body": True})
@@ -258,8 +270,14 @@ class CapturedStream(Response):
             else:
                 error = {"message": message, "type": "upstream_error", "code": "bad_gateway"}
                 tail = self._relay.flush() + b"data: " + orjson.dumps({"error": error}) + b"\n\n"
+        if not self._recorded:
+            await self._record_durably()
         self._ended = True
         await send({"type": "http.response.body", "body": tail, "more_body": False})
+
+    async def _record_durably(self) -> None:
+        self._record()
+        await self._state.sink.durable()
 
     async def _answered(self) -> None:
         """The hook of a call whose whole answer arrived, once, before the agent gets its end."""
@@ -269,6 +287,10 @@ class CapturedStream(Response):
             await hook(capture.result(), capture.summary())
 
     def _record(self) -> None:
+        """Submit the call's row, once (at the end of the answer, or on the way out)."""
+        if self._recorded:
+            return
+        self._recorded = True
         capture = self._capture
         complete = (
             self._status < 300

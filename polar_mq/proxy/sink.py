@@ -20,6 +20,11 @@ class CallSink(Protocol):
         """Wait until every row submitted before this call is stored; return rows written."""
         ...
 
+    async def durable(self) -> None:
+        """Wait until every row submitted so far survives a crash of this process (committed,
+        or spilled to local disk): awaited before an answer leaves the proxy (`writer`)."""
+        ...
+
     async def close(self) -> None: ...
 
     def stats(self) -> dict[str, int]: ...
@@ -40,6 +45,9 @@ class SinkWrapper:
 
     async def flush(self) -> int:
         return await self.inner.flush()
+
+    async def durable(self) -> None:
+        await self.inner.durable()
 
     async def close(self) -> None:
         await self.inner.close()
@@ -62,6 +70,9 @@ class MemoryCallSink:
 
     async def flush(self) -> int:
         return len(self.rows)
+
+    async def durable(self) -> None:
+        return None
 
     async def close(self) -> None:
         return None

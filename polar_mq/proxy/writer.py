@@ -16,6 +16,18 @@ stage waits on instead of calling `flush()` through the proxy.
 that sit in the spill buffer are not stored yet, so flush keeps waiting for the replay and, after
 `flush_timeout_s`, raises `CallsNotStored` (the proxy answers 503, so the run-agent stage never
 builds a trajectory from a partial set of calls).
+
+`durable()` is the weaker wait the request path uses before an answer leaves the proxy: every row
+submitted so far is committed *or* fsynced to the spill buffer (which the next process replays).
+A proxy killed with -9 right after answering then still has the call: "calls an agent saw
+answered = calls stored" holds across proxy crashes, not only clean stops. It costs the call one
+commit round trip, not a commit of its own: while a batch commits, the rows of the calls answered
+meanwhile queue up and go in the next batch together (group commit). The thread then never
+lingers for more rows (`flush_interval_s`): every answer waits for its row, so a linger would be
+pure latency, and the commit in flight already gathers the next batch.
+`durable_answers=False` (`POLAR_MQ_PROXY_DURABLE_ANSWERS=false`) makes `durable()` return at once:
+the old answer-first behaviour, for a deployment that prefers the latency (bench/proxy figures in
+docs/multihost.md).
 """
 
 from __future__ import annotations
@@ -51,7 +63,8 @@ _WAKE = object()
 _STOP = object()
 _ENDS = (_WAKE, _STOP)
 _Waiter = tuple[int, asyncio.AbstractEventLoop, "asyncio.Future[None]"]
-"""A flush() waiting for the writer to have stored that many rows."""
+"""A flush() waiting for the writer to have stored that many rows (or a durable() waiting for
+that many to be committed or spilled)."""
 PG_CONNECT_ARGS = {"connect_timeout": 5, "keepalives_idle": 5, "keepalives_interval": 2}
 """An unreachable database must fail a write in seconds (then rows spill), never hang it."""
 
@@ -79,6 +92,7 @@ class DbCallWriter:
         flush_timeout_s: float = 20.0,
         spill_adopt_from: Sequence[Path] = (),
         receipts_url: str | None = None,
+        durable_answers: bool = True,
     ) -> None:
         if (database_url is None) == (engine is None):
             raise ValueError("give exactly one of database_url or engine")
@@ -104,6 +118,10 @@ class DbCallWriter:
         self._idle = False
         self._lock = threading.Lock()
         self._waiters: list[_Waiter] = []
+        self._durable_answers = durable_answers
+        self._durable_waiters: deque[_Waiter] = deque()
+        """durable() calls, in submission order (their targets never decrease)."""
+        self._durable_late = 0
         self._thread: threading.Thread | None = None
         self._store: CallStore | None = None
         self._closing = False
@@ -134,6 +152,7 @@ class DbCallWriter:
             flush_timeout_s=settings.proxy_flush_timeout_s,
             spill_adopt_from=orphans,
             receipts_url=settings.call_receipts_redis_url,
+            durable_answers=settings.proxy_durable_answers,
         )
 
     async def start(self) -> None:
@@ -182,6 +201,34 @@ class DbCallWriter:
             raise CallsNotStored(self._not_stored_message()) from None
         return self.written
 
+    async def durable(self) -> None:
+        """Wait until every row submitted so far is committed or spilled to disk (module
+        docstring). Never raises: past `flush_timeout_s` (a database down and no spill
+        directory) the call is answered anyway, its row still queued, and counted
+        (`durable_late`)."""
+        target = self._submitted
+        if not self._durable_answers or self._done >= target:
+            return
+        thread = self._thread
+        if thread is None or not thread.is_alive():
+            return
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        with self._lock:
+            if self._done >= target:
+                return
+            self._durable_waiters.append((target, loop, future))
+        try:
+            await asyncio.wait_for(future, self._flush_timeout)
+        except TimeoutError:
+            self._durable_late += 1
+            if self._durable_late & (self._durable_late - 1) == 0:
+                logger.error(
+                    "a call was answered before its row was durable (%d so far): %s",
+                    self._durable_late,
+                    self._not_stored_message(),
+                )
+
     async def close(self) -> None:
         """Store what is queued (spilled if the database is down; lost after `close_timeout_s`
         only when there is no spill directory), then stop the thread."""
@@ -222,6 +269,7 @@ class DbCallWriter:
             "failed": store.failed if store else 0,
             "refused": store.refused if store else 0,
             "refused_kept": spill.refused_kept if spill else 0,
+            "durable_late": self._durable_late,
         }
 
     def _ready(self, target: int) -> bool:
@@ -310,7 +358,8 @@ class DbCallWriter:
 
         Blocks up to `first_wait` for a first row (None: until one comes), then waits once for
         `flush_interval_s` (cut short by a flush or close) unless a batch is already queued;
-        while spilled rows wait for replay it never lingers, so the replay is not held up.
+        while spilled rows wait for replay, or when answers wait for their rows (`durable`), it
+        never lingers.
         """
         rows = self._queue
         if not rows:
@@ -321,7 +370,12 @@ class DbCallWriter:
             self._signal.clear()
             if not rows:
                 return [], False
-        if first_wait is None and len(rows) < self._batch_size and rows[-1] not in _ENDS:
+        if (
+            not self._durable_answers  # every answer waits for its row: a linger is pure latency
+            and first_wait is None
+            and len(rows) < self._batch_size
+            and rows[-1] not in _ENDS
+        ):
             self._signal.wait(self._interval)  # more rows come meanwhile: one batch, one wait
             self._signal.clear()
         batch: list[dict[str, Any]] = []
@@ -340,6 +394,12 @@ class DbCallWriter:
     def _mark_done(self, n: int, release_all: bool = False) -> None:
         with self._lock:
             self._done += n
+            durable = self._durable_waiters
+            settled: list[asyncio.Future[None]] = []
+            loop: asyncio.AbstractEventLoop | None = None
+            while durable and (release_all or durable[0][0] <= self._done):
+                _, loop, future = durable.popleft()
+                settled.append(future)
             ready: list[tuple[_Waiter, BaseException | None]] = []
             waiting: list[_Waiter] = []
             for waiter in self._waiters:
@@ -350,9 +410,18 @@ class DbCallWriter:
                 else:
                     waiting.append(waiter)
             self._waiters = waiting
+        if settled and loop is not None:  # one wake-up of the serving loop for the whole batch
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(_resolve_all, settled)
         for (_, loop, future), error in ready:
             with contextlib.suppress(RuntimeError):  # that loop is closed: nobody waits
                 loop.call_soon_threadsafe(_resolve, future, error)
+
+
+def _resolve_all(futures: list[asyncio.Future[None]]) -> None:
+    for future in futures:
+        if not future.done():
+            future.set_result(None)
 
 
 def _resolve(future: asyncio.Future[None], error: BaseException | None) -> None:

@@ -45,6 +45,7 @@ IDLE = {
     "failed": 0,
     "refused": 0,
     "refused_kept": 0,
+    "durable_late": 0,
 }
 """A writer's stats with nothing in flight (without a spill directory)."""
 

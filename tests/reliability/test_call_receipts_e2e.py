@@ -34,7 +34,10 @@ pytestmark = [pytest.mark.e2e, pytest.mark.reliability]
 
 @pytest.fixture()
 def slow_writer(pg_url: str, tmp_path: Path) -> Iterator[RelStack]:
-    with rel_stack(pg_url, tmp_path, log_flush_interval_s=1.5) as stack:
+    # answer first (`proxy_durable_answers=False`): the receipts are the safety net there
+    with rel_stack(
+        pg_url, tmp_path, log_flush_interval_s=1.5, proxy_durable_answers=False
+    ) as stack:
         yield stack
 
 
@@ -76,7 +79,10 @@ def test_a_slow_writer_is_waited_for_by_receipts(
 @pytest.fixture()
 def lingering_writer(pg_url: str, tmp_path: Path) -> Iterator[RelStack]:
     """The proxy's writer holds rows 30 s (unless a stage hurries it); receipts waited 1 s."""
-    with rel_stack(pg_url, tmp_path, log_flush_interval_s=30.0, call_receipts_wait_s=1.0) as s:
+    with rel_stack(
+        pg_url, tmp_path, log_flush_interval_s=30.0, call_receipts_wait_s=1.0,
+        proxy_durable_answers=False,
+    ) as s:  # fmt: skip
         yield s
 
 

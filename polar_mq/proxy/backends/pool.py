@@ -31,7 +31,7 @@ from polar_mq.proxy.backends.backend import (
     upstream_base_url,
 )
 from polar_mq.proxy.backends.rendezvous import ranked
-from polar_mq.proxy.backends.sticky import StickyMap
+from polar_mq.proxy.backends.sticky import SharedBindings, StickyMap
 from polar_mq.proxy.backends.upstream_pool import UpstreamClient
 from polar_mq.proxy.errors import openai_error
 
@@ -62,8 +62,11 @@ class BackendPool:
         max_attempts: int = 3,
         max_in_flight: int = 0,
         upstream_client: UpstreamClient = "lean",
+        shared: SharedBindings | None = None,
     ) -> None:
         self.paths = paths
+        self.shared = shared
+        """Bindings shared with the other proxies of the rollouts (`sticky.SharedBindings`)."""
         self.upstream_client = upstream_client
         """The generate calls' client: `lean` (`upstream_pool`) or `aiohttp` (`aio`)."""
         self.backends: dict[str, Backend] = {}
@@ -97,6 +100,11 @@ class BackendPool:
             max_attempts=settings.upstream_max_attempts,
             max_in_flight=settings.upstream_max_in_flight,
             upstream_client=settings.proxy_upstream_client,
+            shared=(
+                SharedBindings.from_url(settings.proxy_sticky_redis_url, settings.sticky_ttl_s)
+                if settings.proxy_sticky_redis_url
+                else None
+            ),
         )
         for url in settings.upstream_urls or [settings.upstream_url]:
             pool.add(url)
@@ -181,10 +189,17 @@ class BackendPool:
         `tried` are the backends that already failed this call: a retry goes elsewhere and does
         not rebind the rollout (a single failure does not move it; an open breaker does).
         """
+        shared = self.shared if not tried else None
+        before = await self._adopt_shared(rollout_id, shared) if shared is not None else None
         loop = asyncio.get_running_loop()
         deadline: float | None = None
         while True:
             backend = self._pick(rollout_id, tried)
+            if shared is not None:
+                bound = self.sticky.peek(rollout_id)
+                if bound is not None and bound is not before:  # bound here: tell the others
+                    await shared.put(rollout_id, bound.name)
+                    before, shared = bound, None
             if backend is None:
                 wait = min((b.breaker.retry_after_s() for b in self.backends.values()), default=1)
                 raise BackendUnavailable(
@@ -205,6 +220,19 @@ class BackendPool:
                     await asyncio.wait_for(backend.wait_resumed(), remaining)
             finally:
                 backend.waiting -= 1
+
+    async def _adopt_shared(self, rollout_id: uuid.UUID, shared: SharedBindings) -> Backend | None:
+        """The binding another proxy made, taken over when this one has no usable binding of
+        its own; returns what is bound here now."""
+        known = self.sticky.get(rollout_id)
+        if known is not None and known.usable():
+            return known
+        name = await shared.get(rollout_id)
+        theirs = self.backends.get(name) if name else None
+        if theirs is not None and theirs is not known and theirs.usable():
+            self.sticky.bind(rollout_id, theirs)
+            return theirs
+        return known
 
     def _pick(self, rollout_id: uuid.UUID, tried: tuple[Backend, ...]) -> Backend | None:
         bound = self.sticky.get(rollout_id)
@@ -245,6 +273,8 @@ class BackendPool:
         }
 
     async def aclose(self) -> None:
+        if self.shared is not None:
+            await self.shared.aclose()
         for task in list(self._closing):
             task.cancel()
         for backend in [*self.backends.values(), *self._retired]:

@@ -68,6 +68,11 @@ class RetokenizingSink:
         await self.drain()
         return await self._inner.flush()
 
+    async def durable(self) -> None:
+        """Rows held for their ids are not submitted yet: they go on first."""
+        await self.drain()
+        await self._inner.durable()
+
     async def close(self) -> None:
         await self.drain()
         await self._inner.close()
