@@ -156,6 +156,11 @@ class Settings(FloorSettings, BaseSettings):
     proxy_tito_tool_parser: str = Field(
         "hermes", description="how TITO reads tool calls out of generated text (tito.tool_parsers)"
     )
+    proxy_tito_backends: dict[str, Literal["auto", "on", "off"]] = Field(
+        default_factory=dict,
+        description="a backend's own TITO setting over proxy_tito, by backend name (its URL "
+        'for the upstream_urls ones), as a JSON object: {"http://gpu1:8000": "off"}',
+    )
     served_model: str | None = Field(None, description="model name sent upstream")
     served_model_max_len: int | None = Field(
         None,

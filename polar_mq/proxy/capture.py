@@ -108,6 +108,8 @@ async def forward_json(
         data = None
     if not isinstance(data, dict):
         return _passthrough(state, call, upstream.status_code, raw, ctype)
+    if call.adapt_answer is not None:
+        call.adapt_answer(data)
     capture = state.engine.extract_response(call.engine_api, data)
     row = call_row(
         call,
@@ -205,6 +207,8 @@ class CapturedStream(Response):
         self._recorded = False
 
     def _on_event(self, chunk: dict[str, Any]) -> None:
+        if self._call.adapt_answer is not None:
+            self._call.adapt_answer(chunk)
         if self._capture.feed(chunk):
             self._first_token_at = time.perf_counter()
         if self._translator is None:

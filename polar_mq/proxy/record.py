@@ -55,6 +55,9 @@ class CallContext:
     stored_response: Callable[[dict[str, Any]], dict[str, Any]] | None = None
     """How `response` is stored from the engine's answer (a stream: its summary); None: as the
     engine sent it. TITO stores its completion in chat's form, as the chat path would."""
+    adapt_answer: Callable[[dict[str, Any]], None] | None = None
+    """Rewrites the engine's answer (or each stream event) in place before anything reads it:
+    a TITO call to SGLang's native `/generate` is read as a completions answer from there on."""
     on_answered: Callable[[Capture, dict[str, Any]], Awaitable[None]] | None = None
     """Awaited with the capture and the answer (a stream: its summary) once the whole answer is
     known and before its end reaches the agent (TITO keeps the rollout's turn there, so the

@@ -26,7 +26,9 @@ from polar_mq.proxy.writer import CallsNotStored
 
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
-FORWARDED_PATHS = (CHAT_PATH, COMPLETIONS_PATH)
+GENERATE_PATH = "/generate"
+FORWARDED_PATHS = (CHAT_PATH, COMPLETIONS_PATH, GENERATE_PATH)
+"""Upstream paths the backends' pools post to (`/generate`: SGLang's, for TITO calls only)."""
 
 
 def _json(data: object, status: int = 200) -> Response:
@@ -57,9 +59,9 @@ async def _generate(request: Request, api_type: str, path: str) -> Response:
     if sent is not body:  # stored with the call: the values the engine used
         call.engine_request = upstream_body
     if state.tito is not None and api_type == CHAT and not claim.chat_only:  # TITO if it extends
-        token_prompt = await state.tito.prepare(state.backends.primary.client, call, upstream_body)
+        token_prompt = await state.tito.route(state.backends, call, upstream_body)
         if token_prompt is not None:
-            path, upstream_body = COMPLETIONS_PATH, token_prompt
+            path, upstream_body = token_prompt.path, token_prompt.body
     if call.stream:
         return await forward_stream(state, call, path, upstream_body)
     forward = forward_json(state, call, path, upstream_body)

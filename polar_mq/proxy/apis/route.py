@@ -40,7 +40,6 @@ from polar_mq.proxy.state import ProxyState
 from polar_mq.proxy.token_budget import within_budget
 
 CHAT_PATH = "/v1/chat/completions"
-COMPLETIONS_PATH = "/v1/completions"
 JSON_HEADERS = {"content-type": "application/json"}
 KEPT_HEADERS = ("retry-after", "connection")
 ERROR_MESSAGE_MAX = 2000
@@ -123,9 +122,9 @@ async def forward_family(request: Request, family: ApiFamily) -> Response:
     call.translated = TranslatedCall(family, translation)
     path = CHAT_PATH
     if state.tito is not None and not claim.chat_only:  # TITO when the turn extends the last
-        token_prompt = await state.tito.prepare(state.backends.primary.client, call, upstream_body)
+        token_prompt = await state.tito.route(state.backends, call, upstream_body)
         if token_prompt is not None:
-            path, upstream_body = COMPLETIONS_PATH, token_prompt
+            path, upstream_body = token_prompt.path, token_prompt.body
     if call.stream:
         response = await forward_stream(state, call, path, upstream_body)
     else:

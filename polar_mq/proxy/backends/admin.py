@@ -1,7 +1,8 @@
 """Admin endpoints for the backends and for weight updates (admin token as for `/admin/flush`).
 
 - `GET /admin/backends`: every backend's state (load, breaker, pause, policy version).
-- `POST /admin/backends`: `{"action": "add", "url", "name"?, "weight"?, "policy_version"?}` or
+- `POST /admin/backends`: `{"action": "add", "url", "name"?, "weight"?, "policy_version"?,
+  "tito"?}` (`tito`: the backend's own auto | on | off, over the proxy's `proxy_tito`) or
   `{"action": "remove" | "drain" | "undrain", "name"}` while the proxy runs.
 - `POST /admin/pause` `{"backend"?}`: new calls wait (then 503 + Retry-After); in-flight calls
   finish. The answer says whether they have (`drained`); `?wait_drained=true[&timeout_s=N]` waits.
@@ -47,6 +48,8 @@ class AddBackend(_Strict):
     name: str | None = Field(None, min_length=1, max_length=NAME_MAX)
     weight: float = Field(1.0, gt=0)
     policy_version: int | None = Field(None, ge=0)
+    tito: Literal["auto", "on", "off"] | None = None
+    """Its own token-in/token-out setting over the proxy's (`polar_mq.proxy.tito`)."""
 
 
 class ChangeBackend(_Strict):
@@ -126,16 +129,31 @@ async def backends(request: Request) -> Response:
         change = (await _read(request, BackendChange)).root
     except (ValueError, ValidationError) as exc:
         return _invalid(exc)
+    tito = request.app.state.proxy.tito
+    if isinstance(change, AddBackend) and change.tito is not None:
+        if tito is None:
+            return bad_request(
+                "invalid admin request: tito: this proxy runs without token-in/token-out "
+                "(start it with proxy_tito or proxy_tito_backends)"
+            )
+        try:
+            tito.check_mode(change.tito)
+        except ValueError as exc:
+            return bad_request(f"invalid admin request: {exc}")
     try:
         if isinstance(change, AddBackend):
             version = change.policy_version
             if version is None:  # join at the version the others serve
                 version = max((b.policy_version for b in pool.backends.values()), default=0)
             added = pool.add(change.url, change.name, change.weight, version)
+            if tito is not None:
+                tito.set_backend(added.name, change.tito)
             if pool.adapter is not None:  # carries the current weights before it serves
                 await load_on(added, pool.adapter)
         elif change.action == "remove":
             pool.remove(change.name)
+            if tito is not None:
+                tito.set_backend(change.name, None)
         else:
             pool.get(change.name).draining = change.action == "drain"
     except KeyError as exc:

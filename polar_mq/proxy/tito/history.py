@@ -23,9 +23,20 @@ NO_NEW_MESSAGES = "no_new_messages"
 TOOLS_CHANGED = "tools_changed"
 
 _IGNORED_ASSISTANT_KEYS = frozenset(
-    ("refusal", "annotations", "audio", "function_call", "reasoning", "reasoning_content")
+    (
+        "refusal",
+        "annotations",
+        "audio",
+        "function_call",
+        "reasoning",
+        "reasoning_content",
+        "provider_specific_fields",
+        "thinking_blocks",
+    )
 )
-"""Fields an SDK echoes back that the chat template does not render for an assistant turn."""
+"""Fields an SDK echoes back that the chat template does not render for an assistant turn
+(`provider_specific_fields`, `thinking_blocks`: litellm's, on every message it returns, so
+mini-swe-agent, aider and other litellm agents send them back with the reply)."""
 
 
 def _text(content: Any) -> Any:

@@ -65,6 +65,15 @@ def test_an_sdk_echo_of_the_reply_normalizes_to_the_reply() -> None:
         normalize({"role": "assistant", "content": "a"})
     )
     assert normalize({**got, "content": "x"}) != normalize(got)
+    text = {"role": "assistant", "content": "```bash\nls\n```"}
+    litellm = {  # litellm's `Message.model_dump()`, as mini-swe-agent re-sends it
+        **text,
+        "tool_calls": None,
+        "function_call": None,
+        "provider_specific_fields": {"reasoning": None},
+        "refusal": None,
+    }
+    assert normalize(litellm) == normalize(text)
 
 
 def test_which_turns_extend_the_last() -> None:
@@ -109,8 +118,13 @@ async def test_a_stored_turn_round_trips() -> None:
 
 def test_tito_on_with_an_engine_without_token_prompts_is_refused_at_boot() -> None:
     with pytest.raises(ValueError, match="proxy_tito=on"):
-        create_proxy_app(proxy_settings(proxy_tito="on", upstream_engine="sglang"))
-    create_proxy_app(proxy_settings(proxy_tito="auto", upstream_engine="sglang"))  # off there
+        create_proxy_app(proxy_settings(proxy_tito="on", upstream_engine="generic"))
+    create_proxy_app(proxy_settings(proxy_tito="auto", upstream_engine="generic"))  # off there
+    create_proxy_app(proxy_settings(proxy_tito="on", upstream_engine="sglang"))  # /generate
+    with pytest.raises(ValueError, match="proxy_tito_backends"):
+        create_proxy_app(
+            proxy_settings(upstream_engine="generic", proxy_tito_backends={"http://b:1": "on"})
+        )
     with pytest.raises(ValueError, match="tool parser"):
         create_proxy_app(proxy_settings(proxy_tito="on", proxy_tito_tool_parser="nope"))
 
