@@ -7,7 +7,7 @@ import sys
 
 import typer
 
-from polar_mq.cli import jobs, logs, processes, up
+from polar_mq.cli import jobs, logs, processes, train, up
 from polar_mq.cli.common import console
 from polar_mq.cli.db import db_app
 from polar_mq.cli.harness import harness_app
@@ -22,6 +22,7 @@ for command in (
     jobs.results, jobs.groups, logs.logs, processes.demo, up.up, jobs.policy,
 ):  # fmt: skip
     app.command()(command)
+app.command(context_settings=train.TRAIN_CONTEXT, add_help_option=False)(train.train)
 app.add_typer(db_app, name="db")
 app.add_typer(keys_app, name="keys")
 app.add_typer(harness_app, name="harness")

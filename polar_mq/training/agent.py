@@ -3,7 +3,8 @@
 Stdlib only, like any third-party harness it knows just the standard environment
 (`OPENAI_BASE_URL`, `OPENAI_API_KEY`, `POLAR_INSTRUCTION`, `POLAR_MODEL`). The job's sampling is
 enforced by the proxy, and the evaluator reads the reply as the rollout's last message. Run as
-`python -m polar_mq.training.agent`.
+`python -m polar_mq.training.agent`. A seeded job's per-rollout `POLAR_AGENT_SEED` goes out as the
+request's `seed`, so the engine's sampling of this rollout can be replayed.
 """
 
 from __future__ import annotations
@@ -15,10 +16,12 @@ import urllib.request
 
 
 def main() -> int:
-    body = {
+    body: dict[str, object] = {
         "model": os.environ.get("POLAR_MODEL", "policy"),
         "messages": [{"role": "user", "content": os.environ["POLAR_INSTRUCTION"]}],
     }
+    if os.environ.get("POLAR_AGENT_SEED"):
+        body["seed"] = int(os.environ["POLAR_AGENT_SEED"])
     request = urllib.request.Request(
         os.environ["OPENAI_BASE_URL"].rstrip("/") + "/chat/completions",
         data=json.dumps(body).encode(),

@@ -38,6 +38,9 @@ class LoopConfig:
     clip: float = 0.2
     temperature: float = 1.0
     max_tokens: int = 16
+    seed: int | None = None
+    """Seeds the rollouts' sampling: each rollout gets its own seed from this one, its group
+    (the step and the group within it) and its sample index (`POLAR_AGENT_SEED`)."""
     lease_s: float = 900.0
     consumer: str = "polar-mq-trainer"
 
@@ -51,12 +54,20 @@ def submit_training_job(client: Client, config: LoopConfig, tasks: list[dict[str
         samples_per_task=config.samples_per_group,
         harness={"type": "command", "command": AGENT},
         evaluator=REWARD,
-        sampling={"temperature": config.temperature, "max_tokens": config.max_tokens},
+        sampling=sampling(config),
         staleness={"max_staleness": config.max_staleness, "batch_size": config.groups_per_step},
         timeouts={"agent_s": 600},
         metadata={"trainer": "polar_mq.training"},
     )
     return str(job.job_id)
+
+
+def sampling(config: LoopConfig) -> dict[str, Any]:
+    """The training job's sampling: its `seed` makes every rollout's sampling reproducible."""
+    values: dict[str, Any] = {"temperature": config.temperature, "max_tokens": config.max_tokens}
+    if config.seed is not None:
+        values["seed"] = config.seed
+    return values
 
 
 def publish(client: Client, learner: Learner, adapters: Path, version: int) -> dict[str, Any]:

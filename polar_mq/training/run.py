@@ -1,4 +1,4 @@
-"""`bash scripts/train`: a throwaway local stack, a GRPO run on it, its figures and its curve.
+"""`bash scripts/train` or `polar-mq train`: a throwaway stack, a GRPO run on it, its figures.
 
 The stack is the demo's (`polar_mq.demo`: SQLite, embedded broker, local runtime, one Celery
 worker per stage) in front of the bundled CPU vLLM with LoRA on. The learner runs in the vLLM
@@ -31,9 +31,9 @@ from polar_mq.training.loop import LoopConfig, publish, submit_training_job, tra
 from polar_mq.training.metrics import StepRecord, write_run
 
 
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+def parse_args(argv: Sequence[str] | None, prog: str = "scripts/train") -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="scripts/train", description=__doc__,
+        prog=prog, description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )  # fmt: skip
     p.add_argument("--steps", type=int, default=100, help="optimizer steps (policy versions)")
@@ -45,7 +45,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--clip", type=float, default=0.2, help="importance ratio clip")
     p.add_argument("--temperature", type=float, default=1.0, help="training rollouts")
     p.add_argument("--max-tokens", type=int, default=16)
-    p.add_argument("--seed", type=int, default=0, help="task split and LoRA init")
+    p.add_argument("--seed", type=int, default=0, help="task split, LoRA init, sampling")
     p.add_argument("--learner-threads", type=int, default=1, help="torch threads")
     p.add_argument("--vllm-threads", type=int, default=1, help="OpenMP threads of vLLM")
     p.add_argument("--no-eval", action="store_true", help="skip the held-out eval")
@@ -109,7 +109,7 @@ def train_and_report(client: Client, learner: Learner, args: argparse.Namespace,
     config = LoopConfig(
         steps=args.steps, groups_per_step=args.groups, samples_per_group=args.samples,
         max_staleness=args.max_staleness, clip=args.clip, temperature=args.temperature,
-        max_tokens=args.max_tokens,
+        max_tokens=args.max_tokens, seed=args.seed,
     )  # fmt: skip
     adapters = out / "adapters"
     first = int(client.policy()["version"]) + 1
@@ -166,8 +166,8 @@ def print_summary(run: dict[str, Any], steps: list[StepRecord], out: Path) -> No
                       "eval_after": run.get("eval_after", {}).get("mean_reward")}))  # fmt: skip
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
+def main(argv: Sequence[str] | None = None, prog: str = "scripts/train") -> int:
+    args = parse_args(argv, prog)
     try:
         return run(args)
     except (LearnerError, PolarMQError, RuntimeError) as exc:  # a message, not a traceback

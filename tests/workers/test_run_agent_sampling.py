@@ -54,7 +54,9 @@ def _agent_env(
         settings=settings, http=FakeHttp(), session_factory=None, autocommit_engine=None,
         receipts=None, leases=SimpleNamespace(lost=lambda _rollout_id: False),
     )  # fmt: skip
-    rollout = SimpleNamespace(id=uuid.uuid4(), attempt=2, created_at=None)
+    rollout = SimpleNamespace(
+        id=uuid.uuid4(), attempt=2, created_at=None, task_index=3, sample_index=5
+    )
     claimed = SimpleNamespace(
         rollout=rollout, spec=load_spec(spec), instance={"instruction": "do it"}
     )
@@ -86,3 +88,19 @@ def test_no_policy_keeps_the_short_token(
     token = env["OPENAI_API_KEY"]
     assert token.count("_") == 5
     assert verify_rollout_token(SECRET, token).sampling is None
+
+
+def test_a_seeded_job_gives_each_rollout_its_own_reproducible_seed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env = _agent_env(tmp_path, monkeypatch, {"sampling": {"temperature": 1.0, "seed": 7}})
+    assert env["POLAR_AGENT_SEED"] == str(run_agent.rollout_seed(7, 3, 5))
+    seeds = {run_agent.rollout_seed(7, t, s) for t in range(4) for s in range(8)}
+    assert len(seeds) == 32  # every sample of every group its own: no identical replies
+    assert run_agent.rollout_seed(8, 3, 5) != run_agent.rollout_seed(7, 3, 5)
+    assert all(0 <= seed < 2**31 for seed in seeds)  # what vLLM and SGLang take
+
+
+def test_no_seed_without_a_job_seed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    env = _agent_env(tmp_path, monkeypatch, {"sampling": {"temperature": 1.0}})
+    assert "POLAR_AGENT_SEED" not in env

@@ -13,6 +13,7 @@ is discarded, so the stage ends at once instead of waiting on a proxy that may b
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import time
 from datetime import datetime
@@ -25,7 +26,7 @@ from polar_mq import call_receipts
 from polar_mq.calls import AttemptCalls, CallSummary, last_call_at
 from polar_mq.harnesses import AgentContext, get_harness
 from polar_mq.harnesses.presets.setup import harness_root_for
-from polar_mq.lifecycle.transitions import Claimed, LeaseLost
+from polar_mq.lifecycle.transitions import Claimed, LeaseLost, RolloutRef
 from polar_mq.models import Rollout, RolloutArtifact, TerminationReason
 from polar_mq.models.base import utcnow
 from polar_mq.rollouts.agent_outcome import classify, summarize_calls
@@ -129,8 +130,23 @@ def _last_llm_call(ctx: WorkerContext, claimed: Claimed) -> float:
     return time.monotonic() - max(0.0, (utcnow() - last).total_seconds())
 
 
-def _sampling_env(sampling: dict[str, Any]) -> dict[str, str]:
-    return {env: str(sampling[key]) for key, env in SAMPLING_ENV.items() if key in sampling}
+def rollout_seed(seed: int, task_index: int, sample_index: int) -> int:
+    """The sampling seed of one rollout of a job seeded with `seed` (0 .. 2**31 - 1).
+
+    One seed per rollout, not the job's: the samples of a group share their prompt, so one seed
+    would make them the same reply. Hashed rather than summed so that neighbouring job seeds do
+    not share rollouts' seeds; the same job seed, group and sample give the same seed on a retry.
+    """
+    digest = hashlib.sha256(f"{seed}/{task_index}/{sample_index}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
+
+
+def _sampling_env(sampling: dict[str, Any], rollout: RolloutRef) -> dict[str, str]:
+    env = {env: str(sampling[key]) for key, env in SAMPLING_ENV.items() if key in sampling}
+    seed = sampling.get("seed")
+    if isinstance(seed, int) and not isinstance(seed, bool):  # for agents that send it
+        env["POLAR_AGENT_SEED"] = str(rollout_seed(seed, rollout.task_index, rollout.sample_index))
+    return env
 
 
 def _error_text(result: ExecResult, limit: int = 2000) -> str:
@@ -183,7 +199,7 @@ def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
         ),
         model=spec.model or settings.served_model or "default",
         python=runtime.python,
-        extra_env=_sampling_env(spec.sampling),
+        extra_env=_sampling_env(spec.sampling, claimed.rollout),
         harness_root=harness_root_for(spec.runtime, settings.harness_root),
     )
     for path, text in harness.files(agent).items():

@@ -1,0 +1,21 @@
+"""`polar-mq train` is `bash scripts/train`: the same flags, checks and messages (one parser)."""
+
+from __future__ import annotations
+
+from typer.testing import CliRunner
+
+from polar_mq.cli import app
+
+
+def test_polar_mq_train_hands_every_flag_to_the_trainer() -> None:
+    shown = CliRunner().invoke(app, ["train", "--help"])
+    assert shown.exit_code == 0, shown.output
+    assert "usage: polar-mq train" in shown.output
+    for flag in ("--steps", "--seed", "--max-staleness", "--out"):
+        assert flag in shown.output
+
+
+def test_bad_flags_get_the_trainers_message_not_a_traceback() -> None:
+    refused = CliRunner().invoke(app, ["train", "--samples", "1"])
+    assert refused.exit_code == 2
+    assert "--samples must be at least 2" in refused.output
