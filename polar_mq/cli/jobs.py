@@ -322,22 +322,35 @@ def policy(
             "proxies pause, drain, load it everywhere and resume"
         ),
     ] = None,
+    checkpoint: Annotated[
+        str | None,
+        typer.Option(
+            help="new weights: a full model directory the inference servers reload from disk "
+            "(SGLang; vLLM in dev mode), with the same pause, drain, load and resume"
+        ),
+    ] = None,
     url: ApiUrl = None,
     api_key: ApiKey = None,
 ) -> None:
     """Show or set the trainer's policy version (weight updates; see docs/async_rl.md)."""
-    if resume and (version is not None or pause or adapter is not None):
-        raise fail("--resume takes no version, no --pause and no --adapter")
-    if adapter is not None and version is None:
-        raise fail("--adapter needs the version it is published as")
+    weights = adapter is not None or checkpoint is not None
+    if resume and (version is not None or pause or weights):
+        raise fail("--resume takes no version, no --pause, no --adapter and no --checkpoint")
+    if adapter is not None and checkpoint is not None:
+        raise fail("publish either --adapter or --checkpoint, not both")
+    if weights and version is None:
+        raise fail(
+            f"--{'adapter' if adapter else 'checkpoint'} needs the version it is published as"
+        )
     client = api_client(url, api_key)
     try:
         if resume:
             answer = client.resume_policy()
         elif version is not None:
             answer = client.set_policy(
-                version, pause=pause, drain_timeout_s=drain_timeout, adapter_path=adapter
-            )
+                version, pause=pause, drain_timeout_s=drain_timeout, adapter_path=adapter,
+                checkpoint_path=checkpoint,
+            )  # fmt: skip
         else:
             answer = client.policy()
     except PolarMQError as exc:

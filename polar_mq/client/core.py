@@ -300,6 +300,7 @@ class ClientCore(GroupLeases):
         pause: bool = False,
         drain_timeout_s: float = 30.0,
         adapter_path: str | None = None,
+        checkpoint_path: str | None = None,
     ) -> Op[dict[str, Any]]:
         """Declare policy `version`. With `pause`, LLM calls are held and the ones in flight
         drained before this returns (load the weights, then call `resume_policy`).
@@ -307,7 +308,8 @@ class ClientCore(GroupLeases):
         With `adapter_path` (a LoRA adapter directory the inference servers can read, e.g. what
         peft's `save_pretrained` wrote) the proxies load the new weights themselves: pause,
         drain, load into every backend, resume; calls after this returns are served by them.
-        The answer's `adapter_loaded` says whether every backend carries it."""
+        The answer's `adapter_loaded` says whether every backend carries it. `checkpoint_path`
+        (a full model directory) does the same for engines that reload weights from disk."""
         body: dict[str, Any] = {
             "version": version,
             "pause": pause,
@@ -315,7 +317,10 @@ class ClientCore(GroupLeases):
         }
         if adapter_path is not None:
             body["adapter_path"] = adapter_path
-        loading = ADAPTER_LOAD_TIMEOUT_S if adapter_path is not None else 0.0
+        if checkpoint_path is not None:
+            body["checkpoint_path"] = checkpoint_path
+        weights = adapter_path is not None or checkpoint_path is not None
+        loading = ADAPTER_LOAD_TIMEOUT_S if weights else 0.0
         timeout = self.timeout + loading + (drain_timeout_s if pause or loading else 0.0)
         return answer_dict(Call("POST", "/v1/policy", json=body, timeout=timeout))
 

@@ -17,6 +17,10 @@ backends (a backend that fails leaves the rotation), and resumes (unless `pause`
 paused): calls after that are served by the adapter and stamped with the version. When every
 proxy drained, the adapters loaded before are unloaded (no call can still use them).
 
+With `checkpoint_path` (a full model directory the engines can read) the same sequence reloads
+every backend's weights from disk instead (`polar_mq.proxy.checkpoints`: SGLang's
+`update_weights_from_disk`, vLLM's dev-mode `reload_weights`); calls keep the served model name.
+
 Either way, groups that the new version makes too old are judged, and the
 jobs waiting for capacity admit their next groups. No database transaction is held while the
 proxies drain.
@@ -37,7 +41,7 @@ from polar_mq.policy.admission import admit_all
 from polar_mq.policy.proxies import ProxyControl, ProxyReport
 from polar_mq.policy.staleness import judge_staleness
 from polar_mq.policy.state import PolicyView, current_policy, write_policy
-from polar_mq.policy.weights import Adapter, adapter_for
+from polar_mq.policy.weights import Adapter, adapter_for, checkpoint_for
 from polar_mq.spec import load_spec
 
 
@@ -78,12 +82,22 @@ class PolicyService:
             return current_policy(session)
 
     def update(
-        self, version: int, pause: bool, drain_timeout_s: float, adapter_path: str | None = None
+        self,
+        version: int,
+        pause: bool,
+        drain_timeout_s: float,
+        adapter_path: str | None = None,
+        checkpoint_path: str | None = None,
     ) -> PolicyUpdate:
-        """Raises VersionWentBack (nothing changed)."""
+        """Raises VersionWentBack (nothing changed); ValueError for both kinds of weights."""
+        if adapter_path is not None and checkpoint_path is not None:
+            raise ValueError("publish either adapter_path or checkpoint_path, not both")
         if adapter_path is not None:
             adapter = adapter_for(version, adapter_path)
             return self._publish(version, pause, drain_timeout_s, adapter)
+        if checkpoint_path is not None:
+            checkpoint = checkpoint_for(version, checkpoint_path)
+            return self._publish(version, pause, drain_timeout_s, checkpoint)
         with unit_of_work(self.factory) as session:
             before, after = write_policy(session, version=version, paused=pause or None)
         started = time.monotonic()
@@ -97,7 +111,7 @@ class PolicyService:
     def _publish(
         self, version: int, stay_paused: bool, drain_timeout_s: float, adapter: Adapter
     ) -> PolicyUpdate:
-        """New weights: pause, drain, load the adapter everywhere, resume."""
+        """New weights: pause, drain, load the adapter (or checkpoint) everywhere, resume."""
         with unit_of_work(self.factory) as session:
             before, _ = write_policy(session, version=version, paused=True, adapter=adapter)
         started = time.monotonic()

@@ -88,13 +88,14 @@ def write_policy(
                 f"policy version {version} is older than the current version {row.version}"
                 " (versions only go forward)"
             )
-        if (
+        if (  # this version's weights (a LoRA's or a checkpoint's name ends in -v{version})
             adapter is not None
-            and row.adapter_name == adapter.name
-            and row.adapter_path != adapter.path
+            and row.adapter_name is not None
+            and row.adapter_name.endswith(f"-v{version}")
+            and (row.adapter_name, row.adapter_path) != (adapter.name, adapter.path)
         ):
             raise AdapterChanged(
-                f"policy version {version} was published with the adapter {row.adapter_path!r};"
+                f"policy version {version} was published with the weights {row.adapter_path!r};"
                 " publish new weights as a new version"
             )
         row.version = version

@@ -1,5 +1,9 @@
 """LoRA adapters on the backends: load the published one everywhere, unload the ones left behind.
 
+A version published with a full checkpoint instead goes through the same functions: `load_on`
+hands it to `polar_mq.proxy.checkpoints` (the engine reloads its weights from disk), and the rest
+of the sequence, the rotation and the late joiners are the same.
+
 The weight-update sequence is driven from outside (`polar_mq.policy.service`): pause new calls,
 drain the ones in flight (or time out), then `POST /admin/adapter`, which lands here and loads the
 adapter into every backend with vLLM's runtime LoRA API (`/v1/load_lora_adapter`), then resume.
@@ -22,13 +26,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from polar_mq.policy.weights import Adapter
-from polar_mq.proxy.backends.backend import Backend
-from polar_mq.proxy.backends.pool import BackendPool
+from polar_mq.proxy.checkpoints import load_checkpoint
+
+if TYPE_CHECKING:  # the backends' health loop imports this module: no import cycle at run time
+    from polar_mq.proxy.backends.backend import Backend
+    from polar_mq.proxy.backends.pool import BackendPool
 
 log = logging.getLogger(__name__)
 
@@ -41,29 +48,36 @@ ALREADY_LOADED = "already been loaded"
 
 
 async def load_on(backend: Backend, adapter: Adapter) -> str | None:
-    """Load `adapter` into `backend`; None when it carries it now, else why not (the backend is
-    then out of rotation until a later load succeeds)."""
-    body = {"lora_name": adapter.name, "lora_path": adapter.path}
+    """Load `adapter` (or reload a full checkpoint) into `backend`; None when it carries it now,
+    else why not (the backend is then out of rotation until a later load succeeds)."""
     try:
-        response = await backend.client.post(LOAD_PATH, json=body, timeout=LOAD_TIMEOUT_S)
+        if adapter.is_checkpoint:
+            error = await load_checkpoint(backend, adapter)
+        else:
+            error = await _load_lora(backend, adapter)
     except httpx.HTTPError as exc:
-        error: str | None = f"{type(exc).__name__}: {exc}"
-    else:
-        ok = response.status_code == 200 or (
-            response.status_code == 400 and ALREADY_LOADED in response.text
-        )
-        error = None if ok else f"HTTP {response.status_code}: {response.text[:300]}"
+        error = f"{type(exc).__name__}: {exc}"
     if backend.removed:
         return error
     if error is None:
         backend.adapter = adapter.name
-        backend.loaded.add(adapter.name)
+        if not adapter.is_checkpoint:  # a checkpoint is not unloaded: the next weights replace it
+            backend.loaded.add(adapter.name)
         backend.adapter_error = None
     else:
         if backend.adapter_error is None:
             log.warning("backend %s failed to load adapter %s: %s", backend.name, adapter, error)
         backend.adapter_error = f"loading {adapter.name} failed: {error}"
     return error
+
+
+async def _load_lora(backend: Backend, adapter: Adapter) -> str | None:
+    body = {"lora_name": adapter.name, "lora_path": adapter.path}
+    response = await backend.client.post(LOAD_PATH, json=body, timeout=LOAD_TIMEOUT_S)
+    ok = response.status_code == 200 or (
+        response.status_code == 400 and ALREADY_LOADED in response.text
+    )
+    return None if ok else f"HTTP {response.status_code}: {response.text[:300]}"
 
 
 async def load_everywhere(pool: BackendPool, adapter: Adapter) -> dict[str, str | None]:

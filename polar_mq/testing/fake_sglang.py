@@ -11,7 +11,13 @@ does (see `polar_mq.proxy.engines.sglang` for the source of these facts):
 - a streamed chat's finish reason in its own chunk (empty delta, `matched_stop`);
 - completions ids per choice with `return_token_ids`, as vLLM;
 - SGLang's field set: `matched_stop`, `reasoning_content`, `metadata`; none of vLLM's extras
-  (`stop_reason`, `service_tier`, `prompt_text`, `kv_transfer_params`, ...).
+  (`stop_reason`, `service_tier`, `prompt_text`, `kv_transfer_params`, ...);
+- `POST /update_weights_from_disk {"model_path", "weight_version"?}` reloads the weights in
+  place as SGLang's does: 200 `{"success": true, "message", "num_paused_requests"}`, or 400 with
+  `"success": false` for a path that holds no model (`config.json`) or an injected failure
+  (`fail_loads`). Each load moves every logprob of the base model's answers by another
+  `CHECKPOINT_SHIFT`, so a call tells which weights served it, and `metadata.weight_version`
+  (SGLang's, in every answer) becomes the given version.
 
 Serve it with `python -m polar_mq.testing.fake_sglang --port 8012`.
 """
@@ -19,7 +25,8 @@ Serve it with `python -m polar_mq.testing.fake_sglang --port 8012`.
 from __future__ import annotations
 
 import argparse
-from collections.abc import AsyncIterable, AsyncIterator, Sequence
+import os
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,11 +38,14 @@ from starlette.routing import Route
 
 from polar_mq.testing.fake_requests import BadRequest, json_response
 from polar_mq.testing.fake_tokenizer import IM_END
-from polar_mq.testing.fake_vllm import FakeVllm
+from polar_mq.testing.fake_vllm import FakeVllm, _shifted
 
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
 METADATA = {"weight_version": "default"}
+CHECKPOINT_SHIFT = -0.25
+"""Added to every logprob of the base model's answers by each checkpoint loaded from disk."""
+MODEL_CONFIG = "config.json"
 _VLLM_ONLY = (
     "service_tier",
     "system_fingerprint",
@@ -93,6 +103,40 @@ class Asked:
 class FakeSglang(FakeVllm):
     """`FakeVllm` asked for everything, its answers re-shaped (see the module docstring)."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.model_path: str | None = None
+        """The checkpoint last loaded from disk (None: the weights it started with)."""
+        self.weight_version = METADATA["weight_version"]
+        self.checkpoint_loads = 0
+
+    async def update_weights_from_disk(self, request: Request) -> Response:
+        """SGLang's in-place reload: its answer shape, 400 when the path holds no model."""
+        try:
+            body = await super()._body(request)
+        except BadRequest as exc:
+            return _weights_answer(False, str(exc), 400)
+        path, version = body.get("model_path"), body.get("weight_version")
+        if not isinstance(path, str) or not path:
+            return _weights_answer(False, "model_path is required", 400)
+        if self.fail_loads:
+            return _weights_answer(False, f"Failed to update weights: {path} (injected)", 400)
+        if not os.path.isfile(os.path.join(path, MODEL_CONFIG)):
+            message = f"Failed to get weights iterator: {path} is not a model directory"
+            return _weights_answer(False, message, 400)
+        self.model_path = path
+        self.checkpoint_loads += 1
+        if isinstance(version, str):
+            self.weight_version = version
+        self.stats.events.append(("update_weights", path))
+        return _weights_answer(True, "Succeeded to update model weights.", 200)
+
+    def _shift(self, served: str, chunks: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+        """The adapters' mark (the vLLM fake's), then the checkpoints' on the base model."""
+        delta = CHECKPOINT_SHIFT * self.checkpoint_loads if served == self.model else 0.0
+        for chunk in super()._shift(served, chunks):
+            yield _shifted(chunk, delta) if delta else chunk
+
     async def _body(self, request: Request) -> dict[str, Any]:
         body = await super()._body(request)
         path = request.url.path
@@ -119,9 +163,13 @@ class FakeSglang(FakeVllm):
             chunks = _stream(response.body_iterator, asked)
             return StreamingResponse(chunks, media_type="text/event-stream")
         data = orjson.loads(bytes(response.body))
-        return json_response(
-            _chat_body(data, asked) if asked.chat else _completion_body(data, asked)
-        )
+        out = _chat_body(data, asked) if asked.chat else _completion_body(data, asked)
+        out["metadata"] = {"weight_version": self.weight_version}
+        return json_response(out)
+
+
+def _weights_answer(success: bool, message: str, status: int) -> Response:
+    return json_response({"success": success, "message": message, "num_paused_requests": 0}, status)
 
 
 def _matched_stop(choice: dict[str, Any]) -> int | None:
@@ -275,6 +323,7 @@ def create_fake_sglang_app(
             Route("/detokenize", fake.detokenize, methods=["POST"]),
             Route("/v1/models", fake.models, methods=["GET"]),
             Route("/health", fake.health, methods=["GET"]),
+            Route("/update_weights_from_disk", fake.update_weights_from_disk, methods=["POST"]),
         ]
     )
     app.state.stats = fake.stats

@@ -11,7 +11,7 @@ from dataclasses import asdict
 from datetime import datetime
 
 from fastapi import APIRouter, Depends, Request
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from starlette.responses import Response
 
 from polar_mq.api.access import require_briefly
@@ -62,13 +62,28 @@ class PolicyRequest(BaseModel):
         "calls after that are served by it whatever model name the agent sends",
     )
 
-    @field_validator("adapter_path")
+    checkpoint_path: str | None = Field(
+        None,
+        max_length=PATH_MAX,
+        strict=True,
+        description="new weights: a full model directory (config.json and weights) the "
+        "inference servers reload from disk (SGLang's update_weights_from_disk; vLLM's "
+        "reload_weights, dev mode only); the same pause, drain, load and resume as an adapter",
+    )
+
+    @field_validator("adapter_path", "checkpoint_path")
     @classmethod
-    def _adapter_shape(cls, value: str | None) -> str | None:
-        problem = None if value is None else path_problem(value)
+    def _weights_shape(cls, value: str | None, info: ValidationInfo) -> str | None:
+        problem = None if value is None else path_problem(value, str(info.field_name))
         if problem is not None:
             raise ValueError(problem)
         return value
+
+    @model_validator(mode="after")
+    def _one_kind_of_weights(self) -> PolicyRequest:
+        if self.adapter_path is not None and self.checkpoint_path is not None:
+            raise ValueError("publish either adapter_path or checkpoint_path, not both")
+        return self
 
 
 class PolicyResponse(BaseModel):
@@ -101,10 +116,11 @@ def set_policy(body: PolicyRequest, request: Request) -> Response:
 
     Capacity and staleness of every job use it at once; LLM calls are stamped with it from now
     on (with `pause`: from the resume on, and calls in flight finish on the old weights first).
-    With `adapter_path` the update loads the new weights too (pause, drain, load, resume).
+    With `adapter_path` (or `checkpoint_path`) the update loads the new weights too (pause,
+    drain, load, resume).
     """
     update = _service(request).update(
-        body.version, body.pause, body.drain_timeout_s, body.adapter_path
+        body.version, body.pause, body.drain_timeout_s, body.adapter_path, body.checkpoint_path
     )
     log.info(
         "policy version %d -> %d (paused=%s drained=%s in_flight=%d waited %.2f s)",

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 import httpx
 import orjson
 
+from polar_mq.policy.weights import CHECKPOINT_PREFIX
 from polar_mq.proxy.backends import aio
 from polar_mq.proxy.backends.backend import Backend
 from polar_mq.proxy.backends.pool import BackendPool, BackendUnavailable
@@ -161,7 +162,11 @@ async def send_call(
             break
         call.backend = backend.name
         call.policy_version = backend.policy_version
-        sent = content if backend.adapter is None else _with_model(body, backend.adapter)
+        lora = backend.adapter  # a full checkpoint is served under the engine's own name
+        if lora is None or lora.startswith(CHECKPOINT_PREFIX):
+            sent = content
+        else:
+            sent = _with_model(body, lora)
         try:
             response = await _attempt(pool, backend, path, sent, read)
         except StaleConnection as exc:
