@@ -26,7 +26,7 @@ from polar_mq.tls import client_ssl_context
 ZOMBIE_WALK_S = 0.5
 """How often a stop that is waiting for groups walks /proc to tell zombies from live members; in
 between, asking the kernel (`group_exists`) is enough to see a group gone. Walking every 50 ms
-was about 7 % of the test suite's pytest-process CPU (py-spy: 18 of 251 CPU-s)."""
+was a visible share of the test suite's CPU (docs/benchmarks.md)."""
 
 
 def group_exists(pgid: int) -> bool:

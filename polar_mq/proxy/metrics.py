@@ -1,11 +1,11 @@
 """Prometheus metrics of one proxy app, served at `GET /metrics`.
 
 The request path must stay cheap (SPEC §9: <= 250 us of proxy CPU per call), and
-prometheus-client's own `Counter`/`Histogram` take a lock and check exemplars on every update
-(~0.5 us per counter, ~1.8 us per histogram here). The proxy runs on one event-loop thread, so
-`observe` just adds to plain numbers (a dict lookup, integer adds, one `bisect` per histogram:
-~2 us per call) and a collector turns them into metric families when Prometheus scrapes. Every
-app has its own `CollectorRegistry` (tests build many apps in one process). The call sink's
+prometheus-client's own `Counter`/`Histogram` take a lock and check exemplars on every update.
+The proxy runs on one event-loop thread, so `observe` just adds to plain numbers (a dict
+lookup, integer adds, one `bisect` per histogram) and a collector turns them into metric
+families when Prometheus scrapes. Every app has its own `CollectorRegistry` (tests build many apps
+in one process). The call sink's
 counters (queue depth, spill size, drops) are read from `sink.stats()` at scrape time, so the
 writer does no metrics work at all; unknown numeric keys are exported too, missing ones skipped.
 

@@ -165,9 +165,8 @@ class HurryListener:
 
     It listens on its own daemon thread with the synchronous client, reading for at most
     `POLL_S` at a time between looks at a stop flag, so stopping never depends on cancelling a
-    read: redis-py's asyncio pubsub could swallow a cancel that arrived while it subscribed
-    (about one stop in thirty within 2 ms of the start, measured), and the proxy process then
-    never finished its shutdown.
+    read: redis-py's asyncio pubsub could swallow a cancel that arrived while it subscribed (a
+    stop right after the start), and the proxy process then never finished its shutdown.
     """
 
     POLL_S = 0.25

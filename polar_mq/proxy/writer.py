@@ -336,9 +336,10 @@ class DbCallWriter:
         nothing but CPU in this process and in the database, on every batch.
 
         No pre-ping: it was a `SELECT 1` round trip before every batch, and at a pipeline's
-        pace a batch is one to three calls (py-spy put 4 % of the proxy's CPU there under the
-        pipeline bench's trivial agent). A connection that died meanwhile fails the insert
-        before anything is sent; the pool invalidates it and the store's retry (`call_store`)
+        pace a batch is one to three calls (py-spy showed it in the proxy's profile under the
+        pipeline bench's trivial agent; docs/benchmarks.md). A connection that died meanwhile
+        fails the insert before anything is sent; the pool invalidates it and the store's retry
+        (`call_store`)
         sends the batch again on a fresh one (`ON CONFLICT DO NOTHING` either way)."""
         postgres = url.startswith("postgresql")
         return create_db_engine(

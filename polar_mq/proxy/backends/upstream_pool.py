@@ -1,7 +1,8 @@
 """A backend's keep-alive pool of upstream connections (the proxy's own HTTP/1.1 client).
 
 Generic clients pay per call for features the proxy does not use (cookies, redirects, proxies,
-URL and header objects, per-request timeout objects); aiohttp's was ~28 % of the proxy's CPU.
+URL and header objects, per-request timeout objects); aiohttp's share of the proxy's CPU is in
+docs/benchmarks.md.
 This pool keeps idle connections in a dict used as a stack: the most recently used is taken
 first (`popitem`, O(1); it is the warmest and the least likely to have been closed by the engine)
 and a connection the engine closes while idle leaves it at once (O(1)). It is unbounded, like
