@@ -8,13 +8,16 @@ requests). For each preset the test asserts, with TITO on: the prefix held at ev
 boundary, `prefix_merge` proved every token-in call, and a rollout whose agent kept its history
 throughout is one sample. It prints the on/off figures (`-s`) for docs/tito.md.
 
-Only mini-swe-agent keeps its history with SmolLM2-135M (docs/tito.md, Figures): in text mode
-(`litellm_textbased`, any one fenced block is the command) it keeps a reply that holds one
-command, and drops, like its tool-calling mode, a reply without one. Not here, because they
-never reach a kept boundary on this model: the OpenAI Agents SDK and the Node CLIs end the run
-at the first reply without a tool call (SmolLM2 writes none: its template does not render the
-tools), and smolagents forces `tool_choice: required` (the chat path's) and sends its tool calls
-back as text ("Calling tools: ...").
+Three presets keep their history with SmolLM2-135M (docs/tito.md, Figures), each through an
+option that only makes the agent send back what it got:
+- mini-swe-agent in text mode (`litellm_textbased`, the first fenced block is the command) keeps
+  a reply with a command and drops, like its tool-calling mode, a reply without one;
+- aider (`reminder: none`) keeps a reply it cannot parse and reflects on it, up to 3 times;
+- smolagents' ToolCallingAgent (`tool_choice: auto`) keeps a reply without a tool call and sends
+  the parsing error after it.
+Not here, because they never reach a kept boundary on this model: the OpenAI Agents SDK and the
+Node CLIs end the run at the first reply without a tool call (SmolLM2 writes none: its template
+does not render the tools); smolagents' CodeAgent appends its closing code tag to every reply.
 """
 
 from __future__ import annotations
@@ -57,21 +60,32 @@ PRESETS: dict[str, dict[str, Any]] = {
         "type": "mini_swe_agent",
         "options": {
             "config": "mini_textbased.yaml",
-            "max_turns": 4,
+            "max_turns": 8,
             "model_attempts": 1,
             "system_template": MINI_SYSTEM,
             "instance_template": MINI_INSTANCE,
-            # any one fenced block is the command: the small model rarely names its fence
+            # the first fenced block is the command (mini finds all matches and wants exactly
+            # one; `^` without MULTILINE matches once): the small model rarely names its fence
+            # and often writes several blocks, which mini would drop from its history
             "extra_args": [
                 "-c",
                 "model.model_class=litellm_textbased",  # the config alone keeps tool calling
                 "-c",
-                "model.action_regex=```[^\\n`]*\\n(.*?)\\n```",
+                "model.action_regex=^.*?```[^\\n`]*\\n(.*?)\\n```",
             ],
         },
     },
+    # aider keeps its chat within one --message run: a reply it cannot parse (SmolLM2 often
+    # opens a file listing without a filename) is followed by a reflection that extends the
+    # history, up to 3. `reminder: none`: its edit-format rules are not appended to the newest
+    # user message, which the next call would send without them (a rewritten history).
+    "aider": {"type": "aider", "options": {"reminder": "none", "edit_format": "whole"}},
+    # smolagents' ToolCallingAgent keeps a reply it cannot parse a tool call from (SmolLM2 writes
+    # none) and sends the parsing error after it. `tool_choice: auto` replaces the `required`
+    # smolagents sends, which the token-in path does not take.
+    "smolagents": {"type": "smolagents", "options": {"tool_choice": "auto", "max_turns": 4}},
 }
-SAMPLES = 2
+SAMPLES = {"mini_swe_agent": 2, "aider": 3, "smolagents": 2}
 
 
 @dataclass
@@ -91,6 +105,8 @@ class Figures:
     tool_calls: int = 0
     whole: list[bool] = field(default_factory=list)
     """Per rollout: the agent kept its history at every boundary."""
+    breaks: list[tuple[int, list[int], list[int]]] = field(default_factory=list)
+    """Per broken kept boundary: where the prompt left the context, and a few ids of each."""
 
 
 def kept_history(before: LlmCall, after: LlmCall) -> bool:
@@ -141,7 +157,13 @@ def figures(session: Session, job_id: Any) -> Figures:
                 continue
             out.kept += 1
             context = [*(before.prompt_ids or []), *(before.completion_ids or [])]
-            out.held += (after.prompt_ids or [])[: len(context)] == context
+            prompt = after.prompt_ids or []
+            if prompt[: len(context)] == context:
+                out.held += 1
+                continue
+            pairs = enumerate(zip(context, prompt, strict=False))
+            at = next((i for i, (a, b) in pairs if a != b), len(prompt))  # else: prompt shorter
+            out.breaks.append((at, context[at : at + 4], prompt[at : at + 4]))
         out.whole.append(whole)
         detail = session.scalars(
             select(Event.detail).where(
@@ -181,7 +203,7 @@ def tito_stack(
 
 
 def run_both(
-    tito_stack: PresetStack, db: sessionmaker[Session], harness: dict[str, Any]
+    tito_stack: PresetStack, db: sessionmaker[Session], harness: dict[str, Any], samples: int
 ) -> tuple[Figures, Figures, list[str]]:
     runs = {}
     for mode in ("auto", "off"):
@@ -190,7 +212,7 @@ def run_both(
             db,
             harness,
             TASKS,
-            samples_per_task=SAMPLES,
+            samples_per_task=samples,
             evaluator="completed",
             builder="prefix_merge",
             sampling={"temperature": 0.7, "max_tokens": 64},
@@ -209,17 +231,18 @@ def test_preset_keeps_its_prefix_under_tito(
     tito_stack: PresetStack, db_session_factory: sessionmaker[Session], preset: str
 ) -> None:
     install_preset(preset)
-    on, off, notes = run_both(tito_stack, db_session_factory, PRESETS[preset])
+    samples = SAMPLES[preset]
+    on, off, notes = run_both(tito_stack, db_session_factory, PRESETS[preset], samples)
     print(
         f"\n{preset} on real vLLM: TITO on: {on.held}/{on.kept} boundaries held where the agent "
         f"kept its history ({on.calls} calls, {on.tito_calls} token-in, fallbacks "
         f"{on.fallbacks}, samples per rollout {on.samples}, proven {on.proven}, "
         f"tool calls {on.tool_calls}, {on.completed}/{on.rollouts} completed); "
         f"TITO off: {off.held}/{off.kept} held ({off.calls} calls, samples {off.samples}, "
-        f"{off.completed}/{off.rollouts} completed)"
+        f"{off.completed}/{off.rollouts} completed; breaks (at, sampled, re-rendered) {off.breaks})"
     )
-    assert on.rollouts == SAMPLES and off.rollouts == SAMPLES
-    if on.kept == 0:  # the sampled model wrote no command mini keeps: nothing to hold
+    assert on.rollouts == samples and off.rollouts == samples
+    if on.kept == 0:  # the sampled agent kept no reply (no command, no reflection): nothing to hold
         pytest.skip(f"{preset} kept no reply in this run: {on}\n{notes[0][-2000:]}")
     assert on.held == on.kept, on
     assert on.unproven == 0 and on.proven == on.tito_calls, on

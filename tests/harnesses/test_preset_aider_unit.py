@@ -10,7 +10,7 @@ import pytest
 
 from polar_mq.harnesses import get_harness
 from polar_mq.harnesses.auxiliary import is_auxiliary
-from polar_mq.harnesses.presets.aider import CHAT_HISTORY, LLM_HISTORY, METADATA
+from polar_mq.harnesses.presets.aider import CHAT_HISTORY, LLM_HISTORY, METADATA, SETTINGS
 from polar_mq.harnesses.presets.harness import PresetHarness
 from tests.harnesses.preset_context import preset_ctx
 
@@ -73,6 +73,18 @@ def test_model_metadata_names_the_model_so_aider_downloads_nothing(tmp_path: Pat
     assert metadata["openai/smollm2"]["litellm_provider"] == "openai"
 
 
+def test_reminder_option_writes_model_settings_aider_reads(tmp_path: Path) -> None:
+    """`reminder: none` keeps aider's history an extension (docs/tito.md): a settings file."""
+    ctx = preset_ctx(tmp_path)
+    assert SETTINGS not in harness().files(ctx)
+    assert "--model-settings-file" not in argv_of(harness(), tmp_path)
+    built = harness({"reminder": "none"})
+    argv = argv_of(built, tmp_path)
+    assert argv[argv.index("--model-settings-file") + 1] == f"{ctx.workdir}/{SETTINGS}"
+    settings = json.loads(built.files(ctx)[SETTINGS])  # JSON is YAML, which aider reads
+    assert settings == [{"name": "openai/smollm2", "reminder": "none"}]
+
+
 def test_environment(tmp_path: Path) -> None:
     ctx = preset_ctx(tmp_path)
     env = harness().env(ctx)
@@ -110,6 +122,8 @@ def test_bad_options_are_rejected() -> None:
         get_harness({"type": "aider", "options": {"edit_format": "diff; rm -rf /"}})
     with pytest.raises(ValueError, match="takes no skills"):
         get_harness({"type": "aider", "options": {"skills": {"x": "y"}}})
+    with pytest.raises(ValueError, match="reminder"):
+        get_harness({"type": "aider", "options": {"reminder": "later"}})
 
 
 def test_git_mode_excludes_aiders_cache_locally_then_runs_aider(tmp_path: Path) -> None:

@@ -49,6 +49,34 @@ def test_code_agent_and_options(tmp_path: Path) -> None:
     assert argv[argv.index("--instructions") + 1] == "Hi"
 
 
+def test_tool_choice_option_reaches_smolagents_request(tmp_path: Path) -> None:
+    """`tool_choice: auto` replaces smolagents' `required` in the body it sends (docs/tito.md);
+    checked with the installed smolagents when the node has it."""
+    import subprocess
+
+    assert "--tool-choice" not in argv_of(harness(), tmp_path)  # smolagents' own default
+    argv = argv_of(harness({"tool_choice": "auto"}), tmp_path)
+    assert argv[argv.index("--tool-choice") + 1] == "auto"
+    python = Path.home() / ".cache/polar_mq/harnesses/smolagents/1.26.0/venv/bin/python"
+    if not python.exists():
+        pytest.skip("smolagents not installed here")
+    probe = f"""
+import os, runpy
+from smolagents import ChatMessage, PythonInterpreterTool
+driver = runpy.run_path({str(DRIVER_SOURCE)!r})
+os.environ.update(POLAR_MODEL="m", OPENAI_BASE_URL="http://x/v1", OPENAI_API_KEY="k")
+for choice in ("required", "auto"):
+    args = driver["parse_args"](["--tool-choice", choice, "--answer", "a", "--transcript", "t"])
+    model = driver["build_agent"](args).model
+    body = model._prepare_completion_kwargs(
+        [ChatMessage(role="user", content="hi")], tools_to_call_from=[PythonInterpreterTool()]
+    )
+    print(body["tool_choice"])
+"""
+    out = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["required", "auto"], out.stderr[-2000:]
+
+
 def test_driver_is_shipped_into_the_workspace(tmp_path: Path) -> None:
     files = harness().files(preset_ctx(tmp_path))
     assert files == {DRIVER: DRIVER_SOURCE.read_text()}
@@ -79,6 +107,8 @@ def test_bad_options_are_rejected() -> None:
         get_harness({"type": "smolagents", "options": {"agent": "managed"}})
     with pytest.raises(ValueError, match="tools"):
         get_harness({"type": "smolagents", "options": {"tools": ["web_search"]}})
+    with pytest.raises(ValueError, match="tool_choice"):
+        get_harness({"type": "smolagents", "options": {"tool_choice": "none"}})
     with pytest.raises(ValueError, match="takes no mcp_servers"):
         get_harness({"type": "smolagents", "options": {"mcp_servers": {"x": {"url": "http://x"}}}})
 

@@ -22,6 +22,13 @@ files to the chat (`--file` / `--read`); `options.edit_format` picks aider's edi
 (`diff`: SEARCH/REPLACE blocks, `whole`: whole files, ...; unset: aider's default for an unknown
 model, `whole`).
 
+History: aider appends its edit-format rules (the "system reminder") to the newest user message
+of each call, so the next call sends that message without them: a rewritten history, every
+call a new token-in segment. `options.reminder: none` (a `--model-settings-file` in
+`.polar/aider/` naming the model) drops the reminder; the rules stay in the system prompt, and a
+reflection (aider's retry after a reply it cannot parse) then extends the history it sent.
+`sys` sends it as a trailing system message instead, which also moves at the next call.
+
 Model metadata: aider looks up an unknown model's context window in litellm's price list, which
 it downloads; a metadata file in `.polar/aider/` (`options.context_window`, zero prices) answers
 instead, so no download is tried. aider asks for temperature 0 (its default for every model):
@@ -38,7 +45,7 @@ auto-commits, which are off): both auxiliary.
 from __future__ import annotations
 
 import json
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
@@ -57,6 +64,7 @@ CHAT_HISTORY = f"{AIDER_DIR}/chat.history.md"
 LLM_HISTORY = f"{AIDER_DIR}/llm.history.txt"
 INPUT_HISTORY = f"{AIDER_DIR}/input.history"
 METADATA = f"{AIDER_DIR}/model-metadata.json"
+SETTINGS = f"{AIDER_DIR}/model-settings.yml"
 
 # git: true: aider keeps its repo-map cache (`.aider.tags.cache.v4/`) in the repository's root.
 # Excluding `.aider*` locally (.git/info/exclude, outside the work tree) keeps it out of the
@@ -79,6 +87,9 @@ class AiderOptions(PresetOptions):
     context_window: int = Field(32_768, ge=256, description="the model's context (metadata)")
     max_output_tokens: int = Field(4096, ge=1, description="the model's output limit (metadata)")
     timeout: float | None = Field(None, gt=0, description="seconds per API call (--timeout)")
+    reminder: Literal["user", "sys", "none"] | None = Field(
+        None, description="where aider repeats its edit-format rules (model settings `reminder`)"
+    )
 
 
 class Aider(Preset):
@@ -137,6 +148,8 @@ class Aider(Preset):
             argv += ["--edit-format", options.edit_format]
         if options.timeout is not None:
             argv += ["--timeout", str(options.timeout)]
+        if options.reminder is not None:
+            argv += ["--model-settings-file", f"{workdir}/{SETTINGS}"]
         for path in options.files:
             argv += ["--file", path]
         for path in options.read:
@@ -159,7 +172,11 @@ class Aider(Preset):
                 "mode": "chat",
             }
         }
-        return {METADATA: json.dumps(metadata, indent=2) + "\n"}
+        files = {METADATA: json.dumps(metadata, indent=2) + "\n"}
+        if options.reminder is not None:  # JSON is YAML: aider reads this file with yaml
+            settings = [{"name": f"openai/{run.ctx.model}", "reminder": options.reminder}]
+            files[SETTINGS] = json.dumps(settings, indent=2) + "\n"
+        return files
 
     def env(self, run: PresetRun) -> dict[str, str]:
         return {

@@ -15,6 +15,9 @@ Answer: the value the agent passed to its `final_answer` tool (or, out of steps,
 smolagents asks the model for in one last call), written to `.polar/smolagents/answer.txt`.
 Artifacts: `transcript` (the run result: output, state success | max_steps_error, every memory
 step with the model's input and output, tool calls, observations and errors, token usage).
+`options.tool_choice: auto` replaces the `tool_choice: required` smolagents sends with every
+ToolCallingAgent call (a model kwarg, which smolagents lets override its own): the engine then
+need not force a call, and the proxy's token-in path takes the call (docs/tito.md).
 Side calls: none by default (a `planning_interval` would add planning calls; it is not set).
 CodeAgent's system prompt is long (8.5k characters, over 2k tokens: too long for a 2k-context
 model); ToolCallingAgent's is 3.7k characters.
@@ -62,6 +65,9 @@ class SmolagentsOptions(PresetOptions):
         default_factory=list, description="CodeAgent: modules its code may import beyond the base"
     )
     instructions: str | None = Field(None, description="added to the agent's system prompt")
+    tool_choice: Literal["required", "auto"] = Field(
+        "required", description="ToolCallingAgent: the tool_choice it sends (smolagents': required)"
+    )
 
 
 class Smolagents(Preset):
@@ -99,6 +105,8 @@ class Smolagents(Preset):
             argv += ["--authorized-import", module]
         if options.instructions is not None:
             argv += ["--instructions", options.instructions]
+        if options.tool_choice != "required":
+            argv += ["--tool-choice", options.tool_choice]
         return argv
 
     def files(self, run: PresetRun) -> dict[str, str]:

@@ -31,6 +31,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--agent", choices=("tool_calling", "code"), default="tool_calling")
     parser.add_argument("--max-steps", type=int, default=20)
+    parser.add_argument("--tool-choice", choices=("required", "auto"), default="required")
     parser.add_argument("--tool", action="append", default=[], choices=sorted(TOOLS))
     parser.add_argument("--authorized-import", action="append", default=[])
     parser.add_argument("--instructions", default=None, help="added to the system prompt")
@@ -44,6 +45,8 @@ def build_agent(args: argparse.Namespace) -> ToolCallingAgent | CodeAgent:
         model_id=os.environ["POLAR_MODEL"],
         api_base=os.environ["OPENAI_BASE_URL"],
         api_key=os.environ["OPENAI_API_KEY"],
+        # the model's kwargs override smolagents' own `tool_choice: required`
+        **({} if args.tool_choice == "required" else {"tool_choice": args.tool_choice}),
     )
     tools = [TOOLS[name]() for name in dict.fromkeys(args.tool)]
     common: dict[str, Any] = {
