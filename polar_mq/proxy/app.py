@@ -119,6 +119,7 @@ def create_proxy_app(
             served_model=settings.served_model,
             max_body_bytes=settings.max_body_bytes,
             admin_token=settings.proxy_admin_token,
+            durable_answers=settings.proxy_durable_answers,
             engine=engine,
             metrics=ProxyMetrics(call_sink.stats),
             rollouts=rollouts,

@@ -132,7 +132,8 @@ async def forward_json(
     if call.on_answered is not None:  # TITO: the turn is kept before the agent can go on
         await call.on_answered(capture, data)
     body = orjson.dumps(answer)
-    await state.sink.durable()  # the row survives a crash before the agent has the answer
+    if state.durable_answers:  # the row survives a crash before the agent has the answer
+        await state.sink.durable()
     response = Response(body, upstream.status_code, media_type="application/json")
     state.metrics.observe(row, time.perf_counter() - call.started - upstream_s, upstream_s)
     return response
@@ -281,7 +282,8 @@ class CapturedStream(Response):
 
     async def _record_durably(self) -> None:
         self._record()
-        await self._state.sink.durable()
+        if self._state.durable_answers:
+            await self._state.sink.durable()
 
     async def _answered(self) -> None:
         """The hook of a call whose whole answer arrived, once, before the agent gets its end."""

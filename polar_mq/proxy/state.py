@@ -52,5 +52,8 @@ class ProxyState:
     """The deadline of an agent's request body (`body.read_json_object`); None: none (tests)."""
     receipts: StartCounter | None = None
     """Counts receipted calls before they are numbered (`receipts`); None: no Redis for it."""
+    durable_answers: bool = True
+    """An answer waits for its call's row to survive a crash (`CallSink.durable`); False:
+    answer first (`POLAR_MQ_PROXY_DURABLE_ANSWERS=false`), whatever the sink."""
     tito: Tito | None = None
     """Token-in/token-out for chat calls (`polar_mq.proxy.tito`); None: every call goes chat."""

@@ -191,7 +191,8 @@ async def test_a_proxy_stopping_waits_for_the_retokenizing_before_closing_its_ba
     """Shutting down closed the backends' clients before the sink's drain: a /tokenize still to
     be sent (here a retry after a dropped connection) met a closed client and the call lost its
     ids (`missing`; seen with real vLLM on a slow host, where /tokenize outlasted the rest of the
-    shutdown)."""
+    shutdown). Answer-first only: with durable answers (the default) the answer itself waits for
+    the re-tokenizing, as the next test shows."""
     fake = create_fake_vllm_app()
     (route,) = [r for r in fake.router.routes if isinstance(r, Route) and r.path == "/tokenize"]
     answer = route.endpoint
@@ -205,7 +206,8 @@ async def test_a_proxy_stopping_waits_for_the_retokenizing_before_closing_its_ba
         return await answer(request)
 
     route.app = request_response(slow_then_dropped_once)
-    async for harness in start_harness(proxy_settings(upstream_engine="generic"), fake):
+    settings = proxy_settings(upstream_engine="generic", proxy_durable_answers=False)
+    async for harness in start_harness(settings, fake):
         response = await harness.post(CHAT, {"model": "my-policy", "messages": QUESTION})
         assert response.status_code == 200
         sink = harness.sink
@@ -213,3 +215,16 @@ async def test_a_proxy_stopping_waits_for_the_retokenizing_before_closing_its_ba
     (row,) = sink.rows
     assert row["response"]["fidelity"] == "retokenized" and row["prompt_ids"]
     assert seen["calls"] == 3  # the prompt, the completion and the retry
+
+
+async def test_a_durable_answer_waits_for_the_retokenized_row() -> None:
+    """With durable answers (the default) an answer leaves only once its row is stored, and for a
+    generic engine that row is the re-tokenized one: the agent never holds an answer whose ids
+    are still being rebuilt when the proxy dies."""
+    async for harness in start_harness(
+        proxy_settings(upstream_engine="generic"), create_fake_vllm_app()
+    ):
+        response = await harness.post(CHAT, {"model": "my-policy", "messages": QUESTION})
+        assert response.status_code == 200
+        (row,) = harness.sink.rows  # stored before the answer came back
+        assert row["response"]["fidelity"] == "retokenized" and row["prompt_ids"]
