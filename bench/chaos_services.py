@@ -29,8 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from polar_mq.ports import free_port
-from polar_mq.processes import ManagedProcess
+from polar_mq.infra.ports import free_port
+from polar_mq.infra.processes import ManagedProcess
 
 PG_USER = "postgres"
 

@@ -47,11 +47,11 @@ from sqlalchemy.exc import OperationalError
 from bench.chaos_services import PrivateBroker, PrivatePostgres, PrivateRedis
 from bench.pipeline.infra import fresh_database, stack_settings
 from polar_mq.client import Client
-from polar_mq.db import create_db_engine, make_session_factory
-from polar_mq.devstack import LocalStack
+from polar_mq.infra.db import create_db_engine, make_session_factory
+from polar_mq.infra.ports import free_port
 from polar_mq.lifecycle.stages import Stage
 from polar_mq.models import Rollout, RolloutStatus
-from polar_mq.ports import free_port
+from polar_mq.stack.devstack import LocalStack
 from polar_mq.testing import ledger
 from polar_mq.testing.netns_bed import NetnsBed
 from polar_mq.workers.janitor import local_runtime_ids

@@ -46,14 +46,14 @@ from sqlalchemy import Engine, func, select, text
 from bench.live_probe import Probe, tree_cpu_s
 from bench.pipeline.infra import cleanup_redis, fresh_database, stack_settings
 from polar_mq.config import Settings
-from polar_mq.db import create_db_engine
-from polar_mq.devstack import LocalStack
+from polar_mq.dispatch.submit import enqueue_job
+from polar_mq.infra.db import create_db_engine
+from polar_mq.infra.ports import free_port
+from polar_mq.infra.processes import ManagedProcess
 from polar_mq.lifecycle.stages import Stage
 from polar_mq.models import LlmCall, Rollout, RolloutStatus
-from polar_mq.ports import free_port
-from polar_mq.processes import ManagedProcess
 from polar_mq.runtimes import kill_group
-from polar_mq.submit import enqueue_job
+from polar_mq.stack.devstack import LocalStack
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RESULTS_DIR = REPO_ROOT / "bench" / "results"

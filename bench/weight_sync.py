@@ -44,16 +44,16 @@ from typing import Any
 
 import httpx
 
+from polar_mq.capability.tokens import issue_rollout_token
 from polar_mq.config import Settings
-from polar_mq.db import create_db_engine, make_session_factory
 from polar_mq.inference import local_vllm
-from polar_mq.migrate import upgrade
+from polar_mq.infra.db import create_db_engine, make_session_factory
+from polar_mq.infra.migrate import upgrade
+from polar_mq.infra.ports import free_port
 from polar_mq.policy.proxies import ProxyControl
 from polar_mq.policy.service import PolicyService, PolicyUpdate
-from polar_mq.ports import free_port
 from polar_mq.proxy import MemoryCallSink, create_proxy_app
 from polar_mq.testing.servers import serve_in_thread
-from polar_mq.tokens import issue_rollout_token
 
 SECRET = "bench-weight-sync-secret-0123456789abcdef"
 ADMIN_TOKEN = "bench-admin-token-0123456789abcdef"

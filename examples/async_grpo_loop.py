@@ -157,10 +157,10 @@ def local_stack() -> Iterator[str]:
     """A throwaway stack like `polar-mq demo --fake`: SQLite, embedded broker, fake model,
     proxy, API and one Celery worker per stage. Yields the API URL; removed after a clean run."""
     from polar_mq.config import Settings
-    from polar_mq.devstack import LocalStack
+    from polar_mq.infra.migrate import upgrade
+    from polar_mq.infra.ports import free_port
     from polar_mq.lifecycle.stages import Stage
-    from polar_mq.migrate import upgrade
-    from polar_mq.ports import free_port
+    from polar_mq.stack.devstack import LocalStack
 
     root = Path(tempfile.mkdtemp(prefix="polar-async-example-"))
     upstream = free_port()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from alembic import context
 
 from polar_mq.config import get_settings
-from polar_mq.db import create_db_engine
+from polar_mq.infra.db import create_db_engine
 from polar_mq.models import Base
 
 config = context.config

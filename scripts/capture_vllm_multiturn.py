@@ -45,7 +45,7 @@ import orjson
 from polar_mq.agents.calculator import parse_directive, run_calculator
 from polar_mq.agents.tool_agent import TEXT_NUDGE, TEXT_SYSTEM_PROMPT, TOOLS
 from polar_mq.inference import local_vllm
-from polar_mq.ports import free_port
+from polar_mq.infra.ports import free_port
 from polar_mq.proxy.engines.vllm import CHAT, extract_response, stream_capture
 
 OUT = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "vllm_multiturn"

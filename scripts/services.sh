@@ -34,7 +34,7 @@ if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
   wait_for Redis "redis-cli -h 127.0.0.1 -p 6379 ping"
 fi
 # RabbitMQ (optional: the RabbitMQ variants of the broker-fault tests and
-# tests/workers/test_priority_brokers.py
+# tests/dispatch/test_priority_brokers.py
 # skip without it). Started only when installed and nothing answers on 5672; the variants that
 # restart a broker start private nodes of their own (tests/reliability/private_rabbitmq.py).
 amqp_up() { timeout 2 bash -c '</dev/tcp/127.0.0.1/5672' >/dev/null 2>&1; }

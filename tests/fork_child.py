@@ -1,5 +1,5 @@
-"""A `python -m tests.fork_child CODE [sleep]` child for tests/test_forking.py: reports what it
-was started with (environment, arguments, process group) and whether its exit handlers ran."""
+"""A `python -m tests.fork_child CODE [sleep]` child for tests/infra/test_forking.py: reports what
+it was started with (environment, arguments, process group) and whether its exit handlers ran."""
 
 import atexit
 import os

@@ -10,10 +10,10 @@ from contextlib import contextmanager
 import uvicorn
 from sqlalchemy.orm import Session, sessionmaker
 
-from polar_mq.app import create_app
 from polar_mq.config import Settings
+from polar_mq.infra.ports import free_port
 from polar_mq.lifecycle.messages import StageMessage
-from polar_mq.ports import free_port
+from polar_mq.ui.app import create_app
 
 
 @contextmanager

@@ -32,9 +32,9 @@ from typing import Any
 
 from bench.pipeline.infra import cleanup_redis, fresh_database, stack_settings
 from polar_mq.client import Client
-from polar_mq.devstack import LocalStack
+from polar_mq.infra.ports import free_port
 from polar_mq.lifecycle.stages import Stage
-from polar_mq.ports import free_port
+from polar_mq.stack.devstack import LocalStack
 
 from .trainer import LoopRun, run_async, run_sync
 

@@ -4,7 +4,7 @@ Each step has its own queue and its own worker process (like polar_mq's one work
 started with the very argv polar_mq's launcher builds (threads pool, `-O fair`, no gossip/mingle),
 only `-A` pointing at `bench.pipeline.baseline_entry`. The Celery configuration that matters for
 throughput (late acks, reject on worker lost, prefetch 1, ignored results, JSON, task events,
-transport options) is copied from `polar_mq.workers.celery_app.create_celery`, so the baseline
+transport options) is copied from `polar_mq.dispatch.celery_app.create_celery`, so the baseline
 follows any change made there. There is no result backend: the last step INCRs a Redis counter.
 """
 
@@ -18,8 +18,8 @@ from celery import Celery, chain
 
 from bench.pipeline.floor import FloorSteps
 from polar_mq.config import Settings
+from polar_mq.dispatch.celery_app import create_celery
 from polar_mq.lifecycle.stages import Stage
-from polar_mq.workers.celery_app import create_celery
 from polar_mq.workers.launcher import StageWorker
 
 STEPS = 4

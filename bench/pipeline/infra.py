@@ -13,9 +13,9 @@ import redis
 from sqlalchemy import text
 
 from polar_mq.config import Settings
-from polar_mq.db import create_db_engine
-from polar_mq.migrate import upgrade
-from polar_mq.ports import free_port
+from polar_mq.infra.db import create_db_engine
+from polar_mq.infra.migrate import upgrade
+from polar_mq.infra.ports import free_port
 
 
 def stack_settings(

@@ -26,13 +26,13 @@ from bench.pipeline.infra import fresh_database, stack_settings
 from bench.pipeline.measure import NOOP_HARNESS, job_spec
 from bench.pipeline.run import DEFAULT_PG, DEFAULT_REDIS, GROUP
 from polar_mq.config import get_settings
-from polar_mq.db import unit_of_work
-from polar_mq.devstack import settings_env
+from polar_mq.infra.db import unit_of_work
+from polar_mq.infra.ports import free_port
 from polar_mq.jobs.schemas import JobCreate
 from polar_mq.jobs.service import create_job
 from polar_mq.lifecycle.messages import StageMessage
 from polar_mq.lifecycle.stages import Stage
-from polar_mq.ports import free_port
+from polar_mq.stack.devstack import settings_env
 from polar_mq.workers.context import WorkerContext
 from polar_mq.workers.runner import run_stage
 

@@ -25,8 +25,8 @@ from sqlalchemy import Engine, func, select
 from bench.pipeline import baseline, cpu
 from bench.pipeline import floor as floor_steps
 from polar_mq.config import Settings
+from polar_mq.dispatch.submit import enqueue_job
 from polar_mq.models import Event, EventKind, LlmCall, Rollout, RolloutStatus
-from polar_mq.submit import enqueue_job
 
 POLL_S = 0.02
 AGENT_CALLS = 3

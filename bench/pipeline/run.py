@@ -36,11 +36,11 @@ from bench.pipeline.measure import (
     run_pipeline,
     trivial_agent_harness,
 )
-from polar_mq.db import create_db_engine
-from polar_mq.devstack import LocalStack
+from polar_mq.infra.db import create_db_engine
+from polar_mq.infra.ports import free_port
+from polar_mq.infra.processes import ManagedProcess
 from polar_mq.lifecycle.stages import Stage
-from polar_mq.ports import free_port
-from polar_mq.processes import ManagedProcess
+from polar_mq.stack.devstack import LocalStack
 from polar_mq.workers.launcher import DEFAULT_CONCURRENCY, parse_concurrency
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from bench.pipeline.infra import fresh_database
-from polar_mq.db import create_db_engine, make_session_factory, unit_of_work
+from polar_mq.infra.db import create_db_engine, make_session_factory, unit_of_work
 from polar_mq.jobs.schemas import JobCreate
 from polar_mq.jobs.service import create_job
 from polar_mq.proxy.call_insert import CallInserter

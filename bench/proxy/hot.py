@@ -31,10 +31,10 @@ from bench.proxy import targets
 from bench.proxy.run import DEFAULT_PG, _body, _upstream_body
 from bench.proxy.workers import live_rollout
 from bench.proxy.wrk import require_wrk, run_wrk
-from polar_mq.devstack import LocalStack
-from polar_mq.ports import free_port
-from polar_mq.processes import ManagedProcess
-from polar_mq.tokens import issue_rollout_token
+from polar_mq.capability.tokens import issue_rollout_token
+from polar_mq.infra.ports import free_port
+from polar_mq.infra.processes import ManagedProcess
+from polar_mq.stack.devstack import LocalStack
 
 PATH = "/v1/chat/completions"
 

@@ -25,10 +25,10 @@ from bench.pipeline.cpu import tree_cpu
 from bench.pipeline.infra import fresh_database
 from bench.proxy import families, report, targets, writer_rate
 from bench.proxy.wrk import LoadResult, require_wrk, run_wrk
-from polar_mq.devstack import LocalStack
-from polar_mq.ports import free_port
-from polar_mq.processes import ManagedProcess
-from polar_mq.tokens import issue_rollout_token
+from polar_mq.capability.tokens import issue_rollout_token
+from polar_mq.infra.ports import free_port
+from polar_mq.infra.processes import ManagedProcess
+from polar_mq.stack.devstack import LocalStack
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RESULTS_DIR = REPO_ROOT / "bench" / "results"

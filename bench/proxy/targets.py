@@ -1,6 +1,6 @@
 """The processes under test: the fake engine, polar_mq's proxy and (when installed) LiteLLM's.
 
-polar_mq's side runs exactly as in production (`polar-mq proxy` through `polar_mq.devstack`,
+polar_mq's side runs exactly as in production (`polar-mq proxy` through `polar_mq.stack.devstack`,
 logging every call to PostgreSQL through its writer). LiteLLM runs from its own virtualenv, never
 the project's (`LITELLM_VENV`, default ~/.cache/polar_mq/litellm-venv; create it with
 `python3 -m venv DIR && DIR/bin/pip install 'litellm[proxy]'`), with one worker, no database and
@@ -13,9 +13,9 @@ import os
 from pathlib import Path
 
 from polar_mq.config import Settings
-from polar_mq.devstack import LocalStack
-from polar_mq.ports import free_port
-from polar_mq.processes import ManagedProcess
+from polar_mq.infra.ports import free_port
+from polar_mq.infra.processes import ManagedProcess
+from polar_mq.stack.devstack import LocalStack
 
 MODEL = "fake-model"
 LITELLM_KEY = "sk-bench-proxy"

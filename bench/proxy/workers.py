@@ -32,11 +32,11 @@ from bench.pipeline.infra import fresh_database
 from bench.proxy import machine, targets
 from bench.proxy.run import DEFAULT_PG, QUESTION
 from bench.proxy.wrk import ERROR_KINDS, require_wrk, run_wrk
-from polar_mq.db import create_db_engine
-from polar_mq.devstack import LocalStack
+from polar_mq.capability.tokens import issue_rollout_token
+from polar_mq.infra.db import create_db_engine
+from polar_mq.infra.ports import free_port
 from polar_mq.models import Job, JobTask, Rollout, RolloutStatus
-from polar_mq.ports import free_port
-from polar_mq.tokens import issue_rollout_token
+from polar_mq.stack.devstack import LocalStack
 
 DEFAULT_REDIS = "redis://127.0.0.1:6379"
 

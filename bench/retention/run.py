@@ -30,8 +30,8 @@ from typing import Any
 from sqlalchemy import text
 
 from bench.retention import measure, synthetic
-from polar_mq.db import create_db_engine
-from polar_mq.migrate import upgrade
+from polar_mq.infra.db import create_db_engine
+from polar_mq.infra.migrate import upgrade
 from polar_mq.retention.prune import prune, table_bytes
 
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"

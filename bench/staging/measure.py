@@ -23,8 +23,8 @@ from sqlalchemy import Engine, func, select
 
 from bench.pipeline.measure import AGENT_CALLS, trivial_agent_harness
 from polar_mq.config import Settings
+from polar_mq.dispatch.submit import enqueue_job
 from polar_mq.models import Event, EventKind, Rollout, RolloutStatus
-from polar_mq.submit import enqueue_job
 
 POLL_S = 0.05
 

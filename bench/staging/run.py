@@ -34,12 +34,12 @@ from bench.pipeline.infra import cleanup_redis, fresh_database, stack_settings
 from bench.pipeline.measure import AGENT_CALLS
 from bench.staging import latency
 from bench.staging.measure import Run, Workload, sequential, staged
-from polar_mq.db import create_db_engine
-from polar_mq.devstack import LocalStack
+from polar_mq.infra.db import create_db_engine
+from polar_mq.infra.ports import free_port
+from polar_mq.infra.processes import ManagedProcess
 from polar_mq.lifecycle.stages import Stage
-from polar_mq.ports import free_port
-from polar_mq.processes import ManagedProcess
 from polar_mq.runtimes.warm_pool import WarmPool
+from polar_mq.stack.devstack import LocalStack
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RESULTS_DIR = REPO_ROOT / "bench" / "results"

@@ -31,9 +31,9 @@ import psutil
 from bench.pipeline.infra import fresh_database
 from bench.ui.synthetic import create_job
 from polar_mq.config import Settings
-from polar_mq.db import create_db_engine, make_session_factory, unit_of_work
-from polar_mq.devstack import LocalStack
-from polar_mq.ports import free_port
+from polar_mq.infra.db import create_db_engine, make_session_factory, unit_of_work
+from polar_mq.infra.ports import free_port
+from polar_mq.stack.devstack import LocalStack
 from polar_mq.tenants.keys import create_api_key
 
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"

@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 from polar_mq.api.auth import Principal
 from polar_mq.api.deps import SessionDep, get_principal, get_principal_briefly
 from polar_mq.api.errors import ApiError
-from polar_mq.db import unit_of_work
+from polar_mq.infra.db import unit_of_work
 from polar_mq.tenants.access import authorize_job, authorize_rollout
 
 PrincipalOf = Callable[..., Principal]

@@ -22,15 +22,15 @@ from polar_mq.api.broker_gate import BrokerGate
 from polar_mq.api.errors import body_timeout_response, install_error_handlers
 from polar_mq.api.routes import cancel, groups, health, jobs, policy, rollouts
 from polar_mq.api.schemas import EVERY_OPERATION, error_responses
-from polar_mq.body_timeout import BodyTimeoutMiddleware
 from polar_mq.config import Settings
-from polar_mq.db import create_db_engine, make_session_factory
-from polar_mq.imports import AllowlistMiddleware
+from polar_mq.dispatch.celery_app import PolarCelery, create_celery, publish_messages
+from polar_mq.infra.body_timeout import BodyTimeoutMiddleware
+from polar_mq.infra.db import create_db_engine, make_session_factory
+from polar_mq.infra.imports import AllowlistMiddleware
 from polar_mq.lifecycle.messages import StageMessage
 from polar_mq.lifecycle.outbox import Publisher, attach_publisher
 from polar_mq.observability.api_logs import install_request_context
 from polar_mq.observability.api_metrics import install_metrics
-from polar_mq.workers.celery_app import PolarCelery, create_celery, publish_messages
 
 
 def _version() -> str:
@@ -46,7 +46,7 @@ def create_api(
     session_factory: sessionmaker[Session] | None = None,
     publisher: Publisher | None = None,
 ) -> FastAPI:
-    """Build the REST API (without the dashboard: `polar_mq.app.create_app` adds it).
+    """Build the REST API (without the dashboard: `polar_mq.ui.app.create_app` adds it).
 
     `session_factory`: sessions on an existing engine (default: an engine on
     `settings.database_url`, opened in the lifespan); the app attaches its publisher to it, so

@@ -13,7 +13,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from polar_mq.api.errors import error_payload
 from polar_mq.api.responses import OrjsonResponse
-from polar_mq.body_timeout import refuse_unless_started
+from polar_mq.infra.body_timeout import refuse_unless_started
 
 
 class PayloadTooLarge(HTTPException):

@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 
 from polar_mq.api.auth import Authenticator, Principal
 from polar_mq.config import Settings
-from polar_mq.db import unit_of_work
+from polar_mq.infra.db import unit_of_work
 
 bearer = HTTPBearer(
     auto_error=False,

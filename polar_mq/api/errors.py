@@ -5,8 +5,8 @@ one line what to fix (the `message` names the offending field path). Bad input i
 validation errors are rewritten from pydantic's nested form, a malformed body is `invalid_json`,
 and anything unexpected is a 500 whose body never leaks a traceback.
 
-Every domain error derives from `polar_mq.errors.PolarError`, which carries its own status, type,
-details and headers, so one handler answers them all; the other handlers here are for what the
+Every domain error derives from `polar_mq.infra.errors.PolarError`, which carries its own status,
+type, details and headers, so one handler answers them all; the other handlers here are for what the
 framework and the database raise (validation, HTTP errors, a refused value, a lost connection).
 """
 
@@ -25,8 +25,8 @@ from starlette.responses import Response
 
 from polar_mq.api.allow import allowed_methods
 from polar_mq.api.responses import OrjsonResponse
-from polar_mq.body_timeout import BodyReadTimeout
-from polar_mq.errors import PolarError
+from polar_mq.infra.body_timeout import BodyReadTimeout
+from polar_mq.infra.errors import PolarError
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +165,7 @@ async def _http(request: Request, exc: Exception) -> Response:
 
 
 async def _polar(_request: Request, exc: Exception) -> Response:
-    """Every domain error (`polar_mq.errors.PolarError`): it carries its own answer."""
+    """Every domain error (`polar_mq.infra.errors.PolarError`): it carries its own answer."""
     assert isinstance(exc, PolarError)
     return error_response(
         exc.status, exc.type, exc.message, headers=exc.headers, details=exc.details
@@ -189,7 +189,7 @@ async def _unexpected(request: Request, exc: Exception) -> Response:
 
 
 def body_timeout_response(exc: BodyReadTimeout) -> Response:
-    """A request body that did not arrive in time (`polar_mq.body_timeout`); the connection is
+    """A request body that did not arrive in time (`polar_mq.infra.body_timeout`); the connection is
     closed after it."""
     return error_response(408, "request_timeout", exc.message, headers=exc.headers)
 

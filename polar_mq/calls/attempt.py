@@ -12,9 +12,9 @@ from sqlalchemy import ColumnElement, Connection, Row, Select, bindparam, func, 
 from sqlalchemy.orm import Session
 
 from polar_mq.calls.window import calls_window, window_start
-from polar_mq.lifecycle.raw_sql import first_row
+from polar_mq.capability.tokens import AGENT
+from polar_mq.infra.raw_sql import first_row
 from polar_mq.models import LlmCall
-from polar_mq.tokens import AGENT
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,4 @@
-"""`python -m polar_mq.cli`: what the tests and `polar_mq.devstack` start processes with."""
+"""`python -m polar_mq.cli`: what the tests and `polar_mq.stack.devstack` start processes with."""
 
 from polar_mq.cli import main
 

@@ -9,7 +9,7 @@ from pydantic import ValidationError
 from rich.console import Console
 
 from polar_mq.config import Settings, describe_config_error, get_settings
-from polar_mq.service_credentials import credential_warnings
+from polar_mq.config.credentials import credential_warnings
 
 console = Console()
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1"}

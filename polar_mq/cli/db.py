@@ -16,7 +16,7 @@ db_app = typer.Typer(no_args_is_help=True, help="Database schema and call retent
 @db_app.command("upgrade")
 def db_upgrade(revision: str = "head") -> None:
     """Apply the Alembic migrations to POLAR_MQ_DATABASE_URL."""
-    from polar_mq.migrate import upgrade
+    from polar_mq.infra.migrate import upgrade
 
     settings = load_settings()
     upgrade(settings.database_url, revision)
@@ -37,7 +37,7 @@ def db_prune(
     ] = False,
 ) -> None:
     """Delete LLM calls older than an age (whole days dropped), keeping running jobs' calls."""
-    from polar_mq.db import create_db_engine
+    from polar_mq.infra.db import create_db_engine
     from polar_mq.models.base import utcnow
     from polar_mq.retention.age import BadAge, parse_age
     from polar_mq.retention.prune import prune

@@ -182,7 +182,7 @@ def export(
     api_key: ApiKey = None,
 ) -> None:
     """Write a job's training samples (one row each) as JSONL or Parquet."""
-    from polar_mq.export import resolve_format
+    from polar_mq.client.export import resolve_format
 
     try:
         chosen = resolve_format(out or Path(f"{job_id}.jsonl"), format)

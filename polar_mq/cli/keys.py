@@ -33,7 +33,7 @@ def _fail(message: str, code: int = 2) -> typer.Exit:
 
 @contextmanager
 def _session() -> Iterator[Session]:
-    from polar_mq.db import create_db_engine, make_session_factory, unit_of_work
+    from polar_mq.infra.db import create_db_engine, make_session_factory, unit_of_work
 
     try:
         settings = get_settings()

@@ -19,7 +19,7 @@ workers a longer stop grace period)."""
 
 def _has_keys(settings: Settings) -> bool:
     from polar_mq.api.auth import has_active_keys
-    from polar_mq.db import create_db_engine, make_session_factory
+    from polar_mq.infra.db import create_db_engine, make_session_factory
 
     engine = create_db_engine(settings.database_url)
     try:
@@ -36,9 +36,9 @@ def api(
     """Serve the REST API."""
     import uvicorn
 
-    from polar_mq.app import create_app
-    from polar_mq.header_timeout import header_timeout_protocol
+    from polar_mq.infra.header_timeout import header_timeout_protocol
     from polar_mq.observability.logs import configure_from_settings
+    from polar_mq.ui.app import create_app
 
     settings = load_settings()
     configure_from_settings("api", settings)
@@ -268,6 +268,6 @@ def demo(
     samples: Annotated[int, typer.Option(help="samples per task")] = 4,
 ) -> None:
     """Run everything locally (SQLite, embedded broker, real CPU vLLM) and print the results."""
-    from polar_mq.demo import run_demo
+    from polar_mq.stack.demo import run_demo
 
     raise typer.Exit(run_demo(use_fake=fake, n_tasks=tasks, samples=samples))

@@ -1,6 +1,6 @@
 """`polar-mq up`: a standing local stack in one command, until Ctrl-C.
 
-The demo's process layout (`polar_mq.devstack.LocalStack`: an engine, the proxy, one worker
+The demo's process layout (`polar_mq.stack.devstack.LocalStack`: an engine, the proxy, one worker
 supervisor for every stage, the sweeper, the janitor, the API with the dashboard) left running,
 with its data kept between runs under `--dir`: the API on a fixed port (8000, the README's), an
 admin API key printed for the Python client and the dashboard, and every process stopped on
@@ -25,7 +25,7 @@ from polar_mq.cli.up_store import Store, services_store, stack_key
 from polar_mq.config import Settings
 
 if TYPE_CHECKING:
-    from polar_mq.processes import ManagedProcess
+    from polar_mq.infra.processes import ManagedProcess
 
 UP_DIR = Path(".polar_mq") / "up"
 WATCH_S = 1.0
@@ -35,7 +35,7 @@ WATCH_S = 1.0
 def _settings(
     store: Store, root: Path, upstream_url: str, port: int, max_len: int | None
 ) -> Settings:
-    from polar_mq.ports import free_port
+    from polar_mq.infra.ports import free_port
 
     return Settings(
         database_url=store.database_url,
@@ -106,11 +106,11 @@ def run_up(
     flower_port: int,
 ) -> int:  # fmt: skip
     """Start the stack, print where it is, keep it until a stop signal or a service's death."""
-    from polar_mq.demo import exit_on_sigterm
-    from polar_mq.devstack import LocalStack
     from polar_mq.inference import local_vllm
-    from polar_mq.migrate import upgrade
-    from polar_mq.ports import free_port
+    from polar_mq.infra.migrate import upgrade
+    from polar_mq.infra.ports import free_port
+    from polar_mq.stack.demo import exit_on_sigterm
+    from polar_mq.stack.devstack import LocalStack
 
     if not fake and not local_vllm.is_installed():
         raise fail(

@@ -84,7 +84,7 @@ def stack_key(database_url: str, key_file: Path) -> str:
     one (saved, readable by this user only), so restarting `up` keeps the key a trainer uses."""
     from sqlalchemy import select
 
-    from polar_mq.db import create_db_engine, make_session_factory, unit_of_work
+    from polar_mq.infra.db import create_db_engine, make_session_factory, unit_of_work
     from polar_mq.models import ApiKey
     from polar_mq.tenants.keys import create_api_key, hash_key
 

@@ -17,7 +17,7 @@ from polar_mq.client.core import DEFAULT_TIMEOUT_S, ClientCore, headers
 from polar_mq.client.errors import PolarMQError
 from polar_mq.client.operations import AsyncFace, Operation, Operations
 from polar_mq.client.steps import Call, Emit, Op, Sleep, Stepper, Stream, decode, unreachable
-from polar_mq.tls import client_ssl_context
+from polar_mq.infra.tls import client_ssl_context
 
 P = ParamSpec("P")
 T = TypeVar("T")

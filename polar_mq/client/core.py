@@ -33,7 +33,7 @@ from polar_mq.client.steps import (
 )
 
 if TYPE_CHECKING:
-    from polar_mq.export import ExportSummary, ExportWriter
+    from polar_mq.client.export import ExportSummary, ExportWriter
 
 DEFAULT_TIMEOUT_S = 30.0
 ADAPTER_LOAD_TIMEOUT_S = 330.0
@@ -89,7 +89,7 @@ def _results_params(
 def _export_writer(
     job_id: str, path: str | os.PathLike[str], format: str | None, advantages: str | None
 ) -> ExportWriter:
-    from polar_mq.export import ExportWriter, resolve_format
+    from polar_mq.client.export import ExportWriter, resolve_format
 
     target = Path(path)
     return ExportWriter(target, resolve_format(target, format), job_id, advantages is not None)
@@ -267,8 +267,8 @@ class ClientCore(GroupLeases):
     ) -> Op[ExportSummary]:
         """Write the job's training samples to `path` as jsonl or parquet (default: by suffix).
 
-        One row per training sample (see `polar_mq.export`); streamed page by page. Exports the
-        groups available now: `summary.job_finished` is False when the job was still running.
+        One row per training sample (see `polar_mq.client.export`); streamed page by page. Exports
+        the groups available now: `summary.job_finished` is False when the job was still running.
         With `artifacts_dir`, each exported rollout's artifacts (agent log, transcript, diff) are
         saved as `artifacts_dir/<rollout id>/<name>` too. A failed export leaves no file.
         """

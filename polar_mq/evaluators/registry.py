@@ -1,8 +1,8 @@
 """Evaluator lookup: built-in names, composites (`weighted`, `gate`), `python` callables,
 `package.module:attr` import paths and entry points (group `polar_mq.evaluators`).
 
-Import paths are resolved only from the allow-list (`polar_mq.imports`): a job cannot make the API
-or a worker import an arbitrary module (`"os:system"` is a 4xx at submit).
+Import paths are resolved only from the allow-list (`polar_mq.infra.imports`): a job cannot make the
+API or a worker import an arbitrary module (`"os:system"` is a 4xx at submit).
 
 The API validates a job's evaluator spec by building it once, so every error a worker could hit
 while constructing the evaluator becomes a ValueError (a 4xx) at submission time instead. Composite
@@ -25,7 +25,7 @@ from polar_mq.evaluators.composition import Build, GateEvaluator, WeightedEvalua
 from polar_mq.evaluators.llm_judge import LlmJudgeEvaluator
 from polar_mq.evaluators.match import ExactMatchEvaluator, RegexEvaluator
 from polar_mq.evaluators.tests import TestsEvaluator
-from polar_mq.imports import EVALUATOR_GROUP, check_import_path, entry_point_path
+from polar_mq.infra.imports import EVALUATOR_GROUP, check_import_path, entry_point_path
 
 EVALUATORS: dict[str, type[Evaluator]] = {
     cls.name: cls

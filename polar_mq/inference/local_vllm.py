@@ -36,8 +36,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import FrameType, TracebackType
 
-from polar_mq.forking import ChildProcess
-from polar_mq.processes import ManagedProcess
+from polar_mq.infra.forking import ChildProcess
+from polar_mq.infra.processes import ManagedProcess
 
 SERVED_MODEL = "SmolLM2-135M-Instruct"
 TOOL_CALL_PARSER = "hermes"

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from polar_mq.errors import NotFound
+from polar_mq.infra.errors import NotFound
 from polar_mq.lifecycle.cancel import ROLLOUTS, R, cancel_where
 from polar_mq.models import Job, Rollout, RolloutStatus
 from polar_mq.models.base import utcnow

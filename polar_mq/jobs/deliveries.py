@@ -30,7 +30,7 @@ from sqlalchemy import and_, case, func, or_, select, tuple_, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from polar_mq.errors import PolarError
+from polar_mq.infra.errors import PolarError
 from polar_mq.jobs.queries import get_job, rollout_totals
 from polar_mq.jobs.read_models import (
     AckResult,

@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import func, select, tuple_
 from sqlalchemy.orm import Session
 
-from polar_mq.errors import NotFound
+from polar_mq.infra.errors import NotFound
 from polar_mq.jobs.cursors import decode_cursor, encode_cursor
 from polar_mq.jobs.early_stop import stop_status
 from polar_mq.jobs.failures import job_errors

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import Any, Literal, TypeVar
 
-from polar_mq.errors import PolarError
+from polar_mq.infra.errors import PolarError
 
 _R = TypeVar("_R")
 

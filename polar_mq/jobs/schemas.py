@@ -13,12 +13,12 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from polar_mq import spec
+from polar_mq.capability.sampling import validate_sampling
 from polar_mq.evaluators.registry import get_evaluator, validate_evaluator_spec
 from polar_mq.harnesses import get_harness
 from polar_mq.harnesses.presets.registry import harness_trusted
 from polar_mq.jobs.evaluator_choice import default_evaluator, evaluator_label, task_fields_problem
 from polar_mq.runtimes.options import check_runtime_options, effective_network
-from polar_mq.sampling import validate_sampling
 from polar_mq.spec.model import (
     DEFAULT_POOL,
     DEFAULT_PRIORITY,

@@ -3,7 +3,7 @@
 A higher priority is served sooner. It only orders messages that *wait* in a queue; it never
 preempts a running stage. Every stage message of the job carries it, so a high-priority job's later
 stages do not queue behind a low-priority backlog either. How each broker is told about it is the
-workers' business (`polar_mq.workers.priority`).
+workers' business (`polar_mq.dispatch.priority`).
 """
 
 from __future__ import annotations

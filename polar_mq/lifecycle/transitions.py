@@ -33,6 +33,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Session
 
+from polar_mq.infra.raw_sql import first_row
 from polar_mq.lifecycle.fused import (
     EVENT_COLUMNS,
     MAX_FUSED_ROWS,
@@ -44,7 +45,6 @@ from polar_mq.lifecycle.fused import (
 )
 from polar_mq.lifecycle.messages import StageMessage
 from polar_mq.lifecycle.outbox import defer_publish
-from polar_mq.lifecycle.raw_sql import first_row
 from polar_mq.lifecycle.stages import STAGE_STATES, Stage
 from polar_mq.models import Event, EventKind, Job, JobTask, Rollout, RolloutStatus
 from polar_mq.models.base import utcnow

@@ -53,7 +53,7 @@ class LlmCall(Base):
     purpose: Mapped[str] = mapped_column(String(16), default="agent", server_default="agent")
     attempt: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
     """The rollout attempt that made the call: a restarted rollout builds from its own calls."""
-    """agent | judge (see polar_mq.tokens.PURPOSES)"""
+    """agent | judge (see polar_mq.capability.tokens.PURPOSES)"""
     prompt_source: Mapped[str] = mapped_column(String(8), default="chat", server_default="chat")
     """How the engine's prompt was built: `chat` (messages the engine rendered) or `tito` (the
     previous call's prompt + completion ids + the new messages' ids, `polar_mq.proxy.tito`)."""

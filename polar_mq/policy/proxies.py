@@ -16,8 +16,8 @@ from typing import Any
 
 import httpx
 
+from polar_mq.infra.tls import client_ssl_context
 from polar_mq.policy.weights import Adapter
-from polar_mq.tls import client_ssl_context
 
 CONNECT_TIMEOUT_S = 5.0
 LOAD_TIMEOUT_S = 300.0

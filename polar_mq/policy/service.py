@@ -35,7 +35,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from polar_mq.db import unit_of_work
+from polar_mq.infra.db import unit_of_work
 from polar_mq.models import Job, Rollout, RolloutStatus
 from polar_mq.policy.admission import admit_all
 from polar_mq.policy.proxies import ProxyControl, ProxyReport

@@ -13,7 +13,7 @@ from datetime import datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from polar_mq.errors import PolarError
+from polar_mq.infra.errors import PolarError
 from polar_mq.models import DEFAULT_POLICY, PolicyState
 from polar_mq.models.base import utcnow
 from polar_mq.policy.weights import Adapter

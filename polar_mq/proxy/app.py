@@ -14,9 +14,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from polar_mq.body_timeout import BodyReadTimeout, BodyTimeoutMiddleware
 from polar_mq.config import Settings
-from polar_mq.db import create_db_engine
+from polar_mq.infra.body_timeout import BodyReadTimeout, BodyTimeoutMiddleware
+from polar_mq.infra.db import create_db_engine
 from polar_mq.proxy import routes
 from polar_mq.proxy.apis.registry import family_routes
 from polar_mq.proxy.auth import RolloutAuth

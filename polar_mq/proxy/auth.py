@@ -16,8 +16,8 @@ import time
 
 from starlette.requests import Request
 
+from polar_mq.capability.tokens import InvalidToken, RolloutClaim, verify_rollout_token
 from polar_mq.config import is_loopback
-from polar_mq.tokens import InvalidToken, RolloutClaim, verify_rollout_token
 
 CACHE_MAX = 65_536
 

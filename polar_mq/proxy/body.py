@@ -1,9 +1,10 @@
 """Reading the agent's JSON body with a size limit and a deadline, before anything is forwarded.
 
-The deadline is `body_read_timeout_s` from the start of the read (as `polar_mq.body_timeout`'s,
-which the generate routes bypass: they are served by `fast_path` without Starlette's middleware,
-so the deadline is kept here, one `asyncio.timeout_at` around the read instead of a timed
-`receive` per message): a body that stalls is a 408 and the connection is closed.
+The deadline is `body_read_timeout_s` from the start of the read (as
+`polar_mq.infra.body_timeout`'s, which the generate routes bypass: they are served by `fast_path`
+without Starlette's middleware, so the deadline is kept here, one `asyncio.timeout_at` around the
+read instead of a timed `receive` per message): a body that stalls is a 408 and the connection is
+closed.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from polar_mq.body_timeout import BodyReadTimeout
+from polar_mq.infra.body_timeout import BodyReadTimeout
 from polar_mq.proxy.errors import bad_request, request_timeout, too_large
 
 

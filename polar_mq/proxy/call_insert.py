@@ -19,7 +19,7 @@ from sqlalchemy import Connection, Engine, Table
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
-from polar_mq import db_json
+from polar_mq.infra import db_json
 from polar_mq.models.base import pack_float32, pack_int32
 from polar_mq.models.llm_call import LlmCall
 

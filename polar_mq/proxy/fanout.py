@@ -28,9 +28,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from polar_mq.infra.tls import client_ssl_context
 from polar_mq.proxy.auth import LOCAL_KEY, admin_allowed
 from polar_mq.proxy.errors import openai_error, unauthorized
-from polar_mq.tls import client_ssl_context
 
 if TYPE_CHECKING:
     from polar_mq.proxy.supervisor import WorkerSlot

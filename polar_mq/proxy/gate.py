@@ -12,12 +12,12 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import Response
 
+from polar_mq.capability.tokens import RolloutClaim
 from polar_mq.observability.context import bind
 from polar_mq.proxy.apis.base import AUTHENTICATION, PERMISSION
 from polar_mq.proxy.errors import openai_error
 from polar_mq.proxy.rollout_states import Refusal
 from polar_mq.proxy.state import ProxyState
-from polar_mq.tokens import RolloutClaim
 
 BAD_TOKEN = "invalid_api_key"
 

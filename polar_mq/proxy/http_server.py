@@ -19,7 +19,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message
 
-from polar_mq.header_timeout import HeadDeadline, HeadDeadlineHooks, close_late
+from polar_mq.infra.header_timeout import HeadDeadline, HeadDeadlineHooks, close_late
 from polar_mq.proxy.http_conn import Connection
 
 logger = logging.getLogger(__name__)
@@ -81,7 +81,7 @@ class Lifespan:
 
 class DeadlineConnection(HeadDeadlineHooks, Connection):
     """A connection whose request heads must arrive within `header_timeout_s` (see
-    `polar_mq.header_timeout`: armed on connect and on a head's first byte)."""
+    `polar_mq.infra.header_timeout`: armed on connect and on a head's first byte)."""
 
     def __init__(self, *args: Any, header_timeout_s: float) -> None:
         super().__init__(*args)

@@ -1,4 +1,5 @@
-"""The proxy's half of call receipts (`polar_mq.call_receipts`): count a call before numbering it.
+"""The proxy's half of call receipts (`polar_mq.capability.receipts`): count a call before numbering
+it.
 
 `number_call` is what both call paths (the OpenAI routes and the other API families) use to get
 a call's `seq`: for a token that asks for receipts it first increments the attempt's `started`
@@ -24,7 +25,7 @@ import redis as sync_redis
 import redis.asyncio as redis
 from redis.exceptions import RedisError
 
-from polar_mq.call_receipts import (
+from polar_mq.capability.receipts import (
     HURRY_CHANNEL,
     REDIS_TIMEOUT_S,
     TTL_S,
@@ -32,10 +33,10 @@ from polar_mq.call_receipts import (
     record_stored,
     started_key,
 )
+from polar_mq.capability.tokens import RolloutClaim
 from polar_mq.proxy.backends.pool import BackendUnavailable
 from polar_mq.proxy.redis_client import async_redis
 from polar_mq.proxy.seq import Sequencer
-from polar_mq.tokens import RolloutClaim
 
 logger = logging.getLogger(__name__)
 

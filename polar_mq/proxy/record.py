@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from polar_mq.capability.tokens import AGENT
 from polar_mq.proxy.apis.base import TranslatedCall
 from polar_mq.proxy.engines.vllm import Capture, View
-from polar_mq.tokens import AGENT
 
 
 @dataclass(slots=True)

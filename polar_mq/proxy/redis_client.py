@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import redis.asyncio as redis
 
-from polar_mq.call_receipts import REDIS_TIMEOUT_S
+from polar_mq.capability.receipts import REDIS_TIMEOUT_S
 
 POOL_CONNECTIONS = 64
 """Connections per client and process."""

@@ -1,17 +1,17 @@
 """The job's sampling policy applied to a call, before the engine layer rewrites it.
 
-The policy comes from the rollout token (`polar_mq.sampling`, `polar_mq.tokens`), so enforcing it
-costs no lookup. It is applied to the chat or completions request the engine will get (for the
-other API families: the chat request they were translated to). `max_tokens` also governs
-`max_completion_tokens` when the agent uses that field; when the agent sent neither, the job's
-value is added as `max_tokens`.
+The policy comes from the rollout token (`polar_mq.capability.sampling`,
+`polar_mq.capability.tokens`), so enforcing it costs no lookup. It is applied to the chat or
+completions request the engine will get (for the other API families: the chat request they were
+translated to). `max_tokens` also governs `max_completion_tokens` when the agent uses that field;
+when the agent sent neither, the job's value is added as `max_tokens`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from polar_mq.sampling import SamplingPolicy, is_number
+from polar_mq.capability.sampling import SamplingPolicy, is_number
 
 TOKEN_FIELDS = ("max_tokens", "max_completion_tokens")
 

@@ -20,7 +20,7 @@ from typing import Any
 import uvicorn
 
 from polar_mq.config import Settings
-from polar_mq.header_timeout import header_timeout_protocol
+from polar_mq.infra.header_timeout import header_timeout_protocol
 from polar_mq.observability.logs import configure_from_settings
 from polar_mq.proxy.app import create_proxy_app
 from polar_mq.proxy.fanout import local_only
@@ -33,7 +33,7 @@ PARENT_CHECK_S = 1.0
 
 def uvicorn_options(header_timeout_s: float) -> dict[str, Any]:
     """The fastest event loop available here, and uvicorn's httptools parser with a deadline on
-    request heads (`polar_mq.header_timeout`)."""
+    request heads (`polar_mq.infra.header_timeout`)."""
     has = importlib.util.find_spec
     return {
         "loop": "uvloop" if has("uvloop") else "asyncio",

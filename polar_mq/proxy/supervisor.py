@@ -32,7 +32,7 @@ from pathlib import Path
 from types import FrameType
 
 from polar_mq.config import Settings
-from polar_mq.forking import preload, start_forked
+from polar_mq.infra.forking import preload, start_forked
 from polar_mq.proxy.spill_layout import worker_spill_dir
 
 logger = logging.getLogger(__name__)
@@ -42,7 +42,7 @@ RESTART_BACKOFF_S = (0.5, 1.0, 2.0, 5.0)
 STABLE_AFTER_S = 30.0
 """A child that lived this long restarts at once (its backoff resets)."""
 PROXY_WORKER_IMPORTS = ("polar_mq.proxy.server",)
-"""What the fork server imports once for the proxy's children (`polar_mq.forking`)."""
+"""What the fork server imports once for the proxy's children (`polar_mq.infra.forking`)."""
 STOP_TIMEOUT_S = 900.0
 """After SIGTERM, how long the parent waits for its children to drain before killing them."""
 

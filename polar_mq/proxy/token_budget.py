@@ -33,12 +33,12 @@ from typing import Any
 from sqlalchemy import Engine, func, select
 
 from polar_mq.calls import calls_window
+from polar_mq.capability.sampling import is_number
+from polar_mq.capability.tokens import AGENT, RolloutClaim
 from polar_mq.models import Job, LlmCall, Rollout
 from polar_mq.proxy.rollout_states import Refusal
 from polar_mq.proxy.sampling import TOKEN_FIELDS
 from polar_mq.proxy.sink import CallSink, SinkWrapper
-from polar_mq.sampling import is_number
-from polar_mq.tokens import AGENT, RolloutClaim
 
 log = logging.getLogger(__name__)
 

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any, cast
 from sqlalchemy import Engine
 
 from polar_mq.config import Settings
-from polar_mq.db import create_db_engine
+from polar_mq.infra.db import create_db_engine
 from polar_mq.proxy.call_store import CallStore
 from polar_mq.proxy.receipts import StoredReceipts
 from polar_mq.proxy.sink import CallSink, MemoryCallSink

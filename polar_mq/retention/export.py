@@ -3,9 +3,9 @@
 One file per pruned partition (`calls-<partition>-<cutoff>.jsonl.gz`), one line per call with
 every `llm_calls` column as stored plus the rollout's `job_id`: token arrays as lists of ints
 (logprobs as floats), request/response as JSON objects, times in ISO 8601. Like the job export
-(`polar_mq.export`) the file is written under a hidden `.partial` name and renamed once complete
-and synced, so a file that exists is whole; the prune deletes rows only after that rename, in the
-same transaction, so an export that fails deletes nothing.
+(`polar_mq.client.export`) the file is written under a hidden `.partial` name and renamed once
+complete and synced, so a file that exists is whole; the prune deletes rows only after that rename,
+in the same transaction, so an export that fails deletes nothing.
 """
 
 from __future__ import annotations

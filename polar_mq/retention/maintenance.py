@@ -59,7 +59,7 @@ def maintain(engine: Engine, settings: Settings, now: datetime | None = None) ->
 
 def start_call_maintenance(settings: Settings, stop: threading.Event) -> threading.Thread:
     """A daemon thread running `maintain` every `call_maintenance_interval_s` until `stop`."""
-    from polar_mq.db import create_db_engine
+    from polar_mq.infra.db import create_db_engine
 
     engine = create_db_engine(settings.database_url, pool_size=2, max_overflow=0)
 

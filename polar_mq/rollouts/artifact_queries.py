@@ -9,7 +9,7 @@ from datetime import datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from polar_mq.errors import NotFound
+from polar_mq.infra.errors import NotFound
 from polar_mq.models import Rollout, RolloutArtifact
 
 

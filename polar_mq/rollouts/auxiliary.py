@@ -17,10 +17,10 @@ from sqlalchemy import cast, func, literal, select, update
 from sqlalchemy.dialects.postgresql import JSONPATH
 from sqlalchemy.orm import Session, sessionmaker
 
-from polar_mq.db import unit_of_work
+from polar_mq.capability.tokens import AGENT
 from polar_mq.harnesses.auxiliary import AuxiliaryRule, is_auxiliary
+from polar_mq.infra.db import unit_of_work
 from polar_mq.models import LlmCall
-from polar_mq.tokens import AGENT
 
 AUXILIARY = "auxiliary"
 _PROMPT_MESSAGES = '$[*] ? (@.role == "system" || @.role == "developer" || @.role == "user")'

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import httpx
 
+from polar_mq.infra.tls import client_ssl_context
 from polar_mq.jobs.verdicts import ENGINE_DOWN
-from polar_mq.tls import client_ssl_context
 
 PROBE_TIMEOUT_S = 3.0
 """Longer than a healthy proxy's answer to /healthz, short beside a stage."""

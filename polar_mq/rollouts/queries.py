@@ -11,7 +11,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from polar_mq.calls.window import calls_window
-from polar_mq.errors import NotFound
+from polar_mq.infra.errors import NotFound
 from polar_mq.jobs.read_models import (
     EvaluationRecord,
     EventRecord,

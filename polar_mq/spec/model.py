@@ -8,8 +8,8 @@ the stage reading it agree by construction. The sub-specs are also the door's mo
 reuses them, adding the plug-in checks that need the registries), so the two cannot drift.
 
 Free-form parts stay typed dicts: harness `options`/`env`, an evaluator's parameters, `sampling`
-(checked by `polar_mq.sampling`) — they go to user code or plug-ins that own their shape. Frozen
-means no attribute can be reassigned; those dicts must be treated as read-only too.
+(checked by `polar_mq.capability.sampling`) — they go to user code or plug-ins that own their shape.
+Frozen means no attribute can be reassigned; those dicts must be treated as read-only too.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ import uuid
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from polar_mq.errors import NotFound
+from polar_mq.infra.errors import NotFound
 from polar_mq.models import Job, Rollout
 
 

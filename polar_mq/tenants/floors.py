@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, Self, TypeVar
 
 from polar_mq.config import Settings
-from polar_mq.errors import PolarError
+from polar_mq.infra.errors import PolarError
 from polar_mq.spec.model import RuntimeSpec, TimeoutSpec
 
 ISOLATION_FLOOR = "isolation_floor"

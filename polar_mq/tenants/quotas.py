@@ -27,10 +27,10 @@ from typing import Any, Protocol, Self, TypeVar
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
+from polar_mq.capability.sampling import sampling_policy
 from polar_mq.config import UNLIMITED, QuotaLimits, Settings
-from polar_mq.errors import PolarError
+from polar_mq.infra.errors import PolarError
 from polar_mq.models import Job, Rollout, RolloutStatus
-from polar_mq.sampling import sampling_policy
 from polar_mq.tenants.floors import OPEN_FLOOR, IsolationFloor
 from polar_mq.tenants.scopes import ADMIN_TENANT
 

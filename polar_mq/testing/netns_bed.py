@@ -39,10 +39,10 @@ from urllib.parse import urlsplit, urlunsplit
 from sqlalchemy.engine import make_url
 
 from polar_mq.config import Settings
-from polar_mq.devstack import LocalStack
+from polar_mq.infra.ports import free_port
+from polar_mq.infra.processes import ManagedProcess
 from polar_mq.lifecycle.stages import Stage
-from polar_mq.ports import free_port
-from polar_mq.processes import ManagedProcess
+from polar_mq.stack.devstack import LocalStack
 from polar_mq.testing.netns_net import NetHost, Network, namespace_pids
 from polar_mq.workers.janitor import local_runtime_ids
 

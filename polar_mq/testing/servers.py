@@ -17,7 +17,7 @@ from typing import Literal
 import uvicorn
 from starlette.types import ASGIApp
 
-from polar_mq.ports import free_port
+from polar_mq.infra.ports import free_port
 
 
 @contextmanager

@@ -1,6 +1,6 @@
 """`bash scripts/train` or `polar-mq train`: a throwaway stack, a GRPO run on it, its figures.
 
-The stack is the demo's (`polar_mq.demo`: SQLite, embedded broker, local runtime, one Celery
+The stack is the demo's (`polar_mq.stack.demo`: SQLite, embedded broker, local runtime, one Celery
 worker per stage) in front of the bundled CPU vLLM with LoRA on. The learner runs in the vLLM
 venv (`learner.py`). Written to `--out`: `run.json` (settings, eval before/after, every step),
 `reward_curve.png`, `adapters/v*`, and `stack/` with the logs and database.
@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from polar_mq.client import Client, PolarMQError
-from polar_mq.demo import _demo_settings, exit_on_sigterm
-from polar_mq.devstack import LocalStack
 from polar_mq.inference import local_vllm
+from polar_mq.infra.migrate import upgrade
+from polar_mq.infra.ports import free_port
 from polar_mq.lifecycle.stages import Stage
-from polar_mq.migrate import upgrade
-from polar_mq.ports import free_port
+from polar_mq.stack.demo import _demo_settings, exit_on_sigterm
+from polar_mq.stack.devstack import LocalStack
 from polar_mq.training import tasks as task_set
 from polar_mq.training.evaluation import evaluate
 from polar_mq.training.learner_client import Learner, LearnerError

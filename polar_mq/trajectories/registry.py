@@ -1,7 +1,7 @@
 """Builders by name, import path (`package.module:attr`) or entry point (`polar_mq.builders`).
 
-Import paths are resolved only from the allow-list (`polar_mq.imports`), checked before anything
-is imported.
+Import paths are resolved only from the allow-list (`polar_mq.infra.imports`), checked before
+anything is imported.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import cast
 
-from polar_mq.imports import BUILDER_GROUP, check_import_path, entry_point_path
+from polar_mq.infra.imports import BUILDER_GROUP, check_import_path, entry_point_path
 from polar_mq.trajectories.base import Builder
 from polar_mq.trajectories.per_call import PerCallBuilder
 from polar_mq.trajectories.prefix_merge import PrefixMergeBuilder

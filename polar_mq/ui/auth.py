@@ -24,7 +24,7 @@ from fastapi import Depends, Request
 from polar_mq.api.auth import Authenticator, Principal
 from polar_mq.api.deps import SessionDep
 from polar_mq.api.errors import ApiError
-from polar_mq.errors import NotFound
+from polar_mq.infra.errors import NotFound
 from polar_mq.tenants.access import authorize_job, authorize_rollout
 from polar_mq.tenants.scopes import JOBS_READ
 

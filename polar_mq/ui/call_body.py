@@ -15,7 +15,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from polar_mq.calls.window import calls_window
-from polar_mq.errors import NotFound
+from polar_mq.infra.errors import NotFound
 from polar_mq.jobs.read_models import LlmCallRecord
 from polar_mq.models import LlmCall, Rollout
 from polar_mq.ui.reward_view import cut

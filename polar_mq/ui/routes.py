@@ -21,8 +21,8 @@ from starlette.responses import RedirectResponse, Response
 from polar_mq.api.deps import SessionDep, SettingsDep
 from polar_mq.api.errors import ApiError
 from polar_mq.config import Settings
-from polar_mq.db import unit_of_work
-from polar_mq.errors import NotFound
+from polar_mq.infra.db import unit_of_work
+from polar_mq.infra.errors import NotFound
 from polar_mq.jobs.cancel import cancel
 from polar_mq.models import RolloutStatus
 from polar_mq.rollouts import artifact_queries

@@ -28,10 +28,10 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from polar_mq.config import Settings
+from polar_mq.infra.tls import client_ssl_context
 from polar_mq.lifecycle.stages import STAGE_OF_STATUS
 from polar_mq.models import Rollout
 from polar_mq.policy.state import PolicyView, current_policy
-from polar_mq.tls import client_ssl_context
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ def in_flight_by_node(session: Session) -> dict[str, dict[str, int]]:
 
 def celery_view(settings: Settings, view: SystemView) -> None:
     """Workers and queue depths through the broker (adds to `view.problems` on failure)."""
-    from polar_mq.workers.celery_app import create_celery, queue_depth
+    from polar_mq.dispatch.celery_app import create_celery, queue_depth
 
     app = create_celery(settings)
     try:

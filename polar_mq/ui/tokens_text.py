@@ -24,8 +24,8 @@ from typing import Any
 
 import httpx
 
+from polar_mq.infra.tls import client_ssl_context
 from polar_mq.jobs.read_models import LlmCallRecord
-from polar_mq.tls import client_ssl_context
 
 log = logging.getLogger(__name__)
 

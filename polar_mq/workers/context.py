@@ -16,12 +16,12 @@ import redis
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from polar_mq import call_receipts
+from polar_mq.capability import receipts as call_receipts
 from polar_mq.config import Settings
-from polar_mq.db import create_db_engine, make_session_factory
+from polar_mq.infra.db import create_db_engine, make_session_factory
+from polar_mq.infra.tls import client_ssl_context
 from polar_mq.lifecycle.outbox import Publisher, attach_publisher
 from polar_mq.runtimes.warm_pool import WarmPool
-from polar_mq.tls import client_ssl_context
 from polar_mq.workers.leases import LeaseKeeper
 from polar_mq.workers.spec_cache import SpecCache
 

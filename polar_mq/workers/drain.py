@@ -20,7 +20,7 @@ from collections.abc import Callable
 from sqlalchemy import func, select
 
 from polar_mq.config import Settings
-from polar_mq.db import create_db_engine, make_session_factory
+from polar_mq.infra.db import create_db_engine, make_session_factory
 from polar_mq.models import Rollout, RolloutStatus
 
 

@@ -4,7 +4,7 @@ the app from the environment at import, because Celery's own CLI imports it by n
 from __future__ import annotations
 
 from polar_mq.config import get_settings
-from polar_mq.workers.celery_app import create_celery
+from polar_mq.dispatch.celery_app import create_celery
 
 app = create_celery(get_settings())
 app.loader.import_default_modules()

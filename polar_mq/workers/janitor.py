@@ -179,7 +179,7 @@ def start_node_janitor(settings: Settings, interval_s: float = 5.0) -> threading
 
     Returns the event that stops the thread.
     """
-    from polar_mq.db import create_db_engine, make_session_factory
+    from polar_mq.infra.db import create_db_engine, make_session_factory
 
     factory = make_session_factory(create_db_engine(settings.database_url, pool_size=1))
     janitor = NodeJanitor(settings.runtime_root, factory)

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from polar_mq.config import Settings
-from polar_mq.forking import ChildProcess, ForkedProcess, preload, single_threaded
+from polar_mq.infra.forking import ChildProcess, ForkedProcess, preload, single_threaded
 from polar_mq.lifecycle.messages import queue_name
 from polar_mq.lifecycle.stages import Stage
 
@@ -92,9 +92,9 @@ def plan_workers(
 
 
 START_METHODS = ("forkserver", "exec")
-"""How stage workers start: forked from a pre-imported server (`polar_mq.forking`, the default:
-a fraction of the CPU of a fresh start, docs/benchmarks.md), or each a fresh `celery worker`
-process."""
+"""How stage workers start: forked from a pre-imported server (`polar_mq.infra.forking`, the
+default: a fraction of the CPU of a fresh start, docs/benchmarks.md), or each a fresh `celery
+worker` process."""
 
 
 def check_start_method(start: str) -> str:
@@ -106,7 +106,7 @@ def check_start_method(start: str) -> str:
 
 STAGE_WORKER_IMPORTS = (
     "polar_mq.cli",  # the `polar-mq` script's module: multiprocessing imports it in each child
-    "polar_mq.workers.celery_app",
+    "polar_mq.dispatch.celery_app",
     "polar_mq.workers.tasks",
     "celery.bin.celery",
     "celery.apps.worker",

@@ -54,13 +54,13 @@ class NodeCollector(Collector):
 
     def _app(self) -> Celery:
         if self._celery is None:
-            from polar_mq.workers.celery_app import create_celery
+            from polar_mq.dispatch.celery_app import create_celery
 
             self._celery = create_celery(self.settings)
         return self._celery
 
     def collect(self) -> Iterator[Metric]:
-        from polar_mq.workers.celery_app import queue_depth
+        from polar_mq.dispatch.celery_app import queue_depth
 
         depth = GaugeMetricFamily(
             "polar_queue_depth",

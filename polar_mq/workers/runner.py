@@ -22,8 +22,8 @@ from sqlalchemy import Connection
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
-from polar_mq.db import unit_of_work
-from polar_mq.imports import allowing
+from polar_mq.infra.db import unit_of_work
+from polar_mq.infra.imports import allowing
 from polar_mq.jobs.failures import stop_on_platform_failures
 from polar_mq.lifecycle.early_stop import after_rollout_ended
 from polar_mq.lifecycle.messages import StageMessage

@@ -33,7 +33,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from polar_mq.config import Settings
-from polar_mq.db import unit_of_work
+from polar_mq.infra.db import unit_of_work
 from polar_mq.lifecycle.early_stop import after_rollout_ended
 from polar_mq.lifecycle.messages import StageMessage, queue_name
 from polar_mq.lifecycle.recovery import LostAttempt, republish, restart, resume
@@ -228,9 +228,9 @@ def _count(report: SweepReport, outcome: str, **detail: Any) -> None:
 
 def build_sweeper(settings: Settings) -> Sweeper:
     """A sweeper wired to the database and the broker of `settings` (the CLI's and tests' way)."""
-    from polar_mq.db import create_db_engine, make_session_factory
+    from polar_mq.dispatch.celery_app import create_celery, publish_messages, queue_depth
+    from polar_mq.infra.db import create_db_engine, make_session_factory
     from polar_mq.lifecycle.outbox import attach_publisher
-    from polar_mq.workers.celery_app import create_celery, publish_messages, queue_depth
 
     app = create_celery(settings)
     factory = make_session_factory(create_db_engine(settings.database_url))

@@ -8,11 +8,12 @@ from typing import Any
 from celery import Task, shared_task
 from celery.exceptions import Retry
 
+from polar_mq.dispatch.celery_app import PolarCelery, publish_messages
 from polar_mq.lifecycle.stages import Stage
-from polar_mq.workers.celery_app import PolarCelery, publish_messages
 from polar_mq.workers.context import WorkerContext
 from polar_mq.workers.run_result import RunKind, RunResult
 from polar_mq.workers.runner import run_stage
+from polar_mq.workers.waiting_leases import install_waiting_leases
 
 _contexts: dict[tuple[int, int], WorkerContext] = {}
 
@@ -90,3 +91,4 @@ prepare = _stage_task(Stage.PREPARE)
 run_agent = _stage_task(Stage.RUN_AGENT)
 build = _stage_task(Stage.BUILD)
 evaluate = _stage_task(Stage.EVALUATE)
+install_waiting_leases()  # a dead node's queue does not strand its rollouts

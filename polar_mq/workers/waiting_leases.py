@@ -87,20 +87,23 @@ class WaitingLeaseKeeper:
         return self
 
 
-def install_waiting_leases(settings: Settings) -> None:
+def install_waiting_leases() -> None:
     """Start the keeper when a Celery worker of this node is ready, if it consumes a node-local
-    queue (Celery's `worker_ready` signal; its sender is the consumer, which knows its queues)."""
+    queue (Celery's `worker_ready` signal; its sender is the consumer, which knows its queues and
+    its app, which carries the Settings). Installed by `workers.tasks`, which every stage worker
+    imports, so the publisher's app (`dispatch.celery_app`) needs nothing of the workers."""
     from celery import signals
 
     def ready(sender: Any = None, **_: Any) -> None:
         try:
             queues = {q.name for q in sender.task_consumer.queues}
+            settings: Settings = sender.app.polar_settings
         except AttributeError:
             return
         states = waiting_states(settings, queues)
         if not states:
             return
-        from polar_mq.db import create_db_engine, make_session_factory
+        from polar_mq.infra.db import create_db_engine, make_session_factory
 
         small = {} if settings.database_url.startswith("sqlite") else {"pool_size": 1}
         engine = create_db_engine(settings.database_url, **small)

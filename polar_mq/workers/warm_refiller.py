@@ -189,7 +189,7 @@ class RefillerThread:
 
 def start_refiller(settings: Settings, agent_slots: int) -> RefillerThread:
     """Refill this node's warm pool in a daemon thread."""
-    from polar_mq.db import create_db_engine, make_session_factory
+    from polar_mq.infra.db import create_db_engine, make_session_factory
 
     factory = make_session_factory(create_db_engine(settings.database_url, pool_size=1))
     return RefillerThread(Refiller(settings, factory, agent_slots))

@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from polar_mq.db import unit_of_work
+from polar_mq.infra.db import unit_of_work
 from polar_mq.lifecycle.messages import StageMessage
 from polar_mq.models import (
     Evaluation,

@@ -15,7 +15,7 @@ from polar_mq.api.auth import (
     hash_key,
     revoke_api_key,
 )
-from polar_mq.db import unit_of_work
+from polar_mq.infra.db import unit_of_work
 from polar_mq.models import ApiKey
 from polar_mq.tenants.scopes import ALL_SCOPES
 

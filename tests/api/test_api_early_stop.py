@@ -10,7 +10,7 @@ from api_support import complete_rollout, rollout_ids
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
-from polar_mq.db import unit_of_work
+from polar_mq.infra.db import unit_of_work
 from polar_mq.lifecycle.early_stop import after_rollout_ended
 from polar_mq.models import Job
 from polar_mq.spec import load_spec

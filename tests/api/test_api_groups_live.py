@@ -22,10 +22,10 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from polar_mq.client import AsyncClient, Client, delivery_ids
+from polar_mq.infra.tls import client_ssl_context
 from polar_mq.jobs import deliveries
 from polar_mq.lifecycle.messages import StageMessage
 from polar_mq.models import GroupDelivery
-from polar_mq.tls import client_ssl_context
 from tests.live_api import serve_api
 
 

@@ -11,9 +11,9 @@ from api_support import REDIS_URL, row_counts
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
-from polar_mq.app import create_app
 from polar_mq.config import Settings
-from polar_mq.db import create_db_engine, make_session_factory
+from polar_mq.infra.db import create_db_engine, make_session_factory
+from polar_mq.ui.app import create_app
 from tests.conftest import module_database
 
 pg_url, pg_engine = module_database("polar_mq_api_health")  # it counts every row

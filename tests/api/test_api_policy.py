@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from polar_mq.db import unit_of_work
+from polar_mq.infra.db import unit_of_work
 from polar_mq.models import Event, EventKind, LlmCall, Rollout, RolloutStatus
 from polar_mq.models.base import utcnow
 

@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
 
-from polar_mq.db import unit_of_work
+from polar_mq.infra.db import unit_of_work
 from polar_mq.jobs.group_stats import GRPO_EPS
 from polar_mq.models import Rollout, RolloutStatus, TrajectorySample
 

@@ -10,9 +10,9 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from polar_mq.app import create_app
 from polar_mq.config import Settings
 from polar_mq.models import Job
+from polar_mq.ui.app import create_app
 
 JOB = {"tasks": [{"instruction": "hi"}], "samples_per_task": 2}
 

@@ -11,9 +11,9 @@ from pydantic import ValidationError
 from sqlalchemy.orm import Session, sessionmaker
 
 from polar_mq.config import Settings
+from polar_mq.dispatch.submit import Enqueuer, IdempotencyConflict, enqueue_job, submit_job
 from polar_mq.jobs.schemas import JobCreate
 from polar_mq.lifecycle.stages import Stage
-from polar_mq.submit import Enqueuer, IdempotencyConflict, enqueue_job, submit_job
 from tests.conftest import module_database
 
 pg_url, pg_engine = module_database("polar_mq_enqueue")  # it counts every row

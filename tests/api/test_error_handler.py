@@ -17,15 +17,15 @@ from sqlalchemy.exc import DataError, OperationalError
 from sqlalchemy.orm import sessionmaker
 
 from polar_mq.api.errors import ApiError, install_error_handlers
-from polar_mq.app import create_app
 from polar_mq.config import Settings
-from polar_mq.errors import NotFound, PolarError
+from polar_mq.dispatch.submit import IdempotencyConflict, UnstorableValue
+from polar_mq.infra.errors import NotFound, PolarError
 from polar_mq.jobs.deliveries import DeliveryConflict, UnknownDelivery
 from polar_mq.jobs.read_models import InvalidCursor
 from polar_mq.policy.state import AdapterChanged, VersionWentBack
-from polar_mq.submit import IdempotencyConflict, UnstorableValue
 from polar_mq.tenants.floors import FloorViolation
 from polar_mq.tenants.quotas import QuotaExceeded
+from polar_mq.ui.app import create_app
 
 J = uuid.UUID(int=7)
 JSON = [("content-type", "application/json")]

@@ -30,13 +30,13 @@ import redis
 from api_support import REDIS_URL, complete_rollout
 from sqlalchemy.orm import Session, sessionmaker
 
-from polar_mq.db import create_db_engine, make_session_factory, unit_of_work
+from polar_mq.infra.db import create_db_engine, make_session_factory, unit_of_work
+from polar_mq.infra.ports import free_port
+from polar_mq.infra.processes import ManagedProcess
 from polar_mq.jobs import deliveries
 from polar_mq.jobs.schemas import JobCreate
 from polar_mq.jobs.service import create_job
 from polar_mq.models.artifact import RolloutArtifact
-from polar_mq.ports import free_port
-from polar_mq.processes import ManagedProcess
 from polar_mq.tenants.keys import create_api_key
 from polar_mq.tenants.quotas import Owner
 from polar_mq.tenants.scopes import ALL_SCOPES

@@ -14,8 +14,8 @@ from collections.abc import Iterator
 import pytest
 
 from polar_mq.client import PolarMQError
-from polar_mq.devstack import LocalStack
-from polar_mq.ports import free_port
+from polar_mq.infra.ports import free_port
+from polar_mq.stack.devstack import LocalStack
 from tests.e2e.stack import client_of, e2e_settings
 
 pytestmark = pytest.mark.e2e

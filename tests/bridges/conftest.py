@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 
 from polar_mq.client import Client
-from polar_mq.devstack import LocalStack
 from polar_mq.inference import local_vllm
+from polar_mq.stack.devstack import LocalStack
 from tests.e2e.stack import client_of, fake_upstream_stack
 
 ROOT = Path(__file__).resolve().parents[2]

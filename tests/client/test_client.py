@@ -14,12 +14,12 @@ from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
 
 from polar_mq.client import AsyncClient, Client, PolarMQError
-from polar_mq.db import unit_of_work
+from polar_mq.infra.db import unit_of_work
+from polar_mq.infra.ports import free_port
 from polar_mq.jobs import results
 from polar_mq.lifecycle.messages import StageMessage
 from polar_mq.models import LlmCall, Rollout, RolloutStatus, TrajectorySample
 from polar_mq.models.base import utcnow
-from polar_mq.ports import free_port
 from tests.live_api import serve_api
 
 TASKS = [{"instruction": f"task {i}"} for i in range(5)]

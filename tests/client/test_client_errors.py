@@ -11,7 +11,7 @@ import pytest
 
 from polar_mq.client import AsyncClient, Client, PolarMQError
 from polar_mq.client.operations import Operation, Operations, StreamOperation
-from polar_mq.ports import free_port
+from polar_mq.infra.ports import free_port
 
 UNAUTHORIZED = {"error": {"type": "unauthorized", "message": "missing API key"}}
 

@@ -26,10 +26,10 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from polar_mq.client import Client
-from polar_mq.devstack import settings_env
+from polar_mq.infra.ports import free_port
+from polar_mq.infra.processes import group_members
 from polar_mq.models import LlmCall, Rollout
-from polar_mq.ports import free_port
-from polar_mq.processes import group_members
+from polar_mq.stack.devstack import settings_env
 from tests.e2e.stack import e2e_settings
 from tests.reliability.private_redis import PrivateRedis
 from tests.reliability.support import agent_command, wait_terminal, wait_until

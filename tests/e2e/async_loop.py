@@ -20,8 +20,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from polar_mq.client import Client
+from polar_mq.infra.tls import client_ssl_context
 from polar_mq.models import GroupDelivery, LlmCall, Rollout, StaleGroup
-from polar_mq.tls import client_ssl_context
 
 
 @dataclass

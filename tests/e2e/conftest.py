@@ -1,6 +1,6 @@
 """The end-to-end stack: real PostgreSQL, real Redis, real worker/proxy/API processes.
 
-Every process is a real subprocess started through `polar_mq.devstack` (the same code path as
+Every process is a real subprocess started through `polar_mq.stack.devstack` (the same code path as
 `polar-mq demo`), configured through environment variables only; queues carry a per-session prefix
 so concurrent runs on one Redis never see each other's messages.
 """
@@ -13,8 +13,8 @@ import pytest
 from sqlalchemy import delete
 from sqlalchemy.orm import Session, sessionmaker
 
-from polar_mq.devstack import LocalStack
 from polar_mq.models import PolicyState
+from polar_mq.stack.devstack import LocalStack
 from tests.e2e.preset_support import PresetStack
 from tests.e2e.stack import fake_upstream_stack
 

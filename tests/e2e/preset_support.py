@@ -19,10 +19,10 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from polar_mq.config import Settings
-from polar_mq.devstack import LocalStack
 from polar_mq.harnesses.presets.install import InstallError, InstallReport, install
 from polar_mq.harnesses.presets.registry import get_preset
 from polar_mq.models import Job, LlmCall, Rollout, RolloutArtifact
+from polar_mq.stack.devstack import LocalStack
 from tests.e2e.stack import client_of
 
 INSTALLS: dict[str, InstallReport] = {}

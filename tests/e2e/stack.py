@@ -9,10 +9,10 @@ from pathlib import Path
 
 from polar_mq.client import Client
 from polar_mq.config import Settings
-from polar_mq.devstack import LocalStack
 from polar_mq.inference import local_vllm
+from polar_mq.infra.ports import free_port
 from polar_mq.lifecycle.stages import Stage
-from polar_mq.ports import free_port
+from polar_mq.stack.devstack import LocalStack
 
 REDIS_E2E_URL = "redis://127.0.0.1:6379/3"
 

@@ -19,8 +19,8 @@ import httpx
 import pytest
 
 from polar_mq.inference import local_vllm
+from polar_mq.infra.ports import free_port
 from polar_mq.policy.weights import checkpoint_for
-from polar_mq.ports import free_port
 from polar_mq.proxy.adapters import load_on
 from polar_mq.proxy.backends import BackendPool
 

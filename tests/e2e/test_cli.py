@@ -13,10 +13,10 @@ import pytest
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from polar_mq.devstack import LocalStack, settings_env
+from polar_mq.infra.ports import free_port
 from polar_mq.jobs.failures import PLATFORM_STOP_AFTER
 from polar_mq.models import ApiKey, Rollout, TrajectorySample
-from polar_mq.ports import free_port
+from polar_mq.stack.devstack import LocalStack, settings_env
 from tests.e2e.stack import e2e_settings
 
 pytestmark = pytest.mark.e2e

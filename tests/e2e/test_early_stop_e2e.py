@@ -21,9 +21,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from polar_mq.client import Client
-from polar_mq.devstack import LocalStack
 from polar_mq.lifecycle.stages import Stage
 from polar_mq.models import Event, EventKind, Rollout
+from polar_mq.stack.devstack import LocalStack
 from tests.e2e.stack import client_of, fake_upstream_stack
 
 pytestmark = pytest.mark.e2e

@@ -15,10 +15,10 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from polar_mq.devstack import LocalStack
 from polar_mq.harnesses import REFERENCE_AGENT_MODULE
 from polar_mq.models import Evaluation, Event, EventKind, Rollout
 from polar_mq.runtimes import LocalRuntime
+from polar_mq.stack.devstack import LocalStack
 from tests.e2e.stack import client_of
 
 # The agent notes what it could see and when it ran, leaves a daemon, then runs the reference

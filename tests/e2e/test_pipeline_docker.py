@@ -20,9 +20,9 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from polar_mq.devstack import LocalStack
 from polar_mq.inference import local_vllm
 from polar_mq.models import LlmCall, Rollout, TrajectorySample
+from polar_mq.stack.devstack import LocalStack
 from tests.e2e.stack import client_of, fake_upstream_stack, real_vllm_stack
 
 pytestmark = pytest.mark.e2e

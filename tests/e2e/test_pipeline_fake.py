@@ -12,11 +12,11 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from polar_mq.devstack import LocalStack
+from polar_mq.infra.ports import free_port
 from polar_mq.lifecycle.stages import Stage
 from polar_mq.models import Event, EventKind, LlmCall, Rollout, TrajectorySample
-from polar_mq.ports import free_port
 from polar_mq.runtimes import LocalRuntime
+from polar_mq.stack.devstack import LocalStack
 from tests.e2e.stack import client_of
 
 pytestmark = pytest.mark.e2e

@@ -25,8 +25,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from polar_mq.client import Client
-from polar_mq.devstack import LocalStack
 from polar_mq.models import GroupDelivery
+from polar_mq.stack.devstack import LocalStack
 
 pytestmark = pytest.mark.e2e
 

@@ -22,8 +22,8 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from polar_mq.devstack import LocalStack
 from polar_mq.models import Evaluation, Rollout
+from polar_mq.stack.devstack import LocalStack
 from tests.e2e.stack import client_of
 
 pytestmark = pytest.mark.e2e

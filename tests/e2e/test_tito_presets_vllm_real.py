@@ -183,7 +183,7 @@ def tito_stack(
 ) -> Any:
     """`POLAR_TEST_VLLM_URL`: an already running server (e.g. one with a larger window);
     else the session's shared one."""
-    from polar_mq.devstack import LocalStack
+    from polar_mq.stack.devstack import LocalStack
 
     url = os.environ.get("POLAR_TEST_VLLM_URL") or request.getfixturevalue("real_vllm").base_url
     tmp = tmp_path_factory.mktemp("tito-presets")

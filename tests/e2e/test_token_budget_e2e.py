@@ -19,8 +19,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 from stack import client_of
 
-from polar_mq.devstack import LocalStack
 from polar_mq.models import LlmCall, Rollout, RolloutArtifact
+from polar_mq.stack.devstack import LocalStack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 

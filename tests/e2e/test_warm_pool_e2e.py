@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 
 from polar_mq.client import Client
-from polar_mq.devstack import LocalStack
+from polar_mq.infra.ports import free_port
 from polar_mq.lifecycle.stages import Stage
-from polar_mq.ports import free_port
 from polar_mq.runtimes.janitor import present_runtimes
 from polar_mq.runtimes.warm_pool import WarmPool, is_pooled
+from polar_mq.stack.devstack import LocalStack
 from polar_mq.workers.janitor import local_runtime_ids
 from tests.e2e.stack import e2e_settings
 from tests.runtimes.runtime_backends import TEST_IMAGE, skip_reason

@@ -15,8 +15,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from polar_mq.client import PolarMQError
-from polar_mq.devstack import LocalStack
 from polar_mq.models import Evaluation, LlmCall, Rollout, TrajectorySample
+from polar_mq.stack.devstack import LocalStack
 from tests.e2e.stack import client_of, fake_upstream_stack
 
 pytestmark = pytest.mark.e2e

@@ -17,8 +17,9 @@ import pytest
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from polar_mq.capability.tokens import issue_rollout_token
 from polar_mq.config import Settings
-from polar_mq.db import unit_of_work
+from polar_mq.infra.db import unit_of_work
 from polar_mq.jobs.schemas import JobCreate
 from polar_mq.jobs.service import create_job
 from polar_mq.lifecycle.stages import Stage
@@ -28,7 +29,6 @@ from polar_mq.proxy import create_proxy_app
 from polar_mq.spec import load_spec
 from polar_mq.testing.fake_vllm import create_fake_vllm_app
 from polar_mq.testing.servers import serve_in_thread
-from polar_mq.tokens import issue_rollout_token
 from polar_mq.workers.context import WorkerContext
 from polar_mq.workers.stages import build, evaluate
 

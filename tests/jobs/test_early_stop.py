@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from polar_mq.db import unit_of_work
+from polar_mq.infra.db import unit_of_work
 from polar_mq.jobs.deliveries import lease_groups
 from polar_mq.jobs.queries import job_status
 from polar_mq.jobs.results import job_results

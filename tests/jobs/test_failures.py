@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from polar_mq.db import unit_of_work
+from polar_mq.infra.db import unit_of_work
 from polar_mq.jobs.failures import PLATFORM_STOP_AFTER, stop_on_platform_failures
 from polar_mq.jobs.queries import job_status
 from polar_mq.jobs.read_models import ErrorCount

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from polar_mq.capability.sampling import SamplingPolicy, SamplingRule, sampling_policy
 from polar_mq.jobs.schemas import JobCreate
 from polar_mq.proxy.sampling import enforce
-from polar_mq.sampling import SamplingPolicy, SamplingRule, sampling_policy
 
 TASKS = [{"instruction": "do it"}]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from polar_mq.infra.ports import free_port
 from polar_mq.jobs.served_models import ModelChoice, ServedModels, choose_model, engine_models
-from polar_mq.ports import free_port
 
 ONE = ServedModels(("qwen",), ("qwen",))
 WITH_ADAPTER = ServedModels(("qwen", "lora-a"), ("qwen",))  # vLLM lists an adapter's parent

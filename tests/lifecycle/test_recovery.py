@@ -8,7 +8,7 @@ import uuid
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from polar_mq.db import unit_of_work
+from polar_mq.infra.db import unit_of_work
 from polar_mq.jobs.schemas import JobCreate
 from polar_mq.jobs.service import create_job
 from polar_mq.lifecycle.messages import StageMessage

@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from polar_mq.db import make_session_factory, unit_of_work
+from polar_mq.infra.db import make_session_factory, unit_of_work
 from polar_mq.jobs.schemas import JobCreate
 from polar_mq.jobs.service import create_job
 from polar_mq.lifecycle.fused import MAX_FUSED_ROWS

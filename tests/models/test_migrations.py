@@ -17,8 +17,8 @@ import pytest
 from alembic import command
 from sqlalchemy import Column, Engine, MetaData, Table, inspect, select, text
 
-from polar_mq.db import create_db_engine
-from polar_mq.migrate import alembic_config, upgrade
+from polar_mq.infra.db import create_db_engine
+from polar_mq.infra.migrate import alembic_config, upgrade
 from polar_mq.models import LlmCall
 from polar_mq.proxy.call_insert import CallInserter
 from tests.conftest import empty_database
@@ -116,7 +116,7 @@ def test_group_deliveries_migration_and_claims(fresh_url: str) -> None:
     schema of both databases (SQLite is the embedded default), and the downgrade drops it."""
     import time
 
-    from polar_mq.db import make_session_factory, unit_of_work
+    from polar_mq.infra.db import make_session_factory, unit_of_work
     from polar_mq.jobs import deliveries
     from polar_mq.models import Job, JobTask, Rollout, RolloutStatus
 

@@ -20,10 +20,10 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from polar_mq.client import Client
-from polar_mq.devstack import LocalStack
+from polar_mq.infra.ports import free_port
 from polar_mq.lifecycle.stages import Stage
 from polar_mq.models import Rollout
-from polar_mq.ports import free_port
+from polar_mq.stack.devstack import LocalStack
 from polar_mq.testing import ledger
 from polar_mq.testing.netns_bed import NetnsBed
 from tests.e2e.stack import e2e_settings

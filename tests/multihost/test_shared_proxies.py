@@ -27,19 +27,19 @@ import pytest
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from polar_mq.capability.tokens import issue_rollout_token
 from polar_mq.config import Settings
-from polar_mq.db import unit_of_work
-from polar_mq.devstack import LocalStack
+from polar_mq.infra.db import unit_of_work
+from polar_mq.infra.ports import free_port
+from polar_mq.infra.processes import ManagedProcess
+from polar_mq.infra.tls import client_ssl_context
 from polar_mq.jobs.schemas import JobCreate
 from polar_mq.jobs.service import create_job
 from polar_mq.models import DEFAULT_POLICY, LlmCall, PolicyState
-from polar_mq.ports import free_port
-from polar_mq.processes import ManagedProcess
 from polar_mq.proxy.backends.backend import upstream_base_url
 from polar_mq.proxy.backends.rendezvous import order_of
+from polar_mq.stack.devstack import LocalStack
 from polar_mq.testing.netns_bed import HostStack, NetnsBed
-from polar_mq.tls import client_ssl_context
-from polar_mq.tokens import issue_rollout_token
 from tests.conftest import module_database
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]

@@ -7,7 +7,7 @@ from collections import defaultdict
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from polar_mq.tls import client_ssl_context
+from polar_mq.infra.tls import client_ssl_context
 
 Samples = dict[str, dict[frozenset[tuple[str, str]], float]]
 

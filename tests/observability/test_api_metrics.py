@@ -10,10 +10,10 @@ from fastapi.testclient import TestClient
 from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
 
-from polar_mq.app import create_app
 from polar_mq.config import Settings
 from polar_mq.lifecycle.messages import StageMessage
 from polar_mq.models import Rollout, RolloutStatus
+from polar_mq.ui.app import create_app
 from tests.observability.scrape import Samples, value
 
 

@@ -22,11 +22,11 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from polar_mq.devstack import LocalStack
+from polar_mq.infra.ports import free_port
+from polar_mq.infra.tls import client_ssl_context
 from polar_mq.lifecycle.stages import Stage
 from polar_mq.models import Event, EventKind, LlmCall, Rollout
-from polar_mq.ports import free_port
-from polar_mq.tls import client_ssl_context
+from polar_mq.stack.devstack import LocalStack
 from tests.conftest import module_database
 from tests.e2e.stack import client_of, e2e_settings
 from tests.observability.scrape import Samples, scrape, value

@@ -11,9 +11,9 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.orm import Session, sessionmaker
 
-from polar_mq.app import create_app
 from polar_mq.config import Settings
 from polar_mq.lifecycle.messages import StageMessage
+from polar_mq.ui.app import create_app
 from tests.api.api_support import complete_rollout, fail_rollout, rollout_ids
 from tests.observability.scrape import Samples, value
 

@@ -16,12 +16,12 @@ import httpx
 from proxy_support import FRESH_HTTP, SECRET, proxy_settings
 from starlette.applications import Starlette
 
+from polar_mq.capability.tokens import issue_rollout_token
+from polar_mq.infra.tls import client_ssl_context
 from polar_mq.proxy import CallSink, MemoryCallSink, create_proxy_app
 from polar_mq.proxy.backends.rendezvous import order_of
 from polar_mq.testing.fake_vllm import FakeStats, create_fake_vllm_app
 from polar_mq.testing.servers import free_port, serve_in_thread
-from polar_mq.tls import client_ssl_context
-from polar_mq.tokens import issue_rollout_token
 
 ADMIN_TOKEN = "admin-secret"
 ADMIN = {"authorization": f"Bearer {ADMIN_TOKEN}"}

@@ -10,18 +10,18 @@ from typing import Any
 import httpx
 from starlette.applications import Starlette
 
+from polar_mq.capability.tokens import issue_rollout_token
 from polar_mq.config import Settings
 from polar_mq.proxy import MemoryCallSink, create_proxy_app
 from polar_mq.testing.asgi_stream import StreamingASGITransport
 from polar_mq.testing.fake_vllm import FakeStats, create_fake_vllm_app
-from polar_mq.tokens import issue_rollout_token
 
 SECRET = "proxy-test-secret"
 UPSTREAM = "http://upstream.test"
 FRESH_HTTP = httpx.Client(timeout=30.0, limits=httpx.Limits(max_keepalive_connections=0))
 """For polling and spreading loops: a new connection per request, as `httpx.get` opens (so that
 calls spread over a proxy's workers), without a new client per request (an httpx client builds
-its own SSL context unless given `polar_mq.tls.client_ssl_context()`: ~20 ms of CPU each)."""
+its own SSL context unless given `polar_mq.infra.tls.client_ssl_context()`: ~20 ms of CPU each)."""
 
 
 def proxy_settings(**overrides: Any) -> Settings:

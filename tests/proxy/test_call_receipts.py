@@ -21,16 +21,16 @@ from sqlalchemy.orm import Session, sessionmaker
 from test_proxy_spill import Outage, spilling_writer
 from test_proxy_writer import call_row
 
-from polar_mq import call_receipts
+from polar_mq.capability import receipts as call_receipts
+from polar_mq.capability.tokens import issue_rollout_token
 from polar_mq.config import Settings
-from polar_mq.db import create_db_engine
+from polar_mq.infra.db import create_db_engine
 from polar_mq.models import LlmCall
 from polar_mq.proxy import DbCallWriter, MemoryCallSink, create_proxy_app
 from polar_mq.proxy.receipts import HurryListener, StartCounter
 from polar_mq.proxy.sink import CallSink
 from polar_mq.testing.fake_vllm import create_fake_vllm_app
 from polar_mq.testing.servers import free_port
-from polar_mq.tokens import issue_rollout_token
 from tests.conftest import REDIS_URL
 from tests.reliability.tcp_relay import TcpRelay
 

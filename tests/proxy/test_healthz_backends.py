@@ -8,7 +8,7 @@ import time
 import httpx
 from proxy_support import proxy_settings
 
-from polar_mq.ports import free_port
+from polar_mq.infra.ports import free_port
 from polar_mq.proxy import MemoryCallSink, create_proxy_app
 from polar_mq.rollouts.engine_probe import engines_down
 from polar_mq.testing.fake_vllm import create_fake_vllm_app

@@ -15,12 +15,12 @@ from backends_support import ADMIN_TOKEN, CHAT, QUESTION, Stack, auth, proxy_sta
 from sqlalchemy.orm import Session, sessionmaker
 from typer.testing import CliRunner
 
-from polar_mq.app import create_app
 from polar_mq.cli import app as cli_app
 from polar_mq.client import Client
 from polar_mq.config import Settings
 from polar_mq.testing.fake_vllm import FakeVllm
 from polar_mq.testing.servers import serve_in_thread
+from polar_mq.ui.app import create_app
 
 
 def adapter_dir(tmp_path: Path, name: str) -> str:

@@ -19,12 +19,12 @@ from backends_support import ADMIN_TOKEN
 from proxy_support import SECRET, proxy_settings
 from sqlalchemy.orm import Session, sessionmaker
 
+from polar_mq.capability.tokens import issue_rollout_token
 from polar_mq.inference import local_vllm
 from polar_mq.policy.proxies import ProxyControl
 from polar_mq.policy.service import PolicyService
 from polar_mq.proxy import MemoryCallSink, create_proxy_app
 from polar_mq.testing.servers import serve_in_thread
-from polar_mq.tokens import issue_rollout_token
 
 pytestmark = [
     pytest.mark.e2e,

@@ -16,11 +16,11 @@ from proxy_support import FRESH_HTTP, SECRET
 from sqlalchemy import Engine
 from workers_support import Pinned, fake_engines, live_rollouts, stored_calls, worker_proxy
 
-from polar_mq.db import make_session_factory
+from polar_mq.capability.tokens import issue_rollout_token
+from polar_mq.infra.db import make_session_factory
 from polar_mq.policy.proxies import ProxyControl
 from polar_mq.policy.service import PolicyService
 from polar_mq.testing.fake_vllm import ADAPTER_SHIFT
-from polar_mq.tokens import issue_rollout_token
 from tests.conftest import module_database
 
 pytestmark = pytest.mark.spread

@@ -25,11 +25,11 @@ from family_support import (
 )
 from proxy_support import SECRET, Harness, proxy_settings, start_harness
 
+from polar_mq.capability.tokens import issue_rollout_token
 from polar_mq.proxy import MemoryCallSink
 from polar_mq.proxy.apis import anthropic as messages_api
 from polar_mq.proxy.apis.anthropic_stream import MessagesStream
 from polar_mq.proxy.apis.base import FamilyError, FamilyRequest, Translation
-from polar_mq.tokens import issue_rollout_token
 
 if TYPE_CHECKING:  # the SDK loads only where a test uses it: every xdist worker collects this file
     import anthropic

@@ -14,6 +14,7 @@ import pytest
 from backends_support import rollout_preferring
 from proxy_support import SECRET, proxy_settings
 
+from polar_mq.capability.tokens import issue_rollout_token
 from polar_mq.config import Settings
 from polar_mq.proxy import MemoryCallSink, create_proxy_app
 from polar_mq.proxy.backends.backend import Backend
@@ -22,7 +23,6 @@ from polar_mq.proxy.backends.pool import BackendPool, BackendUnavailable
 from polar_mq.proxy.backends.sticky import StickyMap
 from polar_mq.proxy.backends.upstream_conn import StaleConnection
 from polar_mq.testing.fake_vllm import create_fake_vllm_app
-from polar_mq.tokens import issue_rollout_token
 
 PATHS = ("/v1/chat/completions",)
 BODY = {"model": "policy", "messages": [{"role": "user", "content": "What is 2 + 3?"}]}

@@ -40,7 +40,6 @@ from proxy_support import FRESH_HTTP
 from sqlalchemy.orm import Session, sessionmaker
 from typer.testing import CliRunner
 
-from polar_mq.app import create_app
 from polar_mq.cli import app as cli_app
 from polar_mq.client import Client
 from polar_mq.config import Settings
@@ -52,6 +51,7 @@ from polar_mq.proxy.checkpoints import NO_ROUTE
 from polar_mq.proxy.policy_sync import PolicySync
 from polar_mq.testing.fake_sglang import CHECKPOINT_SHIFT, FakeSglang, create_fake_sglang_app
 from polar_mq.testing.servers import free_port, serve_in_thread
+from polar_mq.ui.app import create_app
 
 CALLS = 32
 LOADED_S = 120.0

@@ -1,7 +1,7 @@
 """An answered call is stored before the agent has its answer: a proxy killed with -9 right after
 answering loses nothing (issue 37: the chaos soak's "calls seen = calls stored" failed once).
 
-A real proxy process (`polar-mq proxy`, started by `polar_mq.devstack`) in front of the fake
+A real proxy process (`polar-mq proxy`, started by `polar_mq.stack.devstack`) in front of the fake
 vLLM process logs to the session's PostgreSQL, with a long batching linger (1 s) so that a row
 that waited for it would still be in memory when the kill lands. The agent makes one call
 (JSON, then streamed in the second test); the moment its answer is complete the proxy's process
@@ -27,17 +27,17 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from polar_mq.capability.tokens import issue_rollout_token
 from polar_mq.config import Settings
-from polar_mq.db import create_db_engine, unit_of_work
-from polar_mq.devstack import LocalStack
+from polar_mq.infra.db import create_db_engine, unit_of_work
+from polar_mq.infra.ports import free_port
+from polar_mq.infra.tls import client_ssl_context
 from polar_mq.jobs.schemas import JobCreate
 from polar_mq.jobs.service import create_job
 from polar_mq.models import LlmCall
-from polar_mq.ports import free_port
 from polar_mq.proxy.spill_records import read_segment
 from polar_mq.proxy.writer import DbCallWriter
-from polar_mq.tls import client_ssl_context
-from polar_mq.tokens import issue_rollout_token
+from polar_mq.stack.devstack import LocalStack
 
 SECRET = "durable-secret-" + uuid.uuid4().hex
 LINGER_S = 1.0

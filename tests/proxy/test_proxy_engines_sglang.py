@@ -15,12 +15,12 @@ import orjson
 import pytest
 from proxy_support import SECRET, Harness, proxy_settings, start_harness
 
+from polar_mq.capability.tokens import issue_rollout_token
 from polar_mq.proxy import MemoryCallSink, create_proxy_app
 from polar_mq.proxy.engines import sglang
 from polar_mq.proxy.engines.base import CHAT
 from polar_mq.testing.fake_sglang import create_fake_sglang_app
 from polar_mq.testing.servers import serve_in_thread
-from polar_mq.tokens import issue_rollout_token
 
 CHAT_PATH = "/v1/chat/completions"
 QUESTION: Any = [{"role": "user", "content": "What is 6 * 7?"}]

@@ -17,10 +17,10 @@ import orjson
 import pytest
 from proxy_support import SECRET, proxy_settings
 
+from polar_mq.capability.tokens import issue_rollout_token
 from polar_mq.inference import local_vllm
 from polar_mq.proxy import MemoryCallSink, create_proxy_app
 from polar_mq.testing.servers import serve_in_thread
-from polar_mq.tokens import issue_rollout_token
 
 pytestmark = [
     pytest.mark.e2e,

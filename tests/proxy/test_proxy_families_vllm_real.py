@@ -18,10 +18,10 @@ import pytest
 from family_support import parse_sse
 from proxy_support import SECRET, proxy_settings
 
+from polar_mq.capability.tokens import issue_rollout_token
 from polar_mq.inference import local_vllm
 from polar_mq.proxy import MemoryCallSink, create_proxy_app
 from polar_mq.testing.servers import serve_in_thread
-from polar_mq.tokens import issue_rollout_token
 
 pytestmark = [
     pytest.mark.e2e,

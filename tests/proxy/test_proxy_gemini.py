@@ -19,11 +19,11 @@ import pytest
 from family_support import assert_like, assert_one_merged_sample, golden, parse_sse, wait_for_rows
 from proxy_support import SECRET, Harness
 
+from polar_mq.capability.tokens import issue_rollout_token
 from polar_mq.proxy import MemoryCallSink
 from polar_mq.proxy.apis import gemini
 from polar_mq.proxy.apis.base import FamilyError, FamilyRequest, Translation
 from polar_mq.proxy.apis.gemini_response import GeminiStream
-from polar_mq.tokens import issue_rollout_token
 
 if TYPE_CHECKING:  # the SDK loads only where a test uses it: every xdist worker collects this file
     from google import genai

@@ -18,6 +18,7 @@ import orjson
 import pytest
 from proxy_support import SECRET, proxy_settings
 
+from polar_mq.capability.tokens import issue_rollout_token
 from polar_mq.proxy import MemoryCallSink, create_proxy_app
 from polar_mq.proxy.engines.vllm import (
     CHAT,
@@ -28,7 +29,6 @@ from polar_mq.proxy.engines.vllm import (
     strip,
 )
 from polar_mq.proxy.sse import SseRelay
-from polar_mq.tokens import issue_rollout_token
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm-0.32.0-cpu"
 

@@ -22,11 +22,11 @@ from family_support import assert_like, assert_one_merged_sample, golden, parse_
 from proxy_support import SECRET, Harness
 from pydantic import TypeAdapter
 
+from polar_mq.capability.tokens import issue_rollout_token
 from polar_mq.proxy import MemoryCallSink
 from polar_mq.proxy.apis import responses
 from polar_mq.proxy.apis.base import FamilyError, FamilyRequest, Translation
 from polar_mq.proxy.apis.response_store import ResponseStore
-from polar_mq.tokens import issue_rollout_token
 
 if TYPE_CHECKING:  # the SDK loads only where a test uses it: every xdist worker collects this file
     import openai

@@ -10,11 +10,11 @@ import httpx
 import pytest
 from proxy_support import SECRET, proxy_settings
 
+from polar_mq.capability.tokens import JUDGE, issue_rollout_token
 from polar_mq.models import RolloutStatus
 from polar_mq.proxy import MemoryCallSink, create_proxy_app
 from polar_mq.proxy.rollout_states import ENDED, UNKNOWN, RolloutStates
 from polar_mq.testing.fake_vllm import create_fake_vllm_app
-from polar_mq.tokens import JUDGE, issue_rollout_token
 
 pytestmark = pytest.mark.anyio
 

@@ -14,8 +14,8 @@ import pytest
 from family_support import parse_sse
 from proxy_support import SECRET, Harness, proxy_settings, start_harness
 
-from polar_mq.sampling import SamplingPolicy, sampling_policy
-from polar_mq.tokens import issue_rollout_token
+from polar_mq.capability.sampling import SamplingPolicy, sampling_policy
+from polar_mq.capability.tokens import issue_rollout_token
 
 pytestmark = pytest.mark.anyio
 

@@ -12,7 +12,8 @@ import redis
 from proxy_support import proxy_settings, start_harness
 from sqlalchemy import Engine, create_engine, insert
 
-from polar_mq.call_receipts import started_key
+from polar_mq.capability.receipts import started_key
+from polar_mq.capability.tokens import RolloutClaim
 from polar_mq.config import Settings
 from polar_mq.models import LlmCall
 from polar_mq.proxy.backends import BackendUnavailable
@@ -20,7 +21,6 @@ from polar_mq.proxy.receipts import StartCounter, number_call
 from polar_mq.proxy.redis_client import POOL_CONNECTIONS
 from polar_mq.proxy.seq import KEY_PREFIX, LocalSeq, RedisSeq, SeqFloor, sequencer
 from polar_mq.proxy.seq_floor import db_seq_floor
-from polar_mq.tokens import RolloutClaim
 from tests.conftest import REDIS_URL
 
 pytestmark = pytest.mark.anyio

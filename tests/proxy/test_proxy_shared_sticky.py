@@ -10,7 +10,7 @@ import pytest
 from backends_support import rollout_preferring
 
 from polar_mq.config import Settings
-from polar_mq.ports import free_port
+from polar_mq.infra.ports import free_port
 from polar_mq.proxy.backends.pool import BackendPool
 from polar_mq.proxy.backends.sticky import KEY_PREFIX, SharedBindings
 from polar_mq.proxy.redis_client import async_redis

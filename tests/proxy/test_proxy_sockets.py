@@ -18,10 +18,10 @@ import httpx
 import pytest
 from proxy_support import SECRET, proxy_settings
 
+from polar_mq.capability.tokens import issue_rollout_token
 from polar_mq.proxy import MemoryCallSink, create_proxy_app
 from polar_mq.testing.fake_vllm import FakeStats, create_fake_vllm_app
 from polar_mq.testing.servers import free_port, serve_in_thread
-from polar_mq.tokens import issue_rollout_token
 
 if TYPE_CHECKING:  # the SDK loads only where a test uses it: every xdist worker collects this file
     import openai

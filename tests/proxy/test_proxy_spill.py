@@ -23,7 +23,7 @@ from sqlalchemy import Engine, event, func, select
 from sqlalchemy.orm import Session, sessionmaker
 from test_proxy_writer import call_row, count
 
-from polar_mq.db import create_db_engine
+from polar_mq.infra.db import create_db_engine
 from polar_mq.models import LlmCall
 from polar_mq.proxy import DbCallWriter, create_proxy_app
 from polar_mq.proxy.call_insert import CallInserter

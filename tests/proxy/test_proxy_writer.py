@@ -18,13 +18,13 @@ from proxy_support import SECRET, proxy_settings
 from sqlalchemy import Engine, event, func, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
-from polar_mq.db import create_db_engine
+from polar_mq.capability.tokens import issue_rollout_token
+from polar_mq.infra.db import create_db_engine
 from polar_mq.models import Base, LlmCall
 from polar_mq.proxy import DbCallWriter, create_proxy_app
 from polar_mq.proxy.call_insert import PG_ARRAY_TYPES
 from polar_mq.testing.fake_vllm import create_fake_vllm_app
 from polar_mq.testing.servers import free_port
-from polar_mq.tokens import issue_rollout_token
 from tests.conftest import module_database
 
 # The module's fixtures are one database of its own (it counts every call row: a session stack's

@@ -11,6 +11,7 @@ import uuid
 
 import pytest
 
+from polar_mq.capability.tokens import JUDGE, RolloutClaim
 from polar_mq.proxy.rollout_states import Refusal
 from polar_mq.proxy.token_budget import (
     EXHAUSTED,
@@ -20,7 +21,6 @@ from polar_mq.proxy.token_budget import (
     processed_rows,
     within_budget,
 )
-from polar_mq.tokens import JUDGE, RolloutClaim
 
 ROLLOUT = uuid.uuid4()
 

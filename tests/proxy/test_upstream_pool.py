@@ -19,7 +19,7 @@ import orjson
 import pytest
 from backends_support import FakeProcess
 
-from polar_mq.ports import free_port
+from polar_mq.infra.ports import free_port
 from polar_mq.proxy.backends.pool import BackendPool
 from polar_mq.proxy.backends.send import send_call
 from polar_mq.proxy.backends.upstream_conn import READ_HIGH_WATER, LeanResponse, UpstreamConnection

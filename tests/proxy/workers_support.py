@@ -25,12 +25,12 @@ from proxy_support import FRESH_HTTP, SECRET
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
+from polar_mq.capability.tokens import issue_rollout_token
 from polar_mq.config import Settings
-from polar_mq.devstack import settings_env
+from polar_mq.infra.ports import free_port
+from polar_mq.infra.tls import client_ssl_context
 from polar_mq.models import Job, JobTask, LlmCall, Rollout, RolloutStatus
-from polar_mq.ports import free_port
-from polar_mq.tls import client_ssl_context
-from polar_mq.tokens import issue_rollout_token
+from polar_mq.stack.devstack import settings_env
 from tests.conftest import REDIS_URL
 
 

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import amqp
 
-from polar_mq.ports import free_port
-from polar_mq.processes import ManagedProcess
+from polar_mq.infra.ports import free_port
+from polar_mq.infra.processes import ManagedProcess
 from tests.reliability.support import wait_until
 
 RABBITMQ_BIN = Path("/usr/lib/rabbitmq/bin")

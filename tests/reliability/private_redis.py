@@ -11,8 +11,8 @@ import shutil
 import socket
 from pathlib import Path
 
-from polar_mq.ports import free_port
-from polar_mq.processes import ManagedProcess
+from polar_mq.infra.ports import free_port
+from polar_mq.infra.processes import ManagedProcess
 from tests.reliability.support import wait_until
 
 

@@ -27,7 +27,8 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from polar_mq.client import Client
-from polar_mq.devstack import LocalStack
+from polar_mq.infra.ports import free_port
+from polar_mq.infra.processes import ManagedProcess
 from polar_mq.lifecycle.stages import Stage
 from polar_mq.models import (
     Evaluation,
@@ -38,9 +39,8 @@ from polar_mq.models import (
     RolloutStatus,
     TrajectorySample,
 )
-from polar_mq.ports import free_port
-from polar_mq.processes import ManagedProcess
 from polar_mq.runtimes.local import RUNTIME_TAG
+from polar_mq.stack.devstack import LocalStack
 from polar_mq.workers.janitor import local_runtime_ids
 from tests.e2e.stack import e2e_settings
 

@@ -14,7 +14,7 @@ import struct
 import threading
 from types import TracebackType
 
-from polar_mq.ports import free_port
+from polar_mq.infra.ports import free_port
 
 _LINGER_RESET = struct.pack("ii", 1, 0)
 """SO_LINGER on, 0 s: close() sends a RST, so the peer fails at once instead of reading EOF."""

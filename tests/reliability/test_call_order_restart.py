@@ -1,7 +1,7 @@
 """A proxy killed (SIGKILL) mid-rollout and restarted: the rollout's calls keep their order.
 
-A real proxy process (`polar-mq proxy`, started by `polar_mq.devstack`) in front of the fake vLLM
-process logs to the session's PostgreSQL. A rollout's agent makes its calls one after another,
+A real proxy process (`polar-mq proxy`, started by `polar_mq.stack.devstack`) in front of the fake
+vLLM process logs to the session's PostgreSQL. A rollout's agent makes its calls one after another,
 each carrying its index in the prompt. After a few calls are stored the proxy's process group is
 killed with SIGKILL (nothing drains), a new proxy starts on the same port, and the agent goes on,
 retrying a call the dead proxy never answered, as an agent's client does. The stored calls must
@@ -25,16 +25,16 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from polar_mq.capability.tokens import issue_rollout_token
 from polar_mq.config import Settings
-from polar_mq.db import unit_of_work
-from polar_mq.devstack import LocalStack
+from polar_mq.infra.db import unit_of_work
+from polar_mq.infra.ports import free_port
+from polar_mq.infra.processes import ManagedProcess
+from polar_mq.infra.tls import client_ssl_context
 from polar_mq.jobs.schemas import JobCreate
 from polar_mq.jobs.service import create_job
 from polar_mq.models import LlmCall
-from polar_mq.ports import free_port
-from polar_mq.processes import ManagedProcess
-from polar_mq.tls import client_ssl_context
-from polar_mq.tokens import issue_rollout_token
+from polar_mq.stack.devstack import LocalStack
 from tests.reliability.private_redis import PrivateRedis
 from tests.reliability.support import wait_until
 

@@ -19,10 +19,10 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from polar_mq.dispatch.celery_app import create_celery, publish_messages
 from polar_mq.lifecycle.messages import StageMessage
 from polar_mq.lifecycle.stages import STAGE_STATES, Stage
 from polar_mq.models import Rollout, RolloutStatus
-from polar_mq.workers.celery_app import create_celery, publish_messages
 from tests.reliability.support import RelStack, all_terminal, check_invariants, rel_stack
 from tests.reliability.test_broker_faults import PrivateRedis
 

@@ -18,11 +18,11 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from polar_mq.devstack import LocalStack
+from polar_mq.infra.processes import ManagedProcess, group_members
 from polar_mq.lifecycle.stages import Stage
 from polar_mq.models import Event, EventKind, Rollout, RolloutStatus
 from polar_mq.models.base import utcnow
-from polar_mq.processes import ManagedProcess, group_members
+from polar_mq.stack.devstack import LocalStack
 from tests.reliability.support import (
     RelStack,
     check_invariants,

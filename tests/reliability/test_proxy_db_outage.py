@@ -1,6 +1,6 @@
 """PostgreSQL unreachable for ~30 s under load: the proxy keeps serving and logs every call once.
 
-A real proxy process (`polar-mq proxy`, started by `polar_mq.devstack`) in front of the fake
+A real proxy process (`polar-mq proxy`, started by `polar_mq.stack.devstack`) in front of the fake
 vLLM process reaches the session's PostgreSQL database only through a `TcpRelay`. Many concurrent
 clients, each with its own rollout token, make chat calls (streaming and not) before, during and
 after the relay is cut (listener closed, connections reset). Afterwards every call the clients saw
@@ -25,15 +25,15 @@ from sqlalchemy import select
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
+from polar_mq.capability.tokens import issue_rollout_token
 from polar_mq.config import Settings
-from polar_mq.db import unit_of_work
-from polar_mq.devstack import LocalStack
+from polar_mq.infra.db import unit_of_work
+from polar_mq.infra.ports import free_port
+from polar_mq.infra.tls import client_ssl_context
 from polar_mq.jobs.schemas import JobCreate
 from polar_mq.jobs.service import create_job
 from polar_mq.models import LlmCall
-from polar_mq.ports import free_port
-from polar_mq.tls import client_ssl_context
-from polar_mq.tokens import issue_rollout_token
+from polar_mq.stack.devstack import LocalStack
 from tests.reliability.tcp_relay import TcpRelay
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]

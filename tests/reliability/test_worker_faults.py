@@ -12,10 +12,10 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from polar_mq.dispatch.celery_app import create_celery, publish_messages
 from polar_mq.lifecycle.messages import StageMessage
 from polar_mq.lifecycle.stages import Stage
 from polar_mq.models import Event, EventKind
-from polar_mq.workers.celery_app import create_celery, publish_messages
 from tests.reliability.private_redis import PrivateRedis
 from tests.reliability.support import (
     RelStack,

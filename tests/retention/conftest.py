@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine
 
-from polar_mq.db import create_db_engine, make_session_factory, unit_of_work
+from polar_mq.infra.db import create_db_engine, make_session_factory, unit_of_work
 from polar_mq.models import Job, JobTask, Rollout, RolloutStatus
 from polar_mq.proxy.call_insert import CallInserter
 from tests.conftest import scratch_database

@@ -9,7 +9,7 @@ from pathlib import Path
 from sqlalchemy import Engine, text, update
 
 from polar_mq.config import Settings
-from polar_mq.db import make_session_factory, unit_of_work
+from polar_mq.infra.db import make_session_factory, unit_of_work
 from polar_mq.models import Rollout
 from polar_mq.retention import partitions
 from polar_mq.retention.maintenance import maintain

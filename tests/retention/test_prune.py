@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, text
 
-from polar_mq.db import create_db_engine, make_session_factory, unit_of_work
-from polar_mq.migrate import upgrade
+from polar_mq.infra.db import create_db_engine, make_session_factory, unit_of_work
+from polar_mq.infra.migrate import upgrade
 from polar_mq.models import GroupDelivery
 from polar_mq.retention import partitions
 from polar_mq.retention.prune import prune

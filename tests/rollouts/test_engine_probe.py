@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
-from polar_mq.ports import free_port
+from polar_mq.infra.ports import free_port
 from polar_mq.rollouts.agent_outcome import CallSummary, classify
 from polar_mq.rollouts.engine_probe import engines_down
 from polar_mq.runtimes import ExecResult

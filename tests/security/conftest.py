@@ -20,9 +20,9 @@ from security_support import SETTINGS_MAX_ROLLOUTS_PER_REQUEST, TENANT_QUOTAS, L
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from polar_mq.db import create_db_engine, make_session_factory
-from polar_mq.ports import free_port
-from polar_mq.processes import ManagedProcess
+from polar_mq.infra.db import create_db_engine, make_session_factory
+from polar_mq.infra.ports import free_port
+from polar_mq.infra.processes import ManagedProcess
 from tests.conftest import REDIS_URL, scratch_database
 
 

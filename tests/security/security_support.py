@@ -19,13 +19,13 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from polar_mq.config import UNLIMITED, QuotaLimits
-from polar_mq.db import unit_of_work
+from polar_mq.infra.db import unit_of_work
+from polar_mq.infra.processes import ManagedProcess
 from polar_mq.jobs.schemas import JobCreate
 from polar_mq.jobs.service import create_job
 from polar_mq.models import GroupDelivery, Job, Rollout
 from polar_mq.models.artifact import RolloutArtifact
 from polar_mq.models.policy import PolicyState
-from polar_mq.processes import ManagedProcess
 from polar_mq.tenants.keys import create_api_key
 from polar_mq.tenants.quotas import Owner
 

@@ -33,11 +33,11 @@ from security_support import (
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from polar_mq.app import create_app
 from polar_mq.config import Settings
-from polar_mq.db import unit_of_work
+from polar_mq.infra.db import unit_of_work
 from polar_mq.models import Job
 from polar_mq.tenants.keys import revoke_api_key
+from polar_mq.ui.app import create_app
 
 pytestmark = pytest.mark.e2e
 

@@ -31,13 +31,13 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from polar_mq.devstack import LocalStack
+from polar_mq.infra.processes import group_members
 from polar_mq.models import LlmCall, Rollout
 from polar_mq.models.artifact import RolloutArtifact
-from polar_mq.processes import group_members
 from polar_mq.runtimes import LocalRuntime, private_view
 from polar_mq.runtimes.bwrap import bwrap_available
 from polar_mq.runtimes.docker import docker_available
+from polar_mq.stack.devstack import LocalStack
 from tests.e2e.stack import client_of, fake_upstream_stack
 from tests.security.reach_probe import REACH_PROBE
 

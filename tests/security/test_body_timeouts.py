@@ -22,12 +22,12 @@ import orjson
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from polar_mq.db import unit_of_work
+from polar_mq.capability.tokens import issue_rollout_token
+from polar_mq.infra.db import unit_of_work
+from polar_mq.infra.ports import free_port
+from polar_mq.infra.processes import ManagedProcess
 from polar_mq.jobs.schemas import JobCreate
 from polar_mq.jobs.service import create_job
-from polar_mq.ports import free_port
-from polar_mq.processes import ManagedProcess
-from polar_mq.tokens import issue_rollout_token
 
 pytestmark = pytest.mark.timeout(240)
 

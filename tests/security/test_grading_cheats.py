@@ -31,7 +31,7 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from polar_mq.db import make_session_factory
+from polar_mq.infra.db import make_session_factory
 from polar_mq.models import Evaluation, RolloutArtifact
 from polar_mq.rollouts.artifacts import DIFF
 from tests.conftest import module_database

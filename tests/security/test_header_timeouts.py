@@ -21,8 +21,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from polar_mq.ports import free_port
-from polar_mq.processes import ManagedProcess
+from polar_mq.infra.ports import free_port
+from polar_mq.infra.processes import ManagedProcess
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 

@@ -15,12 +15,12 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
-from polar_mq import imports
-from polar_mq.app import create_app
 from polar_mq.config import Settings
 from polar_mq.evaluators import get_evaluator
-from polar_mq.imports import EVALUATOR_GROUP, ImportNotAllowed, allowing
+from polar_mq.infra import imports
+from polar_mq.infra.imports import EVALUATOR_GROUP, ImportNotAllowed, allowing
 from polar_mq.trajectories.registry import get_builder
+from polar_mq.ui.app import create_app
 
 SIDE_EFFECT_MODULE = "pmq_import_side_effect"
 TASKS = [{"instruction": "x", "answer": "1"}]

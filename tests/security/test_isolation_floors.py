@@ -24,19 +24,19 @@ from security_support import make_key
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from polar_mq.app import create_app
 from polar_mq.client import Client
 from polar_mq.config import Settings
-from polar_mq.db import create_db_engine, make_session_factory
-from polar_mq.devstack import LocalStack
+from polar_mq.dispatch.submit import Enqueuer
+from polar_mq.infra.db import create_db_engine, make_session_factory
 from polar_mq.models import Job, Rollout
 from polar_mq.models.artifact import RolloutArtifact
 from polar_mq.runtimes import runtime_from_spec
 from polar_mq.runtimes.bwrap import bwrap_available
 from polar_mq.runtimes.docker import docker_available
 from polar_mq.spec.model import RuntimeSpec
-from polar_mq.submit import Enqueuer
+from polar_mq.stack.devstack import LocalStack
 from polar_mq.tenants.floors import FloorViolation, floor_of
+from polar_mq.ui.app import create_app
 from tests.conftest import REDIS_URL, scratch_database
 from tests.e2e.stack import fake_upstream_stack
 from tests.security.reach_probe import REACH_PROBE

@@ -20,9 +20,9 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from polar_mq.config import QuotaLimits
+from polar_mq.infra.tls import client_ssl_context
 from polar_mq.models import Job, JobTask, Rollout
 from polar_mq.tenants.quotas import rollouts_in_flight
-from polar_mq.tls import client_ssl_context
 
 pytestmark = pytest.mark.e2e
 

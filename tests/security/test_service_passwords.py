@@ -28,11 +28,11 @@ import pytest
 import redis
 from sqlalchemy import func, select
 
-from polar_mq.db import create_db_engine
-from polar_mq.migrate import upgrade
+from polar_mq.infra.db import create_db_engine
+from polar_mq.infra.migrate import upgrade
+from polar_mq.infra.ports import free_port
+from polar_mq.infra.processes import ManagedProcess
 from polar_mq.models import LlmCall, Rollout
-from polar_mq.ports import free_port
-from polar_mq.processes import ManagedProcess
 from tests.e2e.stack import client_of, fake_upstream_stack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]

@@ -16,10 +16,10 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from polar_mq.app import create_app
 from polar_mq.config import Settings
 from polar_mq.jobs.schemas import workspace_path_problem
 from polar_mq.models import Job
+from polar_mq.ui.app import create_app
 from tests.conftest import module_database
 
 TASKS = [{"instruction": "x"}]

@@ -14,8 +14,8 @@ from sqlalchemy import inspect, text
 from sqlalchemy.exc import IntegrityError
 
 from polar_mq.api.auth import Authenticator
-from polar_mq.db import create_db_engine, make_session_factory
-from polar_mq.migrate import alembic_config, upgrade
+from polar_mq.infra.db import create_db_engine, make_session_factory
+from polar_mq.infra.migrate import alembic_config, upgrade
 from polar_mq.tenants.keys import hash_key
 from tests.conftest import empty_database
 

@@ -22,11 +22,11 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from polar_mq.capability.tokens import JUDGE, issue_rollout_token, verify_rollout_token
 from polar_mq.config import TOKEN_GRACE_S
-from polar_mq.devstack import LocalStack
 from polar_mq.models import LlmCall
 from polar_mq.runtimes.host_exec import tagged_pids
-from polar_mq.tokens import JUDGE, issue_rollout_token, verify_rollout_token
+from polar_mq.stack.devstack import LocalStack
 from tests.e2e.stack import client_of, fake_upstream_stack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]

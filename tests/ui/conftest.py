@@ -11,10 +11,10 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
-from polar_mq.app import create_app
 from polar_mq.config import Settings
-from polar_mq.db import unit_of_work
+from polar_mq.infra.db import unit_of_work
 from polar_mq.tenants.keys import create_api_key
+from polar_mq.ui.app import create_app
 from tests.api.api_support import REDIS_URL, RecordingPublisher
 
 

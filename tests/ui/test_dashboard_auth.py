@@ -8,8 +8,8 @@ from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 from ui_support import sign_in, submit
 
-from polar_mq.app import create_app
 from polar_mq.config import Settings
+from polar_mq.ui.app import create_app
 from tests.api.api_support import RecordingPublisher
 from tests.ui.conftest import Keys
 

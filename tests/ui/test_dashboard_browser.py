@@ -22,9 +22,9 @@ from browser_support import artifacts_dir, chromium, require_browser
 from sqlalchemy.orm import Session, sessionmaker
 
 from polar_mq.client import Client
-from polar_mq.db import unit_of_work
-from polar_mq.devstack import LocalStack
+from polar_mq.infra.db import unit_of_work
 from polar_mq.lifecycle.stages import Stage
+from polar_mq.stack.devstack import LocalStack
 from polar_mq.tenants.keys import create_api_key
 from tests.e2e.stack import fake_upstream_stack
 

@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 from ui_support import sign_in, submit
 
-from polar_mq.db import unit_of_work
+from polar_mq.infra.db import unit_of_work
 from polar_mq.models import Evaluation, Job, LlmCall, Rollout, RolloutStatus
 from polar_mq.models.base import utcnow
 from tests.api.api_support import complete_rollout, fail_rollout

@@ -13,7 +13,7 @@ from markupsafe import escape
 from sqlalchemy.orm import Session, sessionmaker
 from ui_support import sign_in, submit
 
-from polar_mq.db import unit_of_work
+from polar_mq.infra.db import unit_of_work
 from polar_mq.models import LlmCall, Rollout, RolloutArtifact
 from polar_mq.models.base import utcnow
 from polar_mq.ui.live import digest

@@ -20,7 +20,7 @@ import pytest
 from browser_support import artifacts_dir, chromium, require_browser
 from sqlalchemy.orm import Session, sessionmaker
 
-from polar_mq.db import unit_of_work
+from polar_mq.infra.db import unit_of_work
 from polar_mq.models import Evaluation, Event, LlmCall, Rollout
 from polar_mq.models.base import utcnow
 from tests.api.api_support import complete_rollout, fail_rollout

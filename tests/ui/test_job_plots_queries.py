@@ -13,11 +13,11 @@ from sqlalchemy import Engine, event
 from sqlalchemy.orm import Session, sessionmaker
 from ui_support import submit
 
-from polar_mq.app import create_app
 from polar_mq.config import Settings
-from polar_mq.db import create_db_engine, make_session_factory
-from polar_mq.migrate import upgrade
+from polar_mq.infra.db import create_db_engine, make_session_factory
+from polar_mq.infra.migrate import upgrade
 from polar_mq.models.base import utcnow
+from polar_mq.ui.app import create_app
 from polar_mq.ui.job_plots import JobPlots, job_plots
 from tests.api.api_support import RecordingPublisher, complete_rollout, fail_rollout
 from tests.ui.conftest import Keys

@@ -23,6 +23,7 @@ from sqlalchemy import Engine, insert, select
 from sqlalchemy.orm import Session, sessionmaker
 from ui_support import sign_in, submit
 
+from polar_mq.capability.tokens import issue_rollout_token
 from polar_mq.config import Settings
 from polar_mq.jobs.read_models import TrajectorySampleRecord
 from polar_mq.lifecycle.transitions import Claimed
@@ -30,7 +31,6 @@ from polar_mq.models import LlmCall, Rollout
 from polar_mq.proxy import create_proxy_app
 from polar_mq.spec import JobSpec
 from polar_mq.testing.fake_vllm import create_fake_vllm_app
-from polar_mq.tokens import issue_rollout_token
 from polar_mq.ui.trajectory_view import CallMark, segment_start
 from polar_mq.workers.context import WorkerContext
 from polar_mq.workers.stages import build

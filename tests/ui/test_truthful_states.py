@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 from ui_support import sign_in, submit
 
-from polar_mq.db import unit_of_work
+from polar_mq.infra.db import unit_of_work
 from polar_mq.jobs.read_models import EventRecord
 from polar_mq.models import Event, Rollout, RolloutStatus
 from polar_mq.models.base import utcnow

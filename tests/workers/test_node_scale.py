@@ -23,7 +23,7 @@ from sqlalchemy import event, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from polar_mq.config import Settings
-from polar_mq.db import unit_of_work
+from polar_mq.infra.db import unit_of_work
 from polar_mq.jobs.schemas import JobCreate
 from polar_mq.jobs.service import create_job
 from polar_mq.lifecycle.stages import Stage

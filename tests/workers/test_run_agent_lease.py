@@ -20,14 +20,14 @@ import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
 from polar_mq.config import Settings
-from polar_mq.db import unit_of_work
+from polar_mq.infra.db import unit_of_work
+from polar_mq.infra.ports import free_port
 from polar_mq.jobs.schemas import JobCreate
 from polar_mq.jobs.service import create_job
 from polar_mq.lifecycle.cancel import cancel_where
 from polar_mq.lifecycle.outbox import attach_publisher
 from polar_mq.lifecycle.stages import Stage
 from polar_mq.models import Rollout, RolloutStatus
-from polar_mq.ports import free_port
 from polar_mq.runtimes.host_exec import tagged_pids
 from polar_mq.workers import runner
 from polar_mq.workers.context import WorkerContext

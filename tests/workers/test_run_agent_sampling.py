@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
+from polar_mq.capability.tokens import verify_rollout_token
 from polar_mq.config import Settings
 from polar_mq.rollouts.agent_outcome import CallSummary
 from polar_mq.runtimes.base import ExecResult
 from polar_mq.spec import load_spec
-from polar_mq.tokens import verify_rollout_token
 from polar_mq.workers.stages import run_agent
 
 SECRET = "run-agent-secret"

@@ -33,7 +33,7 @@ from polar_mq.api.schemas import (
     LeaseRequest,
     error_responses,
 )
-from polar_mq.db import unit_of_work
+from polar_mq.infra.db import unit_of_work
 from polar_mq.jobs import deliveries
 from polar_mq.jobs.read_models import AckResult, ExtendResult, GroupLease
 from polar_mq.tenants.scopes import JOBS_READ

@@ -17,13 +17,13 @@ from polar_mq.api.errors import ApiError
 from polar_mq.api.responses import OrjsonResponse
 from polar_mq.api.schemas import SubmitResponse, error_responses
 from polar_mq.config import Settings
+from polar_mq.dispatch.submit import submit_job
 from polar_mq.jobs import queries, results
 from polar_mq.jobs.context_check import CONTEXT_OVERFLOW, context_problem
 from polar_mq.jobs.group_stats import GRPO_EPS
 from polar_mq.jobs.read_models import JobPage, JobStatus, ResultsPage
 from polar_mq.jobs.schemas import JobCreate
 from polar_mq.jobs.served_models import UNKNOWN_MODEL, choose_model, engine_models
-from polar_mq.submit import submit_job
 from polar_mq.tenants.floors import floor_of
 from polar_mq.tenants.quotas import Owner, tenant_quota
 from polar_mq.tenants.scopes import JOBS_READ, JOBS_WRITE

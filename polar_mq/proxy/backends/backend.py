@@ -10,11 +10,11 @@ import aiohttp
 import httpx
 from yarl import URL
 
+from polar_mq.infra.tls import client_ssl_context
 from polar_mq.proxy.backends import aio
 from polar_mq.proxy.backends.breaker import CircuitBreaker
 from polar_mq.proxy.backends.rendezvous import hash_key
 from polar_mq.proxy.backends.upstream_pool import UpstreamClient, UpstreamPool
-from polar_mq.tls import client_ssl_context
 
 UPSTREAM_LIMITS = httpx.Limits(max_connections=64, max_keepalive_connections=16)
 """The httpx client's pool: health checks, `/tokenize`, `/v1/models` (generate calls go through

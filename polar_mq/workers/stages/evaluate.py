@@ -28,6 +28,7 @@ from typing import Any, cast
 from sqlalchemy import Table, delete, select
 
 from polar_mq.calls import AttemptCalls, last_agent_response
+from polar_mq.capability.tokens import JUDGE, issue_rollout_token
 from polar_mq.evaluators import (
     EvalContext,
     EvalResult,
@@ -50,7 +51,6 @@ from polar_mq.runtimes.safe_files import UnsafePath
 from polar_mq.swe import grading as saved_diff
 from polar_mq.swe.hidden_tests import HiddenTestsError
 from polar_mq.swe.spec import parse_repo
-from polar_mq.tokens import JUDGE, issue_rollout_token
 from polar_mq.workers.context import WorkerContext
 from polar_mq.workers.stages.common import StageFailure, StageOutcome, flush_proxy, open_runtime
 from polar_mq.workers.stages.grading_runtime import (

@@ -2,10 +2,10 @@
 
 The agent gets a capability token for this rollout as its API key, so every LLM call it makes is
 attributed to the rollout by the proxy; the token also carries the job's sampling policy, which the
-proxy enforces on those calls (`polar_mq.sampling`). A wall-clock timeout and an optional inactivity
-watchdog kill the whole process tree. After the agent exits the stage waits until every call the
-agent made is stored, so the build stage sees them all: by the attempt's call receipts in Redis
-(`call_receipts`, no round trip to the proxy), or by flushing the proxy's log writer. Not when
+proxy enforces on those calls (`polar_mq.capability.sampling`). A wall-clock timeout and an optional
+inactivity watchdog kill the whole process tree. After the agent exits the stage waits until every
+call the agent made is stored, so the build stage sees them all: by the attempt's call receipts in
+Redis (`call_receipts`, no round trip to the proxy), or by flushing the proxy's log writer. Not when
 the rollout was taken from this worker meanwhile (cancelled, or restarted elsewhere): its result
 is discarded, so the stage ends at once instead of waiting on a proxy that may be gone too.
 """
@@ -22,8 +22,10 @@ from typing import Any, cast
 from redis.exceptions import RedisError
 from sqlalchemy import Table, select
 
-from polar_mq import call_receipts
 from polar_mq.calls import AttemptCalls, CallSummary, last_call_at
+from polar_mq.capability import receipts as call_receipts
+from polar_mq.capability.sampling import sampling_policy
+from polar_mq.capability.tokens import issue_rollout_token
 from polar_mq.harnesses import AgentContext, get_harness
 from polar_mq.harnesses.presets.setup import harness_root_for
 from polar_mq.lifecycle.transitions import Claimed, LeaseLost, RolloutRef
@@ -34,8 +36,6 @@ from polar_mq.rollouts.artifacts import collect_artifacts
 from polar_mq.rollouts.auxiliary import mark_auxiliary_calls
 from polar_mq.rollouts.engine_probe import engines_down
 from polar_mq.runtimes import ExecResult
-from polar_mq.sampling import sampling_policy
-from polar_mq.tokens import issue_rollout_token
 from polar_mq.workers.context import WorkerContext
 from polar_mq.workers.stages.common import (
     StageFailure,

@@ -17,12 +17,12 @@ from sqlalchemy.orm import Session, sessionmaker
 from test_tito_families import LOOPS
 from tito_support import run_agent
 
-from polar_mq.app import create_app
+from polar_mq.capability.tokens import InvalidToken, issue_rollout_token, verify_rollout_token
 from polar_mq.config import Settings
 from polar_mq.jobs.schemas import JobCreate
 from polar_mq.models import Job
 from polar_mq.spec import load_spec
-from polar_mq.tokens import InvalidToken, issue_rollout_token, verify_rollout_token
+from polar_mq.ui.app import create_app
 from tests.api.api_support import REDIS_URL, RecordingPublisher
 
 TASK = {"instruction": "What is 6*7?"}

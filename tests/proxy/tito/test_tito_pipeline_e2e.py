@@ -19,8 +19,8 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from polar_mq.devstack import LocalStack
 from polar_mq.models import Event, LlmCall, Rollout, TrajectorySample
+from polar_mq.stack.devstack import LocalStack
 from tests.e2e.stack import client_of, fake_upstream_stack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

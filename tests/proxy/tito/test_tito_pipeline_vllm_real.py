@@ -19,9 +19,9 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from polar_mq.devstack import LocalStack
 from polar_mq.inference import local_vllm
 from polar_mq.models import Event, LlmCall, Rollout
+from polar_mq.stack.devstack import LocalStack
 from tests.e2e.stack import client_of, e2e_settings
 
 pytestmark = [

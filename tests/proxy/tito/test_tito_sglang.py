@@ -20,10 +20,10 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 from tito_support import captured, chat_prompt, run_agent
 
-from polar_mq.devstack import LocalStack
+from polar_mq.infra.ports import free_port
 from polar_mq.models import Event, LlmCall, Rollout
-from polar_mq.ports import free_port
 from polar_mq.proxy.engines.sglang_generate import GenerateAnswer, generate_body
+from polar_mq.stack.devstack import LocalStack
 from polar_mq.testing.fake_sglang_generate import create_fake_sglang_generate_app
 from polar_mq.testing.fake_tokenizer import IM_END
 from polar_mq.trajectories.prefix_merge import PrefixMergeBuilder

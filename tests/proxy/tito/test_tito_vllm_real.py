@@ -20,10 +20,10 @@ import pytest
 from proxy_support import SECRET, proxy_settings
 from tito_support import assemble, captured
 
+from polar_mq.capability.tokens import issue_rollout_token
 from polar_mq.inference import local_vllm
 from polar_mq.proxy import MemoryCallSink, create_proxy_app
 from polar_mq.testing.servers import serve_in_thread
-from polar_mq.tokens import issue_rollout_token
 from polar_mq.trajectories.prefix_merge import PrefixMergeBuilder
 
 pytestmark = [
