@@ -39,12 +39,20 @@ def _kill_main(rel: RelStack, rng: random.Random) -> str:
     return "kill -9 worker main"
 
 
+def _has_children(process: psutil.Process) -> bool:
+    """A pool child that runs an agent; one that exited since it was listed runs none."""
+    try:
+        return bool(process.children(recursive=True))
+    except psutil.Error:
+        return False
+
+
 def _kill_child(rel: RelStack, rng: random.Random) -> str:
     try:
         children = rel.worker_main(Stage.RUN_AGENT, timeout_s=5).children()
     except (psutil.Error, AssertionError):
         return "kill -9 pool child (no worker)"
-    busy = [c for c in children if c.children(recursive=True)]
+    busy = [c for c in children if _has_children(c)]
     if not busy:
         return "kill -9 pool child (none busy)"
     rng.choice(busy).kill()
