@@ -146,8 +146,20 @@ class DockerRuntime(Sandboxed, Runtime):
             found = self._create()
         if found.status != "running":
             found.start()
+            self._wait_keepalive()
         if created and self.network == "proxy_only":
             self._check_forwarder()
+
+    def _wait_keepalive(self, timeout_s: float = 30.0) -> None:
+        """Return once the init has forked the keep-alive: the engine's start returns before,
+        and a leak check taken then counted the keep-alive as a leak (seen in CI under load)."""
+        end = time.monotonic() + timeout_s
+        while len(container_pids(self.client.api, self.name)) < 2:  # docker-init + keep-alive
+            if time.monotonic() >= end:
+                raise RuntimeError(
+                    f"runtime {self.runtime_id}: the container's keep-alive never ran"
+                )
+            time.sleep(0.02)
 
     def _check_forwarder(self) -> None:
         """Fail at start (the prepare stage), not as the agent's error, without an interpreter."""
@@ -232,6 +244,7 @@ class DockerRuntime(Sandboxed, Runtime):
         self.space.empty_dirs()
         if found is not None:
             found.start()
+            self._wait_keepalive()
 
     def stop(self) -> None:
         """Remove the container, then the node-side directories; idempotent, from any process.
