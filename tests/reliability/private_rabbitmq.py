@@ -95,13 +95,14 @@ class PrivateRabbitMQ:
             self.proc.stop(grace_s=30.0)
 
     def queue_arguments(self) -> dict[str, dict[str, object]]:
-        """Every queue of the node with the arguments it was declared with (`rabbitmqctl`)."""
+        """Every queue of the node with the arguments it was declared with (`rabbitmqctl`: an
+        Erlang VM starts for each call, slow on a loaded host)."""
         ctl = rabbitmq_script("rabbitmqctl")
         assert ctl is not None
         out = subprocess.run(
             [ctl, "-n", self.nodename, "-q", "list_queues", "name", "arguments",
              "--formatter", "json"],
-            env=self.env(), capture_output=True, text=True, timeout=60, check=True,
+            env=self.env(), capture_output=True, text=True, timeout=180, check=True,
         ).stdout  # fmt: skip
         return {row["name"]: _arguments(row["arguments"]) for row in json.loads(out)}
 

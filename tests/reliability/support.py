@@ -178,7 +178,38 @@ def wait_terminal(
         )
     except AssertionError as exc:
         stuck = Counter(statuses(factory, rollout_ids).values())
-        raise AssertionError(f"{exc}; rollouts by status: {dict(stuck)}") from None
+        raise AssertionError(
+            f"{exc}; rollouts by status: {dict(stuck)}\n{stuck_history(factory, rollout_ids)}"
+        ) from None
+
+
+def log_tails(log_dir: Path, lines: int = 25) -> str:
+    """The last lines of every process log of a stack, for a failing scenario's message."""
+    parts = []
+    for path in sorted(log_dir.glob("*.log")):
+        tail = path.read_text(errors="replace").splitlines()[-lines:]
+        parts.append(f"--- {path.name}\n" + "\n".join(tail))
+    return "\n".join(parts)
+
+
+def stuck_history(factory: sessionmaker[Session], rollout_ids: list[str], last: int = 4) -> str:
+    """Each unfinished rollout's status, attempt and last events: where a scenario that timed
+    out left its rollouts (a CI run only keeps what the assertion says)."""
+    lines = []
+    with factory() as session:
+        for rollout in session.scalars(
+            select(Rollout).where(Rollout.id.in_([uuid.UUID(r) for r in rollout_ids]))
+        ):
+            if rollout.status in RolloutStatus.TERMINAL:
+                continue
+            events = session.scalars(
+                select(Event).where(Event.rollout_id == rollout.id).order_by(Event.id.desc())
+            ).all()[:last]
+            trail = ", ".join(
+                f"{e.at:%H:%M:%S} {e.stage}/{e.kind}#{e.attempt}" for e in reversed(events)
+            )
+            lines.append(f"  {rollout.id} {rollout.status} attempt {rollout.attempt}: {trail}")
+    return "\n".join(lines)
 
 
 def wait_status(
