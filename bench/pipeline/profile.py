@@ -44,10 +44,10 @@ COST_CENTRES: tuple[tuple[str, str], ...] = (
     ("trajectory builder", "build (polar_mq/trajectories"),
     ("Celery task events", "send_event (celery/"),
     ("kombu publish", "publish (kombu/messaging.py"),
-    ("proxy: log writer (DB insert)", "polar_mq/proxy/writer.py"),
-    ("proxy: call record building", "polar_mq/proxy/record.py"),
+    ("proxy: log writer (DB insert)", "polar_mq/proxy/store/writer.py"),
+    ("proxy: call record building", "polar_mq/proxy/store/record.py"),
     ("proxy: upstream HTTP (httpx)", "httpx/_client.py"),
-    ("proxy: token check", "polar_mq/proxy/auth.py"),
+    ("proxy: token check", "polar_mq/proxy/server/auth.py"),
 )
 
 

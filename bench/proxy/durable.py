@@ -20,8 +20,8 @@ from bench.pipeline.infra import fresh_database
 from polar_mq.infra.db import create_db_engine, make_session_factory, unit_of_work
 from polar_mq.jobs.schemas import JobCreate
 from polar_mq.jobs.service import create_job
-from polar_mq.proxy.call_insert import CallInserter
-from polar_mq.proxy.writer import PG_CONNECT_ARGS, DbCallWriter
+from polar_mq.proxy.store.call_insert import CallInserter
+from polar_mq.proxy.store.writer import PG_CONNECT_ARGS, DbCallWriter
 
 DEFAULT_PG = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 

@@ -5,9 +5,8 @@ fake engine (20 ms to the first token, 32 tokens), polar_mq's proxy exactly as i
 (logging every call to PostgreSQL) and a bare aiohttp pass-through (`bench.proxy.bare`), each
 repeat interleaving, non-streamed then streamed: the pass-through and the proxy at `--clients`,
 then the engine direct, the pass-through and the proxy at one client (added p50 = the side's p50
-minus the direct p50 of the same repeat). `--uvicorn` adds the proxy served by uvicorn
-(`POLAR_MQ_PROXY_SERVER=uvicorn`, its fallback server) as another side, same database and engine;
-`--variant NAME:KEY=VALUE,...` one started with those environment variables.
+minus the direct p50 of the same repeat). `--variant NAME:KEY=VALUE,...` adds a proxy started
+with those environment variables as another side, same database and engine.
 The table shows medians over repeats (issue 16's targets: <= 0.5 ms CPU per call and >= 0.7x bare
 non-streamed, <= 1 ms streamed, <= 1 ms added p50 at one client).
 """
@@ -74,8 +73,8 @@ def _start_variant(
 
 
 def _variants(args: argparse.Namespace) -> dict[str, dict[str, str]]:
-    """`--uvicorn` and `--variant NAME:KEY=VALUE,...` as side name -> environment."""
-    variants = {"uvicorn": {"POLAR_MQ_PROXY_SERVER": "uvicorn"}} if args.uvicorn else {}
+    """`--variant NAME:KEY=VALUE,...` as side name -> environment."""
+    variants: dict[str, dict[str, str]] = {}
     for spec in args.variant:
         name, _, pairs = spec.partition(":")
         variants[name] = dict(pair.split("=", 1) for pair in pairs.split(",") if pair)
@@ -157,7 +156,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument("--ttft-ms", type=float, default=20.0)
     parser.add_argument("--pg-admin-url", default=DEFAULT_PG)
-    parser.add_argument("--uvicorn", action="store_true", help="also the proxy under uvicorn")
     parser.add_argument(
         "--variant",
         action="append",

@@ -27,7 +27,7 @@ import orjson
 
 from polar_mq.proxy.engines import vllm
 from polar_mq.proxy.engines.base import CHAT, COMPLETIONS
-from polar_mq.proxy.record import new_call
+from polar_mq.proxy.store.record import new_call
 from polar_mq.proxy.tito.history import Turn, digest, normalize, tools_digest
 from polar_mq.proxy.tito.route import Tito
 from polar_mq.proxy.tito.store import LastTurn, LocalTurns

@@ -19,8 +19,8 @@ from typing import Any
 
 import psycopg
 
-from polar_mq.proxy.call_insert import PG_ARRAY_TYPES, pg_columns
-from polar_mq.proxy.writer import DbCallWriter
+from polar_mq.proxy.store.call_insert import PG_ARRAY_TYPES, pg_columns
+from polar_mq.proxy.store.writer import DbCallWriter
 
 PROMPT_TOKENS = 768
 COMPLETION_TOKENS = 256

@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session
 
 from polar_mq.infra.db import make_session_factory
 from polar_mq.jobs.results import job_results
-from polar_mq.proxy.call_insert import CallInserter
+from polar_mq.proxy.store.call_insert import CallInserter
 from polar_mq.rollouts.queries import rollout_calls, rollout_trajectory
 
 

@@ -62,7 +62,7 @@ def proxy(
     ] = None,
 ) -> None:
     """Serve the token-capturing LLM proxy in front of POLAR_MQ_UPSTREAM_URL."""
-    from polar_mq.proxy.run import run_proxy
+    from polar_mq.proxy.server.run import run_proxy
 
     if workers is not None:  # validated with the rest (it needs a shared call counter)
         os.environ["POLAR_MQ_PROXY_WORKERS"] = str(workers)

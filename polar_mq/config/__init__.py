@@ -202,12 +202,6 @@ class Settings(FloorSettings, BaseSettings):
         description="proxy processes serving proxy_port (each with its own call writer and "
         "spill subdirectory worker-<i>); admin calls reach all of them",
     )
-    proxy_server: Literal["lean", "uvicorn"] = Field(
-        "lean", description="the proxy's HTTP server: `lean` (its own) or `uvicorn` (fallback)"
-    )
-    proxy_upstream_client: Literal["lean", "aiohttp"] = Field(
-        "lean", description="the generate calls' client: `lean` (its own pool) or `aiohttp`"
-    )
     proxy_redis_url: str | None = Field(
         None,
         description="Redis holding the shared per-rollout call counter (default: broker_url "

@@ -5,7 +5,7 @@ or an engine's answer may contain it; replacing it (U+FFFD) or refusing the row 
 agent sent. So the JSON text is escaped on write and unescaped on read, in the engine's JSON
 serializer and deserializer (`polar_mq.infra.db.create_db_engine` installs both): every JSON column
 of every table, every read path (ORM rows, Core selects, `jsonb_*` functions returning JSON) and the
-proxy's raw batch INSERT (`proxy.call_insert`) share this one scheme.
+proxy's raw batch INSERT (`proxy.store.call_insert`) share this one scheme.
 
 The scheme works on the serialized text, inside strings only, with the noncharacter U+FFFF as the
 escape (valid UTF-8 PostgreSQL stores, never assigned, so in practice absent from real data):

@@ -1,6 +1,6 @@
 """Close a connection whose request head does not arrive in time (half-sent headers, slowloris).
 
-uvicorn (the API; the proxy with `proxy_server="uvicorn"`) and the proxy's lean server wait for a
+uvicorn (the API) and the proxy's own server wait for a
 request's line and headers for as long as the client keeps the connection open: uvicorn arms its
 keep-alive timer only after a response and cancels it on any byte, and a connection that never
 sends one has no timer at all. So clients that send half a head and stall (or nothing) each hold

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pydantic import ValidationError
 
 from polar_mq.config import Settings, describe_config_error
-from polar_mq.proxy.run import run_proxy
+from polar_mq.proxy.server.run import run_proxy
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -27,14 +27,14 @@ import orjson
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from polar_mq.proxy.abort import HangUpWatch
 from polar_mq.proxy.apis.base import StreamTranslator
 from polar_mq.proxy.backends import BackendUnavailable, send_call
 from polar_mq.proxy.backends.send import UpstreamResponse
 from polar_mq.proxy.errors import bad_gateway
-from polar_mq.proxy.record import CallContext, call_row
+from polar_mq.proxy.server.abort import HangUpWatch
+from polar_mq.proxy.server.state import ProxyState
 from polar_mq.proxy.sse import SseRelay
-from polar_mq.proxy.state import ProxyState
+from polar_mq.proxy.store.record import CallContext, call_row
 
 logger = logging.getLogger(__name__)
 

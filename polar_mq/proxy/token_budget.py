@@ -38,7 +38,7 @@ from polar_mq.capability.tokens import AGENT, RolloutClaim
 from polar_mq.models import Job, LlmCall, Rollout
 from polar_mq.proxy.rollout_states import Refusal
 from polar_mq.proxy.sampling import TOKEN_FIELDS
-from polar_mq.proxy.sink import CallSink, SinkWrapper
+from polar_mq.proxy.store.sink import CallSink, SinkWrapper
 
 log = logging.getLogger(__name__)
 

@@ -15,11 +15,11 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from polar_mq.proxy.body import read_json_object
 from polar_mq.proxy.errors import bad_gateway
-from polar_mq.proxy.gate import admit, openai_refusal
 from polar_mq.proxy.rollout_states import Refusal
-from polar_mq.proxy.state import ProxyState
+from polar_mq.proxy.server.body import read_json_object
+from polar_mq.proxy.server.gate import admit, openai_refusal
+from polar_mq.proxy.server.state import ProxyState
 
 JSON_HEADERS = {"content-type": "application/json"}
 PATHS = ("/tokenize", "/detokenize")

@@ -37,7 +37,7 @@ SERVICE_IMPORTS = (
     "polar_mq.cli",
     "polar_mq.cli.processes",
     "polar_mq.api.app",
-    "polar_mq.proxy.app",
+    "polar_mq.proxy.server.app",
     "polar_mq.workers.launcher",
     *STAGE_WORKER_IMPORTS,  # for the supervisor's forks of itself (`launcher.spawn_one`)
     "uvicorn",

@@ -2,7 +2,7 @@
 
 In-process transports skip what only a socket shows (HTTP framing, real streaming, disconnects);
 a server in a thread keeps the app's objects (stats, sinks) inspectable from the test. `server`
-picks uvicorn or the proxy's own lean server (`polar_mq.proxy.http_server`).
+picks uvicorn or the proxy's own lean server (`polar_mq.proxy.server.http_server`).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def serve_in_thread(
 
 @contextmanager
 def _serve_lean(app: ASGIApp, port: int, timeout_s: float) -> Iterator[None]:
-    from polar_mq.proxy.http_server import LeanServer
+    from polar_mq.proxy.server.http_server import LeanServer
 
     lean = LeanServer(app)
     loops: list[asyncio.AbstractEventLoop] = []

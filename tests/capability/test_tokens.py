@@ -22,7 +22,7 @@ from polar_mq.capability.tokens import (
     issue_rollout_token,
     verify_rollout_token,
 )
-from polar_mq.proxy.auth import RolloutAuth
+from polar_mq.proxy.server.auth import RolloutAuth
 from polar_mq.spec import TimeoutSpec
 
 SECRET = "token-test-secret"

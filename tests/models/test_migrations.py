@@ -20,7 +20,7 @@ from sqlalchemy import Column, Engine, MetaData, Table, inspect, select, text
 from polar_mq.infra.db import create_db_engine
 from polar_mq.infra.migrate import alembic_config, upgrade
 from polar_mq.models import LlmCall
-from polar_mq.proxy.call_insert import CallInserter
+from polar_mq.proxy.store.call_insert import CallInserter
 from tests.conftest import empty_database
 
 

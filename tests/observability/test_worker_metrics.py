@@ -19,8 +19,8 @@ from polar_mq.dispatch.celery_app import create_celery, publish_messages
 from polar_mq.lifecycle.messages import StageMessage, queue_name
 from polar_mq.lifecycle.stages import Stage
 from polar_mq.observability.stage_metrics import observe_outcome, outcome_of, stage_metrics
-from polar_mq.proxy.call_log import CallLogSink
-from polar_mq.proxy.sink import MemoryCallSink
+from polar_mq.proxy.store.call_log import CallLogSink
+from polar_mq.proxy.store.sink import MemoryCallSink
 from polar_mq.workers.node_metrics import NodeCollector
 from tests.e2e.stack import REDIS_E2E_URL
 

@@ -118,7 +118,7 @@ def proxy_stack(
         values.update(settings)
         memory = MemoryCallSink()
         app = create_proxy_app(proxy_settings(**values), sink=sink or memory)
-        url = stack.enter_context(serve_in_thread(app))
+        url = stack.enter_context(serve_in_thread(app, server="lean"))
         s = Stack(url, memory, fakes)
         stack.callback(s.client.close)
         yield s

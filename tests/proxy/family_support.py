@@ -201,10 +201,11 @@ def fake_engine_process(ttft_ms: int = 2) -> Iterator[str]:
 
 @contextmanager
 def proxy_served(engine_url: str) -> Iterator[tuple[str, MemoryCallSink]]:
-    """The proxy under uvicorn in front of `engine_url`, logging to memory: (its URL, the sink)."""
+    """The proxy under its own server in front of `engine_url`, logging to memory: (its URL, the
+    sink)."""
     sink = MemoryCallSink()
     app = create_proxy_app(proxy_settings(upstream_url=engine_url), sink=sink)
-    with serve_in_thread(app) as url:
+    with serve_in_thread(app, server="lean") as url:
         yield url, sink
 
 
@@ -222,7 +223,7 @@ def socket_fixtures() -> tuple[Any, Any]:
     """A test module's `fake_engine` and `served` fixtures (assign them to those names).
 
     `fake_engine`: one fake engine process (its CLI) for the module, its URL; `served`: a fresh
-    proxy under uvicorn in front of it for each test, (its URL, its sink).
+    proxy under its own server in front of it for each test, (its URL, its sink).
     """
     fake_engine = pytest.fixture(_fake_engine, scope="module", name="fake_engine")
     served = pytest.fixture(_served, name="served")

@@ -27,8 +27,8 @@ from polar_mq.config import Settings
 from polar_mq.infra.db import create_db_engine
 from polar_mq.models import LlmCall
 from polar_mq.proxy import DbCallWriter, MemoryCallSink, create_proxy_app
-from polar_mq.proxy.receipts import HurryListener, StartCounter
-from polar_mq.proxy.sink import CallSink
+from polar_mq.proxy.store.receipts import HurryListener, StartCounter
+from polar_mq.proxy.store.sink import CallSink
 from polar_mq.testing.fake_vllm import create_fake_vllm_app
 from polar_mq.testing.servers import free_port
 from tests.conftest import REDIS_URL

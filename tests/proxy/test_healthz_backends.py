@@ -27,7 +27,9 @@ def health(url: str) -> dict[str, object]:
 def test_a_proxy_whose_engine_answers_counts_it_usable() -> None:
     with serve_in_thread(create_fake_vllm_app()) as engine:
         settings = proxy_settings(upstream_url=engine, **FAST_HEALTH)
-        with serve_in_thread(create_proxy_app(settings, sink=MemoryCallSink())) as proxy:
+        with serve_in_thread(
+            create_proxy_app(settings, sink=MemoryCallSink()), server="lean"
+        ) as proxy:
             body = health(proxy)
             assert (body["backends"], body["backends_usable"]) == (1, 1)
             assert engine.split("//")[1] not in str(body)  # the engine's address stays private
@@ -37,7 +39,7 @@ def test_a_proxy_whose_engine_answers_counts_it_usable() -> None:
 def test_a_proxy_whose_engine_is_down_counts_none_usable() -> None:
     closed = f"http://127.0.0.1:{free_port()}"
     settings = proxy_settings(upstream_url=closed, **FAST_HEALTH)
-    with serve_in_thread(create_proxy_app(settings, sink=MemoryCallSink())) as proxy:
+    with serve_in_thread(create_proxy_app(settings, sink=MemoryCallSink()), server="lean") as proxy:
         deadline = time.monotonic() + 20
         while health(proxy)["backends_usable"] != 0 and time.monotonic() < deadline:
             time.sleep(0.1)

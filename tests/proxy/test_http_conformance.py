@@ -30,8 +30,6 @@ from polar_mq.testing.servers import serve_in_thread
 
 pytestmark = pytest.mark.slow
 
-CLIENTS = ["lean", "aiohttp"]
-"""The upstream clients (the own pool, the aiohttp fallback), where a defect was in both."""
 CHAT = b"/v1/chat/completions"
 Script = Callable[[asyncio.StreamWriter, int], Awaitable[bool]]
 """Answers the n-th call (from 1) on `writer`; returns whether the connection stays open."""
@@ -164,17 +162,17 @@ class Proxy:
 
 
 @contextmanager
-def proxy_over(hostile: Hostile, client: str) -> Iterator[Proxy]:
+def proxy_over(hostile: Hostile) -> Iterator[Proxy]:
     sink = MemoryCallSink()
-    settings = proxy_settings(upstream_url=hostile.url, proxy_upstream_client=client)
+    settings = proxy_settings(upstream_url=hostile.url)
     app = create_proxy_app(settings, sink=sink)
     with serve_in_thread(app, server="lean") as url:
         yield Proxy(int(url.rsplit(":", 1)[1]), sink)
 
 
 @contextmanager
-def stack(script: Script, client: str = "lean") -> Iterator[tuple[Hostile, Proxy]]:
-    with Hostile(script) as hostile, proxy_over(hostile, client) as proxy:
+def stack(script: Script) -> Iterator[tuple[Hostile, Proxy]]:
+    with Hostile(script) as hostile, proxy_over(hostile) as proxy:
         yield hostile, proxy
 
 
@@ -296,15 +294,10 @@ def test_thousands_of_repeated_upstream_headers_are_a_clean_502() -> None:
     conn.loop.close()
 
 
-@pytest.mark.parametrize(
-    ("client", "oversize"),
-    [("lean", "count"), ("lean", "bytes"), ("lean", "endless"), ("aiohttp", "count")],
-)
-def test_an_oversize_upstream_head_is_a_clean_502_logged_as_a_failed_call(
-    client: str, oversize: str
-) -> None:
-    """Was: an upstream head of any size was read into memory and relayed (aiohttp: up to 128
-    headers); one header that never ends was read until the read timeout (30 minutes)."""
+@pytest.mark.parametrize("oversize", ["count", "bytes", "endless"])
+def test_an_oversize_upstream_head_is_a_clean_502_logged_as_a_failed_call(oversize: str) -> None:
+    """Was: an upstream head of any size was read into memory and relayed; one header that never
+    ends was read until the read timeout (30 minutes)."""
     if oversize == "count":
         extra = b"".join(b"x-h%d: 1\r\n" % i for i in range(101))
     else:
@@ -321,7 +314,7 @@ def test_an_oversize_upstream_head_is_a_clean_502_logged_as_a_failed_call(
         writer.write(extra + b"content-length: %d\r\n\r\n%b" % (len(body), body))
         return True
 
-    with stack(big, client) as (hostile, proxy):
+    with stack(big) as (hostile, proxy):
         status, _, body = proxy.call()
         assert status == 502, body
         assert b"upstream" in body
@@ -330,18 +323,15 @@ def test_an_oversize_upstream_head_is_a_clean_502_logged_as_a_failed_call(
         assert hostile.calls == 1
 
 
-@pytest.mark.parametrize("client", CLIENTS)
 @pytest.mark.parametrize("status", [b"400 Bad Request", b"500 Internal Server Error"])
-def test_a_non_json_upstream_error_reaches_the_agent_and_the_call_is_logged(
-    status: bytes, client: str
-) -> None:
+def test_a_non_json_upstream_error_reaches_the_agent_and_the_call_is_logged(status: bytes) -> None:
     """Was: `decode("replace")` raised LookupError: the agent got a plain 500, no row."""
 
     async def refuse(writer: asyncio.StreamWriter, n: int) -> bool:
         writer.write(answer(b"engine says no \xff", status=status, ctype=b"text/plain"))
         return True
 
-    with stack(refuse, client) as (hostile, proxy):
+    with stack(refuse) as (hostile, proxy):
         code, headers, body = proxy.call()
         assert (code, body) == (int(status[:3]), b"engine says no \xff")
         assert headers[b"content-type"] == b"text/plain"
@@ -351,9 +341,8 @@ def test_a_non_json_upstream_error_reaches_the_agent_and_the_call_is_logged(
         assert hostile.calls == 1
 
 
-@pytest.mark.parametrize("client", CLIENTS)
 @pytest.mark.parametrize("failure", ["closed", "garbage"])
-def test_a_failure_before_the_first_byte_is_sent_upstream_once(failure: str, client: str) -> None:
+def test_a_failure_before_the_first_byte_is_sent_upstream_once(failure: str) -> None:
     """Was: every broken exchange was taken for a stale keep-alive connection and sent again,
     even on a new connection. Only one backend: one attempt, one send."""
 
@@ -362,7 +351,7 @@ def test_a_failure_before_the_first_byte_is_sent_upstream_once(failure: str, cli
             writer.write(b"NOT HTTP AT ALL\r\n\r\n")
         return False
 
-    with stack(broken, client) as (hostile, proxy):
+    with stack(broken) as (hostile, proxy):
         status, _, _ = proxy.call()
         assert status == 502
         (row,) = proxy.rows(1)

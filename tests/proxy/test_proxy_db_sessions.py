@@ -11,10 +11,10 @@ from psycopg.pq import TransactionStatus
 from sqlalchemy import Engine, func, select
 
 from polar_mq.models import LlmCall
-from polar_mq.proxy.app import _reads_engine
-from polar_mq.proxy.call_insert import CallInserter
 from polar_mq.proxy.rollout_states import db_state_reader
-from polar_mq.proxy.writer import DbCallWriter
+from polar_mq.proxy.server.app import _reads_engine
+from polar_mq.proxy.store.call_insert import CallInserter
+from polar_mq.proxy.store.writer import DbCallWriter
 from tests.proxy.test_proxy_writer import call_row
 
 

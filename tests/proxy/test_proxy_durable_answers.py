@@ -35,8 +35,8 @@ from polar_mq.infra.tls import client_ssl_context
 from polar_mq.jobs.schemas import JobCreate
 from polar_mq.jobs.service import create_job
 from polar_mq.models import LlmCall
-from polar_mq.proxy.spill_records import read_segment
-from polar_mq.proxy.writer import DbCallWriter
+from polar_mq.proxy.store.spill_records import read_segment
+from polar_mq.proxy.store.writer import DbCallWriter
 from polar_mq.stack.devstack import LocalStack
 
 SECRET = "durable-secret-" + uuid.uuid4().hex

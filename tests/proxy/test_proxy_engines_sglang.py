@@ -132,7 +132,7 @@ def test_openai_sdk_streams_through_the_proxy_over_sockets() -> None:
     sink = MemoryCallSink()
     with serve_in_thread(create_fake_sglang_app(ttft_s=0.002)) as upstream:
         settings = proxy_settings(upstream_engine="sglang", upstream_url=upstream)
-        with serve_in_thread(create_proxy_app(settings, sink=sink)) as proxy:
+        with serve_in_thread(create_proxy_app(settings, sink=sink), server="lean") as proxy:
             token = issue_rollout_token(SECRET, uuid.uuid4(), 60)
             client = openai.OpenAI(base_url=proxy + "/v1", api_key=token, max_retries=0)
             stream = client.chat.completions.create(

@@ -1,8 +1,8 @@
-"""The lean HTTP/1.1 server (`polar_mq.proxy.http_server`) over real sockets, byte by byte.
+"""The lean HTTP/1.1 server (`polar_mq.proxy.server.http_server`) over real sockets, byte by byte.
 
-The proxy's other tests drive the app in-process or under uvicorn; these check what only the
-server decides: framing, keep-alive, pipelining, malformed input, large and slow bodies, a client
-hanging up mid-stream, the routes that go to the app's slow path, and the upgrade hand-off.
+The proxy's other tests drive the app in-process or through this server; these check what only
+the server decides: framing, keep-alive, pipelining, malformed input, large and slow bodies, a
+client hanging up mid-stream, the routes that go to the app's slow path, and the upgrade hand-off.
 """
 
 from __future__ import annotations

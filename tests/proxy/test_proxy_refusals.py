@@ -11,8 +11,8 @@ import pytest
 from proxy_support import SECRET, Harness, proxy_settings, start_harness
 
 from polar_mq.capability.tokens import InvalidToken, issue_rollout_token
-from polar_mq.proxy import auth as auth_module
-from polar_mq.proxy.auth import RolloutAuth
+from polar_mq.proxy.server import auth as auth_module
+from polar_mq.proxy.server.auth import RolloutAuth
 from polar_mq.testing.servers import free_port
 
 pytestmark = pytest.mark.anyio

@@ -17,10 +17,10 @@ from polar_mq.capability.tokens import RolloutClaim
 from polar_mq.config import Settings
 from polar_mq.models import LlmCall
 from polar_mq.proxy.backends import BackendUnavailable
-from polar_mq.proxy.receipts import StartCounter, number_call
 from polar_mq.proxy.redis_client import POOL_CONNECTIONS
-from polar_mq.proxy.seq import KEY_PREFIX, LocalSeq, RedisSeq, SeqFloor, sequencer
-from polar_mq.proxy.seq_floor import db_seq_floor
+from polar_mq.proxy.store.receipts import StartCounter, number_call
+from polar_mq.proxy.store.seq import KEY_PREFIX, LocalSeq, RedisSeq, SeqFloor, sequencer
+from polar_mq.proxy.store.seq_floor import db_seq_floor
 from tests.conftest import REDIS_URL
 
 pytestmark = pytest.mark.anyio

@@ -1,5 +1,5 @@
-"""Over real sockets: the fake engine as a process (its CLI), the proxy under its lean server and
-under uvicorn (the fallback), the SDK.
+"""Over real sockets: the fake engine as a process (its CLI), the proxy under its own server, the
+SDK.
 
 This is how an agent sees the proxy: HTTP framing, real streaming and real disconnects.
 """
@@ -12,7 +12,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
@@ -80,13 +80,11 @@ def fake_process() -> Iterator[str]:
             proc.stderr.close()
 
 
-@pytest.fixture(params=["lean", "uvicorn"])
-def proxy(
-    fake_process: str, request: pytest.FixtureRequest
-) -> Iterator[tuple[str, MemoryCallSink]]:
+@pytest.fixture
+def proxy(fake_process: str) -> Iterator[tuple[str, MemoryCallSink]]:
     sink = MemoryCallSink()
     app = create_proxy_app(proxy_settings(upstream_url=fake_process), sink=sink)
-    with serve_in_thread(app, server=request.param) as url:
+    with serve_in_thread(app, server="lean") as url:
         yield url, sink
 
 
@@ -161,16 +159,13 @@ def test_sdk_sees_openai_errors(proxy: tuple[str, MemoryCallSink]) -> None:
     assert sink.rows == []
 
 
-@pytest.mark.parametrize("server", ["lean", "uvicorn"])
-def test_disconnect_over_sockets_aborts_upstream_and_logs_partial_call(
-    server: Literal["lean", "uvicorn"],
-) -> None:
+def test_disconnect_over_sockets_aborts_upstream_and_logs_partial_call() -> None:
     fake = create_fake_vllm_app(token_delay_s=0.02)
     stats: FakeStats = fake.state.stats
     sink = MemoryCallSink()
     with serve_in_thread(fake) as upstream_url:
         app = create_proxy_app(proxy_settings(upstream_url=upstream_url), sink=sink)
-        with serve_in_thread(app, server=server) as url:
+        with serve_in_thread(app, server="lean") as url:
             token = issue_rollout_token(SECRET, uuid.uuid4(), 600)
             body = {
                 "model": "m",

@@ -26,8 +26,8 @@ from test_proxy_writer import call_row, count
 from polar_mq.infra.db import create_db_engine
 from polar_mq.models import LlmCall
 from polar_mq.proxy import DbCallWriter, create_proxy_app
-from polar_mq.proxy.call_insert import CallInserter
-from polar_mq.proxy.spill import (
+from polar_mq.proxy.store.call_insert import CallInserter
+from polar_mq.proxy.store.spill import (
     BAD_SUFFIX,
     REFUSED_DIR,
     REFUSED_FILE,
@@ -36,8 +36,8 @@ from polar_mq.proxy.spill import (
     SpillLocked,
     SpillUnavailable,
 )
-from polar_mq.proxy.spill_records import encode_rows, read_segment
-from polar_mq.proxy.writer import CallsNotStored
+from polar_mq.proxy.store.spill_records import encode_rows, read_segment
+from polar_mq.proxy.store.writer import CallsNotStored
 from polar_mq.testing.fake_vllm import create_fake_vllm_app
 from tests.conftest import module_database
 

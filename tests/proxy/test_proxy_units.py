@@ -10,8 +10,8 @@ import pytest
 
 from polar_mq.proxy.engines import check_engine
 from polar_mq.proxy.engines.vllm import CHAT, COMPLETIONS, extract_response, rewrite_request
-from polar_mq.proxy.seq import LocalSeq
 from polar_mq.proxy.sse import SseRelay
+from polar_mq.proxy.store.seq import LocalSeq
 
 
 def relay_all(*pieces: bytes) -> tuple[bytes, list[dict[str, Any]]]:

@@ -22,7 +22,7 @@ from polar_mq.capability.tokens import issue_rollout_token
 from polar_mq.infra.db import create_db_engine
 from polar_mq.models import Base, LlmCall
 from polar_mq.proxy import DbCallWriter, create_proxy_app
-from polar_mq.proxy.call_insert import PG_ARRAY_TYPES
+from polar_mq.proxy.store.call_insert import PG_ARRAY_TYPES
 from polar_mq.testing.fake_vllm import create_fake_vllm_app
 from polar_mq.testing.servers import free_port
 from tests.conftest import module_database
@@ -294,7 +294,7 @@ async def test_a_connection_killed_while_idle_is_replaced_and_nothing_is_lost(
         ).all()
     assert killed, "the writer's connection was not found"
     writer.submit(call_row(1))
-    with caplog.at_level(logging.WARNING, logger="polar_mq.proxy.call_store"):
+    with caplog.at_level(logging.WARNING, logger="polar_mq.proxy.store.call_store"):
         assert await asyncio.wait_for(writer.flush(), 10) == 2
     await writer.close()
     assert count(db_session_factory) == before + 2

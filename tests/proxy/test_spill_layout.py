@@ -13,8 +13,8 @@ from pathlib import Path
 
 from test_proxy_writer import call_row
 
-from polar_mq.proxy.spill import SUFFIX, SpillBuffer
-from polar_mq.proxy.spill_layout import LOCK_NAME, orphan_spill_dirs, worker_spill_dir
+from polar_mq.proxy.store.spill import SUFFIX, SpillBuffer
+from polar_mq.proxy.store.spill_layout import LOCK_NAME, orphan_spill_dirs, worker_spill_dir
 
 
 def spill_rows(directory: Path, first: int, n: int) -> list[dict[str, object]]:

@@ -9,6 +9,8 @@ until-close bodies, stalling, malformed answers, large and binary bodies.
 from __future__ import annotations
 
 import asyncio
+import ssl
+import subprocess
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -20,11 +22,12 @@ import pytest
 from backends_support import FakeProcess
 
 from polar_mq.infra.ports import free_port
+from polar_mq.infra.tls import client_ssl_context
 from polar_mq.proxy.backends.pool import BackendPool
 from polar_mq.proxy.backends.send import send_call
 from polar_mq.proxy.backends.upstream_conn import READ_HIGH_WATER, LeanResponse, UpstreamConnection
 from polar_mq.proxy.backends.upstream_pool import UpstreamPool
-from polar_mq.proxy.record import CallContext
+from polar_mq.proxy.store.record import CallContext
 
 pytestmark = pytest.mark.anyio
 
@@ -48,8 +51,9 @@ async def read_request(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
 class RawServer:
     """A TCP server whose `handler(reader, writer, n)` scripts the n-th connection (from 0)."""
 
-    def __init__(self, handler: Handler) -> None:
+    def __init__(self, handler: Handler, tls: ssl.SSLContext | None = None) -> None:
         self.handler = handler
+        self.tls = tls
         self.connections = 0
         self.requests: list[tuple[bytes, bytes]] = []
         self.port = 0
@@ -57,7 +61,7 @@ class RawServer:
         self._tasks: set[asyncio.Task[Any]] = set()
 
     async def __aenter__(self) -> RawServer:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0, ssl=self.tls)
         self.port = self._server.sockets[0].getsockname()[1]
         return self
 
@@ -70,7 +74,7 @@ class RawServer:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         index, self.connections = self.connections, self.connections + 1
@@ -331,28 +335,58 @@ async def test_a_kept_alive_connection_the_engine_closed_is_retried_on_a_new_one
         await pool.aclose()
 
 
-async def test_the_aiohttp_fallback_is_chosen_by_the_setting() -> None:
+OPENSSL_SELF_SIGNED = (
+    *("openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"),
+    *("-nodes", "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"),
+)
+
+
+@dataclass(frozen=True)
+class Tls:
+    """A self-signed certificate for 127.0.0.1: the engine's context, and a client's trusting it."""
+
+    server: ssl.SSLContext
+    client: ssl.SSLContext
+
+
+@pytest.fixture(scope="module")
+def tls(tmp_path_factory: pytest.TempPathFactory) -> Tls:
+    folder = tmp_path_factory.mktemp("tls")
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    subprocess.run(
+        [*OPENSSL_SELF_SIGNED, "-keyout", str(key), "-out", str(cert)],
+        check=True,
+        capture_output=True,
+    )
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.load_cert_chain(cert, key)
+    return Tls(server, ssl.create_default_context(cafile=str(cert)))
+
+
+async def test_an_https_engine_is_reached_through_the_same_pool_over_verified_tls(tls: Tls) -> None:
+    """An `https://` engine's calls go through the own pool too (kept alive over TLS), with the
+    process's verifying context by default: an engine whose certificate it does not trust is a
+    connect error, and nothing is sent to it."""
+
     async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
         while True:
             await server.answer(reader, writer)
 
-    async with RawServer(echo) as server:
-        pool = BackendPool((PATH,), upstream_client="aiohttp")
-        backend = pool.add(server.url)
-        assert backend.upstream is None
-        call = cast(CallContext, Call(uuid.uuid4()))
-        response = await send_call(pool, call, PATH, BODY, read=True)
-        assert type(response).__name__ == "AioResponse"
-        assert orjson.loads(response.content) == BODY
-        await pool.aclose()
-
-
-async def test_an_https_engine_keeps_the_aiohttp_client() -> None:
-    """TLS to an engine goes through aiohttp's tested handshake, whatever the setting."""
-    pool = BackendPool((PATH,), upstream_client="lean")
-    assert pool.add("https://engine.example:8443").upstream is None
-    assert pool.add("http://127.0.0.1:9").upstream is not None
-    await pool.aclose()
+    async with RawServer(echo, tls.server) as server:
+        assert server.url.startswith("https://")
+        pool = UpstreamPool(server.url, (PATH,), ssl_context=tls.client)
+        for _ in range(2):
+            response = await post(pool, orjson.dumps(BODY))
+            assert orjson.loads(await response.aread()) == BODY
+            await response.aclose()
+        assert pool.opened == 1 and server.connections == 1
+        pool.close()
+        backend = BackendPool((PATH,)).add(server.url)
+        assert backend.upstream is not None and backend.upstream.ssl is client_ssl_context()
+        with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
+            await post(backend.upstream, orjson.dumps(BODY))
+        await backend.aclose()
+        assert len(server.requests) == 2
 
 
 class RecordingTransport:
@@ -389,7 +423,7 @@ async def test_a_stream_ending_over_the_high_water_does_not_leave_its_connection
     conn.connection_made(cast(asyncio.Transport, transport))
     conn.send(pool.heads[PATH], b"{}")
     conn.data_received(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % (READ_HIGH_WATER + 1))
-    response = LeanResponse(conn, pool, lambda: None)
+    response = LeanResponse(conn, pool.release, lambda: None)
     conn.streaming = True  # as `aiter_bytes` sets it
     conn.data_received(b"x" * (READ_HIGH_WATER + 1))
     assert conn.complete and transport.paused

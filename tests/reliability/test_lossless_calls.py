@@ -29,8 +29,8 @@ from sqlalchemy import Engine, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from polar_mq.models import LlmCall
-from polar_mq.proxy.spill import REFUSED_DIR, REFUSED_FILE
-from polar_mq.proxy.spill_records import read_segment
+from polar_mq.proxy.store.spill import REFUSED_DIR, REFUSED_FILE
+from polar_mq.proxy.store.spill_records import read_segment
 from polar_mq.testing.fake_tokenizer import decode
 from tests.reliability.payload_agent import POISON, messages_for
 from tests.reliability.support import RelStack, check_invariants, rel_stack, wait_terminal

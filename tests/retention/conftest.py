@@ -13,7 +13,7 @@ from sqlalchemy import Engine
 
 from polar_mq.infra.db import create_db_engine, make_session_factory, unit_of_work
 from polar_mq.models import Job, JobTask, Rollout, RolloutStatus
-from polar_mq.proxy.call_insert import CallInserter
+from polar_mq.proxy.store.call_insert import CallInserter
 from tests.conftest import scratch_database
 
 NOW = datetime.now(UTC)

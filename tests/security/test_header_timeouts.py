@@ -3,7 +3,7 @@
 Slowloris: clients open many connections, send part of a request line and headers (or nothing,
 or a whole request and then half of the next one on the same connection) and stall. Before, each
 such connection stayed open as long as the client wished (300 of them for 75 s and more), on
-uvicorn (the API, the proxy's `uvicorn` server) and on the proxy's lean server alike. Each must now
+uvicorn (the API) and on the proxy's own server alike. Each must now
 be closed by the server (a 408 when part of a head came) before a generous deadline, while a
 normal request is still served, and a head sent in pieces within the deadline is answered.
 """
@@ -30,7 +30,7 @@ TIMEOUT_S = 1.0
 DEADLINE_S = 30.0
 """Generous: every stalled connection must be closed long before this (the setting is 1 s)."""
 STALLED = 50
-SERVERS = ("api", "proxy-lean", "proxy-uvicorn")
+SERVERS = ("api", "proxy")
 
 
 def _env(pg_url: str, **extra: str) -> dict[str, str]:
@@ -50,17 +50,14 @@ def _env(pg_url: str, **extra: str) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def servers(pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, int]]:
-    """The API and the proxy on each of its servers, each a real `polar-mq` process."""
+    """The API and the proxy, each a real `polar-mq` process."""
     tmp = tmp_path_factory.mktemp("header-timeouts")
     ports = {name: free_port() for name in SERVERS}
     procs = []
     try:
         for name, port in ports.items():
-            command, _, server = name.partition("-")
             env = _env(pg_url, POLAR_MQ_API_PORT=str(port), POLAR_MQ_PROXY_PORT=str(port))
-            if server:
-                env["POLAR_MQ_PROXY_SERVER"] = server
-            argv = [sys.executable, "-m", "polar_mq.cli", command]
+            argv = [sys.executable, "-m", "polar_mq.cli", name]
             procs.append(ManagedProcess(name, argv, env, Path(tmp), fork=True).start())
         for proc, port in zip(procs, ports.values(), strict=True):
             proc.wait_http(f"http://127.0.0.1:{port}/healthz")

@@ -39,10 +39,10 @@ from polar_mq.proxy.apis.base import (
     reasoning_of,
 )
 from polar_mq.proxy.apis.route import Handler, count_prompt_tokens, family_endpoint, reshape_error
-from polar_mq.proxy.body import read_json_object
-from polar_mq.proxy.gate import admit, kind_of
 from polar_mq.proxy.rollout_states import Refusal
-from polar_mq.proxy.state import ProxyState
+from polar_mq.proxy.server.body import read_json_object
+from polar_mq.proxy.server.gate import admit, kind_of
+from polar_mq.proxy.server.state import ProxyState
 
 NAME = "anthropic_messages"
 ERROR_TYPES = {

@@ -8,7 +8,7 @@ exact token capture, one logged call) and come back in Gemini's shape (`gemini_r
 `countTokens` generates nothing, so it is not a logged call: it asks the first backend's
 `/tokenize` for the same chat messages the generation would send, so the count is the engine's
 own. The rollout token arrives as `x-goog-api-key`, `?key=` or in the `/r/{token}` path
-(`polar_mq.proxy.auth`). Errors, ours and the shared path's, are in Google's shape
+(`polar_mq.proxy.server.auth`). Errors, ours and the shared path's, are in Google's shape
 (`{"error": {"code", "message", "status"}}`), which Google's SDKs turn into their exceptions.
 """
 
@@ -46,10 +46,10 @@ from polar_mq.proxy.apis.route import (
     family_endpoint,
     reshape_error,
 )
-from polar_mq.proxy.body import read_json_object
-from polar_mq.proxy.gate import admit, kind_of
 from polar_mq.proxy.rollout_states import Refusal
-from polar_mq.proxy.state import ProxyState
+from polar_mq.proxy.server.body import read_json_object
+from polar_mq.proxy.server.gate import admit, kind_of
+from polar_mq.proxy.server.state import ProxyState
 
 NAME = "gemini"
 GENERATE = "generateContent"

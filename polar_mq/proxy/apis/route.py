@@ -18,7 +18,6 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from polar_mq.proxy.abort import unless_client_leaves
 from polar_mq.proxy.apis.base import (
     UPSTREAM,
     ApiFamily,
@@ -28,15 +27,16 @@ from polar_mq.proxy.apis.base import (
     kind_of_status,
 )
 from polar_mq.proxy.backends import BackendUnavailable
-from polar_mq.proxy.body import read_json_object
 from polar_mq.proxy.capture import forward_json, forward_stream
 from polar_mq.proxy.engines.base import CHAT
-from polar_mq.proxy.gate import admit, kind_of
-from polar_mq.proxy.receipts import number_call
-from polar_mq.proxy.record import new_call
 from polar_mq.proxy.rollout_states import Refusal
 from polar_mq.proxy.sampling import enforce
-from polar_mq.proxy.state import ProxyState
+from polar_mq.proxy.server.abort import unless_client_leaves
+from polar_mq.proxy.server.body import read_json_object
+from polar_mq.proxy.server.gate import admit, kind_of
+from polar_mq.proxy.server.state import ProxyState
+from polar_mq.proxy.store.receipts import number_call
+from polar_mq.proxy.store.record import new_call
 from polar_mq.proxy.token_budget import within_budget
 
 CHAT_PATH = "/v1/chat/completions"

@@ -28,11 +28,11 @@ from starlette.routing import Route
 
 from polar_mq.policy.weights import PATH_MAX, Adapter
 from polar_mq.proxy.adapters import load_everywhere, load_on, merged_loads, unload_others
-from polar_mq.proxy.auth import admin_allowed
 from polar_mq.proxy.backends.backend import NAME_MAX, Backend
 from polar_mq.proxy.backends.pool import BackendPool
 from polar_mq.proxy.errors import bad_request, openai_error, unauthorized
-from polar_mq.proxy.fanout import fanned_out, first, paused, pool_snapshots
+from polar_mq.proxy.server.auth import admin_allowed
+from polar_mq.proxy.server.fanout import fanned_out, first, paused, pool_snapshots
 
 ADMIN_BODY_MAX = 64 * 1024
 DRAIN_TIMEOUT_S = 600.0

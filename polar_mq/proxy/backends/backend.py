@@ -6,19 +6,16 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 import httpx
-from yarl import URL
 
 from polar_mq.infra.tls import client_ssl_context
-from polar_mq.proxy.backends import aio
 from polar_mq.proxy.backends.breaker import CircuitBreaker
 from polar_mq.proxy.backends.rendezvous import hash_key
-from polar_mq.proxy.backends.upstream_pool import UpstreamClient, UpstreamPool
+from polar_mq.proxy.backends.upstream_pool import UpstreamPool
 
 UPSTREAM_LIMITS = httpx.Limits(max_connections=64, max_keepalive_connections=16)
 """The httpx client's pool: health checks, `/tokenize`, `/v1/models` (generate calls go through
-the backend's own keep-alive pool, `upstream_pool`, or its aiohttp session, `aio`)."""
+the backend's own keep-alive pool, `upstream_pool`)."""
 UPSTREAM_TIMEOUT = httpx.Timeout(connect=10.0, read=1800.0, write=60.0, pool=None)
 """No pool timeout (calls queue for a connection); a generous read timeout for long generations."""
 NAME_MAX = 200
@@ -56,7 +53,6 @@ class Backend:
         policy_version: int = 0,
         breaker: BreakerPolicy | None = None,
         max_in_flight: int = 0,
-        upstream_client: UpstreamClient = "lean",
     ) -> None:
         if not name or len(name) > NAME_MAX:
             raise ValueError(f"a backend name must have 1..{NAME_MAX} characters")
@@ -78,8 +74,6 @@ class Backend:
         self.transport: httpx.AsyncBaseTransport = transport or httpx.AsyncHTTPTransport(
             limits=UPSTREAM_LIMITS, trust_env=False
         )
-        self.injected = transport is not None
-        """A transport given by the caller (tests): generate calls go through it too."""
         self.client = httpx.AsyncClient(
             base_url=self.url,
             transport=self.transport,
@@ -89,14 +83,10 @@ class Backend:
         )
         self.urls = {path: httpx.URL(self.url + path) for path in paths}
         """Upstream URL per forwarded API path, parsed once (for an injected transport)."""
-        self.aio_urls = {path: URL(self.url + path) for path in paths}
-        self.upstream: UpstreamPool | None = None
-        """The generate calls' keep-alive pool (`upstream_client="lean"`, no injected transport,
-        a plain-HTTP engine: TLS to an engine goes through aiohttp's tested handshake); None:
-        they go through the aiohttp session (`aiohttp`, the fallback) or the transport."""
-        if upstream_client == "lean" and transport is None and self.url.startswith("http://"):
-            self.upstream = UpstreamPool(self.url, paths)
-        self._session: aiohttp.ClientSession | None = None
+        self.upstream: UpstreamPool | None = (
+            UpstreamPool(self.url, paths) if transport is None else None
+        )
+        """The generate calls' keep-alive pool; None: they go through the injected transport."""
         self.in_flight = 0
         self.waiting = 0
         """Calls held by a pause."""
@@ -151,18 +141,10 @@ class Backend:
     async def wait_idle(self) -> None:
         await self._idle.wait()
 
-    def session(self) -> aiohttp.ClientSession:
-        """The generate calls' keep-alive pool, opened on first use (inside the event loop)."""
-        if self._session is None:
-            self._session = aio.new_session()
-        return self._session
-
     async def aclose(self) -> None:
         await self.client.aclose()
         if self.upstream is not None:
             self.upstream.close()
-        if self._session is not None:
-            await self._session.close()
 
     def snapshot(self) -> dict[str, Any]:
         """The admin view of this backend."""

@@ -32,7 +32,6 @@ from polar_mq.proxy.backends.backend import (
 )
 from polar_mq.proxy.backends.rendezvous import ranked
 from polar_mq.proxy.backends.sticky import SharedBindings, StickyMap
-from polar_mq.proxy.backends.upstream_pool import UpstreamClient
 from polar_mq.proxy.errors import openai_error
 
 
@@ -61,14 +60,11 @@ class BackendPool:
         pause_max_wait_s: float = 30.0,
         max_attempts: int = 3,
         max_in_flight: int = 0,
-        upstream_client: UpstreamClient = "lean",
         shared: SharedBindings | None = None,
     ) -> None:
         self.paths = paths
         self.shared = shared
         """Bindings shared with the other proxies of the rollouts (`sticky.SharedBindings`)."""
-        self.upstream_client = upstream_client
-        """The generate calls' client: `lean` (`upstream_pool`) or `aiohttp` (`aio`)."""
         self.backends: dict[str, Backend] = {}
         self.sticky = sticky or StickyMap(100_000, 3600.0)
         self.pause_max_wait_s = pause_max_wait_s
@@ -99,7 +95,6 @@ class BackendPool:
             pause_max_wait_s=settings.pause_max_wait_s,
             max_attempts=settings.upstream_max_attempts,
             max_in_flight=settings.upstream_max_in_flight,
-            upstream_client=settings.proxy_upstream_client,
             shared=(
                 SharedBindings.from_url(settings.proxy_sticky_redis_url, settings.sticky_ttl_s)
                 if settings.proxy_sticky_redis_url
@@ -137,7 +132,6 @@ class BackendPool:
             policy_version=policy_version,
             breaker=self._breaker,
             max_in_flight=self.max_in_flight,
-            upstream_client=self.upstream_client,
         )
         if self.adapter is not None:  # out of rotation until it carries the current adapter
             backend.adapter_error = f"adapter {self.adapter.name} not loaded yet"

@@ -27,11 +27,10 @@ import httpx
 import orjson
 
 from polar_mq.policy.weights import CHECKPOINT_PREFIX
-from polar_mq.proxy.backends import aio
 from polar_mq.proxy.backends.backend import Backend
 from polar_mq.proxy.backends.pool import BackendPool, BackendUnavailable
 from polar_mq.proxy.backends.upstream_conn import StaleConnection
-from polar_mq.proxy.record import CallContext
+from polar_mq.proxy.store.record import CallContext
 
 logger = logging.getLogger(__name__)
 
@@ -40,8 +39,8 @@ UPSTREAM_HEADERS = {"content-type": "application/json", "accept-encoding": "iden
 
 
 class UpstreamResponse(Protocol):
-    """What the relay reads of an upstream answer: an `upstream_conn.LeanResponse` (the default),
-    an `aio.AioResponse` (`upstream_client="aiohttp"`) or an `httpx.Response` (a transport)."""
+    """What the relay reads of an upstream answer: an `upstream_conn.LeanResponse`, or an
+    `httpx.Response` when the backend was given a transport (tests)."""
 
     status_code: int
 
@@ -83,17 +82,12 @@ async def _attempt(
     pool: BackendPool, backend: Backend, path: str, content: bytes, read: bool
 ) -> UpstreamResponse:
     """One exchange with `backend`; its in-flight slot is held until the response is closed."""
-    if backend.injected:
+    upstream = backend.upstream
+    if upstream is None:
         return await _attempt_httpx(pool, backend, path, content, read)
     backend.acquire()
-    upstream = backend.upstream
     try:
-        if upstream is not None:
-            response: UpstreamResponse = await upstream.post(path, content, backend.release)
-        else:
-            response = await aio.post(
-                backend.session(), backend.aio_urls[path], content, backend.release
-            )
+        response: UpstreamResponse = await upstream.post(path, content, backend.release)
     except BaseException:
         backend.release()
         raise

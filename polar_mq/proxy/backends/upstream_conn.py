@@ -24,13 +24,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 import httptools
 import httpx
-
-if TYPE_CHECKING:
-    from polar_mq.proxy.backends.upstream_pool import UpstreamPool
 
 READ_HIGH_WATER = 256 * 1024
 """Bytes of a streamed answer buffered and not yet taken by the relay before reading pauses."""
@@ -301,17 +298,21 @@ class UpstreamConnection(asyncio.Protocol):
 class LeanResponse:
     """An upstream answer with the part of `httpx.Response`'s interface the relay uses.
 
-    It holds its connection until `aclose`, which returns it to the pool when the answer was read
-    to the end (otherwise closes it: vLLM aborts the generation) and calls `on_close` once.
+    It holds its connection until `aclose`, which hands it to `release` (the pool's: kept when
+    the answer was read to the end, otherwise closed, and vLLM aborts the generation) and calls
+    `on_close` once. The pool is passed as its `release` so that this module need not know it.
     """
 
-    __slots__ = ("_conn", "_on_close", "_pool", "content", "headers", "status_code")
+    __slots__ = ("_conn", "_on_close", "_release", "content", "headers", "status_code")
 
     def __init__(
-        self, conn: UpstreamConnection, pool: UpstreamPool, on_close: Callable[[], None]
+        self,
+        conn: UpstreamConnection,
+        release: Callable[[UpstreamConnection], None],
+        on_close: Callable[[], None],
     ) -> None:
         self._conn: UpstreamConnection | None = conn
-        self._pool = pool
+        self._release = release
         self._on_close: Callable[[], None] | None = on_close
         self.status_code = conn.status
         self.headers = conn.headers
@@ -352,7 +353,7 @@ class LeanResponse:
     def close(self) -> None:
         conn, self._conn = self._conn, None
         if conn is not None:
-            self._pool.release(conn)
+            self._release(conn)
         on_close, self._on_close = self._on_close, None
         if on_close is not None:
             on_close()

@@ -1,16 +1,19 @@
-"""A backend's keep-alive pool of upstream connections (the proxy's own HTTP/1.1 client).
+"""A backend's keep-alive pool of upstream connections: the proxy's HTTP/1.1 client for the
+generate calls it forwards.
 
 Generic clients pay per call for features the proxy does not use (cookies, redirects, proxies,
-URL and header objects, per-request timeout objects); aiohttp's share of the proxy's CPU is in
-docs/benchmarks.md.
+URL and header objects, per-request timeout objects); what they cost is in docs/benchmarks.md.
 This pool keeps idle connections in a dict used as a stack: the most recently used is taken
 first (`popitem`, O(1); it is the warmest and the least likely to have been closed by the engine)
-and a connection the engine closes while idle leaves it at once (O(1)). It is unbounded, like
-the aiohttp pool it replaces: the backend's `max_in_flight` bounds calls, not sockets. A
-connection goes back only when its answer was read to the end; otherwise it is closed.
+and a connection the engine closes while idle leaves it at once (O(1)). It is unbounded: the
+backend's `max_in_flight` bounds calls, not sockets. A connection goes back only when its answer
+was read to the end; otherwise it is closed.
 
-Timeouts are as before: 10 s to connect (`httpx.ConnectTimeout`; refused: `httpx.ConnectError`),
-1800 s without a byte while an answer is awaited (`httpx.ReadTimeout`).
+An `https://` engine is reached over TLS with the process's verifying client context
+(`polar_mq.infra.tls`), the one the backend's httpx client uses for its health checks.
+
+Timeouts: 10 s to connect (`httpx.ConnectTimeout`; refused: `httpx.ConnectError`), 1800 s
+without a byte while an answer is awaited (`httpx.ReadTimeout`).
 """
 
 from __future__ import annotations
@@ -18,16 +21,14 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections.abc import Callable
-from typing import Literal
 
 import httpx
 
+from polar_mq.infra.tls import client_ssl_context
 from polar_mq.proxy.backends.upstream_conn import LeanResponse, StaleConnection, UpstreamConnection
 
 CONNECT_TIMEOUT_S = 10.0
 READ_TIMEOUT_S = 1800.0
-UpstreamClient = Literal["lean", "aiohttp"]
-"""The generate calls' client: this pool, or the aiohttp session (`aio`, the fallback)."""
 
 
 class UpstreamPool:
@@ -40,13 +41,15 @@ class UpstreamPool:
         *,
         connect_timeout_s: float = CONNECT_TIMEOUT_S,
         read_timeout_s: float = READ_TIMEOUT_S,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
+        """`ssl_context` for an `https://` engine: the process's verifying one unless given."""
         url = httpx.URL(base_url)
         self.host = url.host
         self.port = url.port or (443 if url.scheme == "https" else 80)
-        self.ssl: ssl.SSLContext | None = (
-            ssl.create_default_context() if url.scheme == "https" else None
-        )
+        self.ssl: ssl.SSLContext | None = None
+        if url.scheme == "https":
+            self.ssl = ssl_context or client_ssl_context()
         self.connect_timeout_s = connect_timeout_s
         self.read_timeout_s = read_timeout_s
         host = url.netloc.decode("ascii")
@@ -91,7 +94,7 @@ class UpstreamPool:
         except BaseException:
             conn.close()
             raise
-        return LeanResponse(conn, self, on_close)
+        return LeanResponse(conn, self.release, on_close)
 
     def release(self, conn: UpstreamConnection) -> None:
         """Back to the pool if its answer was read to the end, else closed."""

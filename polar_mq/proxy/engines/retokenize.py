@@ -21,7 +21,7 @@ import orjson
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from polar_mq.proxy.engines.base import CHAT, RETOKENIZED, choice0, exact_logprobs
-from polar_mq.proxy.writer import CallSink
+from polar_mq.proxy.store.writer import CallSink
 
 logger = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from polar_mq.proxy.backends import Backend, BackendPool, BackendUnavailable
 from polar_mq.proxy.backends.backend import upstream_base_url
 from polar_mq.proxy.engines.base import COMPLETIONS, Capture
 from polar_mq.proxy.engines.sglang_generate import GENERATE_PATH, GenerateAnswer, generate_body
-from polar_mq.proxy.record import CallContext
+from polar_mq.proxy.store.record import CallContext
 from polar_mq.proxy.tito.answer import Answerer
 from polar_mq.proxy.tito.delta import DeltaError, DeltaRenderer
 from polar_mq.proxy.tito.family import TitoFamily

@@ -16,10 +16,10 @@ def run_proxy(settings: Settings) -> None:
     """Serve the proxy on `settings.proxy_host:proxy_port` until interrupted."""
     configure_from_settings("proxy", settings)
     if settings.proxy_workers > 1:
-        from polar_mq.proxy.supervisor import run_workers
+        from polar_mq.proxy.server.supervisor import run_workers
 
         run_workers(settings, settings.proxy_workers)
         return
-    from polar_mq.proxy.server import serve_one
+    from polar_mq.proxy.server.serve import serve_one
 
     serve_one(settings)

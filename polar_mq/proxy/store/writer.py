@@ -46,14 +46,14 @@ from sqlalchemy import Engine
 
 from polar_mq.config import Settings
 from polar_mq.infra.db import create_db_engine
-from polar_mq.proxy.call_store import CallStore
-from polar_mq.proxy.receipts import StoredReceipts
-from polar_mq.proxy.sink import CallSink, MemoryCallSink
-from polar_mq.proxy.spill import SpillBuffer
-from polar_mq.proxy.spill_layout import orphan_spill_dirs
+from polar_mq.proxy.store.call_store import CallStore
+from polar_mq.proxy.store.receipts import StoredReceipts
+from polar_mq.proxy.store.sink import CallSink, MemoryCallSink
+from polar_mq.proxy.store.spill import SpillBuffer
+from polar_mq.proxy.store.spill_layout import orphan_spill_dirs
 
 if TYPE_CHECKING:
-    from polar_mq.proxy.supervisor import WorkerSlot
+    from polar_mq.proxy.server.worker_slot import WorkerSlot
 
 logger = logging.getLogger(__name__)
 

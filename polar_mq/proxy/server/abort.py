@@ -17,8 +17,8 @@ from typing import Any
 from starlette.responses import Response
 from starlette.types import Receive
 
-from polar_mq.proxy.record import CallContext, call_row
-from polar_mq.proxy.state import ProxyState
+from polar_mq.proxy.server.state import ProxyState
+from polar_mq.proxy.store.record import CallContext, call_row
 
 STATUS_CLIENT_GONE = 499
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from polar_mq.proxy.sink import SinkWrapper
+from polar_mq.proxy.store.sink import SinkWrapper
 
 log = logging.getLogger("polar_mq.proxy.calls")
 

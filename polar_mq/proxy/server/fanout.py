@@ -29,11 +29,11 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from polar_mq.infra.tls import client_ssl_context
-from polar_mq.proxy.auth import LOCAL_KEY, admin_allowed
 from polar_mq.proxy.errors import openai_error, unauthorized
+from polar_mq.proxy.server.auth import LOCAL_KEY, admin_allowed
 
 if TYPE_CHECKING:
-    from polar_mq.proxy.supervisor import WorkerSlot
+    from polar_mq.proxy.server.worker_slot import WorkerSlot
 
 logger = logging.getLogger(__name__)
 

@@ -17,25 +17,26 @@ from starlette.routing import Route
 from polar_mq.config import Settings
 from polar_mq.infra.body_timeout import BodyReadTimeout, BodyTimeoutMiddleware
 from polar_mq.infra.db import create_db_engine
-from polar_mq.proxy import routes
 from polar_mq.proxy.apis.registry import family_routes
-from polar_mq.proxy.auth import RolloutAuth
 from polar_mq.proxy.backends import BackendPool, HealthChecker
 from polar_mq.proxy.backends.admin import CHANGES, admin_routes
-from polar_mq.proxy.call_log import CallLogSink
 from polar_mq.proxy.engines import get_engine
 from polar_mq.proxy.engines.base import RETOKENIZED
 from polar_mq.proxy.engines.retokenize import RetokenizingSink
 from polar_mq.proxy.errors import request_timeout
-from polar_mq.proxy.fanout import Siblings, fanned_out, flushed, replay
-from polar_mq.proxy.fast_path import FastPathApp
 from polar_mq.proxy.metrics import ProxyMetrics, metrics_endpoint
 from polar_mq.proxy.policy_sync import PolicySync, db_reader
-from polar_mq.proxy.receipts import HurryListener, StartCounter
 from polar_mq.proxy.rollout_states import RolloutStates, StateReader, db_state_reader
-from polar_mq.proxy.seq import SeqFloor, sequencer, unknown_floor
-from polar_mq.proxy.seq_floor import db_seq_floor, spilled_rows
-from polar_mq.proxy.state import ProxyState
+from polar_mq.proxy.server import routes
+from polar_mq.proxy.server.auth import RolloutAuth
+from polar_mq.proxy.server.fanout import Siblings, fanned_out, flushed, replay
+from polar_mq.proxy.server.fast_path import FastPathApp
+from polar_mq.proxy.server.state import ProxyState
+from polar_mq.proxy.store.call_log import CallLogSink
+from polar_mq.proxy.store.receipts import HurryListener, StartCounter
+from polar_mq.proxy.store.seq import SeqFloor, sequencer, unknown_floor
+from polar_mq.proxy.store.seq_floor import db_seq_floor, spilled_rows
+from polar_mq.proxy.store.writer import CallSink, DbCallWriter
 from polar_mq.proxy.tito import Tito, tito_enabled
 from polar_mq.proxy.token_budget import (
     BudgetedSink,
@@ -44,10 +45,9 @@ from polar_mq.proxy.token_budget import (
     processed_rows,
 )
 from polar_mq.proxy.tokenize import tokenize_routes
-from polar_mq.proxy.writer import CallSink, DbCallWriter
 
 if TYPE_CHECKING:
-    from polar_mq.proxy.supervisor import WorkerSlot
+    from polar_mq.proxy.server.worker_slot import WorkerSlot
 
 
 def create_proxy_app(

@@ -36,7 +36,7 @@ from polar_mq.capability.receipts import (
 from polar_mq.capability.tokens import RolloutClaim
 from polar_mq.proxy.backends.pool import BackendUnavailable
 from polar_mq.proxy.redis_client import async_redis
-from polar_mq.proxy.seq import Sequencer
+from polar_mq.proxy.store.seq import Sequencer
 
 logger = logging.getLogger(__name__)
 

@@ -36,14 +36,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from polar_mq.proxy.spill_layout import (
+from polar_mq.proxy.store.spill_layout import (
     LOCK_NAME,
     SUFFIX,
     adopt_segments,
     fsync_dir,
     segment_number,
 )
-from polar_mq.proxy.spill_records import count_rows, encode_rows, read_segment
+from polar_mq.proxy.store.spill_records import count_rows, encode_rows, read_segment
 
 logger = logging.getLogger(__name__)
 

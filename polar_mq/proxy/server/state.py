@@ -7,17 +7,17 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from polar_mq.proxy.apis.response_store import ResponseStore
-from polar_mq.proxy.auth import RolloutAuth
 from polar_mq.proxy.backends import BackendPool
 from polar_mq.proxy.engines import vllm
 from polar_mq.proxy.engines.base import Engine
-from polar_mq.proxy.fanout import Siblings
 from polar_mq.proxy.metrics import ProxyMetrics
-from polar_mq.proxy.receipts import StartCounter
 from polar_mq.proxy.rollout_states import RolloutStates
-from polar_mq.proxy.seq import Sequencer
+from polar_mq.proxy.server.auth import RolloutAuth
+from polar_mq.proxy.server.fanout import Siblings
+from polar_mq.proxy.store.receipts import StartCounter
+from polar_mq.proxy.store.seq import Sequencer
+from polar_mq.proxy.store.writer import CallSink
 from polar_mq.proxy.token_budget import TokenBudgets
-from polar_mq.proxy.writer import CallSink
 
 if TYPE_CHECKING:
     from polar_mq.proxy.tito import Tito

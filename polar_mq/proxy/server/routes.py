@@ -8,21 +8,21 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from polar_mq.proxy.abort import unless_client_leaves
-from polar_mq.proxy.auth import admin_allowed
 from polar_mq.proxy.backends import BackendUnavailable
-from polar_mq.proxy.body import read_json_object
 from polar_mq.proxy.capture import forward_json, forward_stream
 from polar_mq.proxy.engines.base import CHAT, COMPLETIONS
 from polar_mq.proxy.errors import bad_gateway, unauthorized
-from polar_mq.proxy.gate import admit, openai_refusal
-from polar_mq.proxy.receipts import number_call
-from polar_mq.proxy.record import new_call
 from polar_mq.proxy.rollout_states import Refusal
 from polar_mq.proxy.sampling import enforce
-from polar_mq.proxy.state import ProxyState
+from polar_mq.proxy.server.abort import unless_client_leaves
+from polar_mq.proxy.server.auth import admin_allowed
+from polar_mq.proxy.server.body import read_json_object
+from polar_mq.proxy.server.gate import admit, openai_refusal
+from polar_mq.proxy.server.state import ProxyState
+from polar_mq.proxy.store.receipts import number_call
+from polar_mq.proxy.store.record import new_call
+from polar_mq.proxy.store.writer import CallsNotStored
 from polar_mq.proxy.token_budget import within_budget
-from polar_mq.proxy.writer import CallsNotStored
 
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"

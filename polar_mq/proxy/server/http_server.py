@@ -1,11 +1,12 @@
-"""The lean proxy server: listen, run the app's lifespan, serve connections, drain on SIGTERM.
+"""The proxy's HTTP server: listen, run the app's lifespan, serve connections, drain on SIGTERM.
 
-The default server of `polar-mq proxy` (`POLAR_MQ_PROXY_SERVER=lean`; `uvicorn` falls back to
-uvicorn). Every request goes to the same ASGI app as under uvicorn, so routing, auth, body limits
-and deadlines, streaming and logging are the app's, unchanged; only the HTTP layer is ours
-(`http_conn`). A connection that asks to upgrade is handed to uvicorn's protocol. SIGTERM or
-SIGINT stops accepting, closes idle connections, lets every request in hand finish (streams
-included), then runs the lifespan's shutdown (the call writer drains) and returns.
+The only server of `polar-mq proxy`, on its port and, under `--workers N`, on each child's
+control socket. Routing, auth, body limits and deadlines, streaming and logging are the ASGI
+app's; only the HTTP layer is here (`http_conn`), which does less per request than a general
+server (docs/benchmarks.md), and `tests/proxy/test_http_conformance.py` holds it to what a
+general server guarantees. A connection that asks to upgrade is handed to uvicorn's protocol.
+SIGTERM or SIGINT stops accepting, closes idle connections, lets every request in hand finish
+(streams included), then runs the lifespan's shutdown (the call writer drains) and returns.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 from starlette.types import ASGIApp, Message
 
 from polar_mq.infra.header_timeout import HeadDeadline, HeadDeadlineHooks, close_late
-from polar_mq.proxy.http_conn import Connection
+from polar_mq.proxy.server.http_conn import Connection
 
 logger = logging.getLogger(__name__)
 
@@ -100,14 +101,22 @@ class DeadlineConnection(HeadDeadlineHooks, Connection):
 
 
 class LeanServer:
-    """Serves `app` on a host and port or on given sockets until `should_exit` is set.
+    """Serves `app` on a host and port, on given sockets or on a Unix socket until
+    `should_exit` is set.
 
-    `header_timeout_s`: a connection's request head must arrive within it (None: no deadline)."""
+    `header_timeout_s`: a connection's request head must arrive within it (None: no deadline).
+    `lifespan=False`: the app's lifespan is run by another server of the same app (a worker's
+    control socket beside its main server)."""
 
     def __init__(
-        self, app: ASGIApp, keepalive_s: float = KEEPALIVE_S, header_timeout_s: float | None = None
+        self,
+        app: ASGIApp,
+        keepalive_s: float = KEEPALIVE_S,
+        header_timeout_s: float | None = None,
+        lifespan: bool = True,
     ) -> None:
         self.app = app
+        self.lifespan = lifespan
         self.keepalive_s = keepalive_s
         self.header_timeout_s = header_timeout_s
         self.connections: set[Connection] = set()
@@ -138,23 +147,29 @@ class LeanServer:
         port: int = 0,
         sockets: list[socket.socket] | None = None,
         handle_signals: bool = True,
+        uds: str | None = None,
     ) -> None:
-        """Start the lifespan, listen, serve until told to stop, then drain (see the module)."""
+        """Start the lifespan, listen, serve until told to stop, then drain (see the module).
+
+        `sockets` when given, else the Unix socket `uds` when given, else `host:port`."""
         loop = asyncio.get_running_loop()
         self._exit = asyncio.Event()
         if self._should_exit:
             self._exit.set()
-        lifespan = Lifespan(self.app)
-        try:
-            await lifespan.startup()
-        except LifespanFailed as exc:
-            logger.error("the proxy could not start: %s", exc)
-            raise SystemExit(3) from None
+        lifespan = Lifespan(self.app) if self.lifespan else None
+        if lifespan is not None:
+            try:
+                await lifespan.startup()
+            except LifespanFailed as exc:
+                logger.error("the proxy could not start: %s", exc)
+                raise SystemExit(3) from None
         if sockets:
             servers = [
                 await loop.create_server(self._connection, sock=sock, backlog=BACKLOG)
                 for sock in sockets
             ]
+        elif uds is not None:  # a stale socket file (a restarted worker's) is replaced
+            servers = [await loop.create_unix_server(self._connection, uds, backlog=BACKLOG)]
         else:
             servers = [
                 await loop.create_server(
@@ -173,7 +188,8 @@ class LeanServer:
             for sig in handled:
                 loop.remove_signal_handler(sig)
             await self._drain(servers)
-            await lifespan.shutdown()
+            if lifespan is not None:
+                await lifespan.shutdown()
 
     def _on_signal(self, sig: signal.Signals) -> None:
         logger.info("proxy: signal %s, draining", sig.name)

@@ -2,7 +2,7 @@
 
 Every route that serves an agent (chat, completions, models, tokenize and each API family) asks
 `admit` once, before reading the body: the token is checked from the headers alone
-(`polar_mq.proxy.auth`), then the rollout's state from the proxy's small cache
+(`polar_mq.proxy.server.auth`), then the rollout's state from the proxy's small cache
 (`polar_mq.proxy.rollout_states`). A refusal carries its status (401 bad token or unknown
 rollout, 403 rollout ended) so each family can answer it in its own error shape.
 """
@@ -17,7 +17,7 @@ from polar_mq.observability.context import bind
 from polar_mq.proxy.apis.base import AUTHENTICATION, PERMISSION
 from polar_mq.proxy.errors import openai_error
 from polar_mq.proxy.rollout_states import Refusal
-from polar_mq.proxy.state import ProxyState
+from polar_mq.proxy.server.state import ProxyState
 
 BAD_TOKEN = "invalid_api_key"
 

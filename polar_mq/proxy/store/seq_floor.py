@@ -23,7 +23,7 @@ from sqlalchemy import Engine, func, select
 
 from polar_mq.models import LlmCall
 from polar_mq.proxy.backends.pool import BackendUnavailable
-from polar_mq.proxy.seq import SeqFloor
+from polar_mq.proxy.store.seq import SeqFloor
 
 logger = logging.getLogger(__name__)
 

@@ -26,14 +26,13 @@ import socket
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 from types import FrameType
 
 from polar_mq.config import Settings
 from polar_mq.infra.forking import preload, start_forked
-from polar_mq.proxy.spill_layout import worker_spill_dir
+from polar_mq.proxy.server.worker_slot import WorkerSlot
 
 logger = logging.getLogger(__name__)
 
@@ -41,34 +40,10 @@ RESTART_BACKOFF_S = (0.5, 1.0, 2.0, 5.0)
 """Wait before restarting a slot that died again soon after its last start."""
 STABLE_AFTER_S = 30.0
 """A child that lived this long restarts at once (its backoff resets)."""
-PROXY_WORKER_IMPORTS = ("polar_mq.proxy.server",)
+PROXY_WORKER_IMPORTS = ("polar_mq.proxy.server.serve",)
 """What the fork server imports once for the proxy's children (`polar_mq.infra.forking`)."""
 STOP_TIMEOUT_S = 900.0
 """After SIGTERM, how long the parent waits for its children to drain before killing them."""
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerSlot:
-    """Which of the proxy's processes this is, and where its siblings listen for admin calls."""
-
-    index: int
-    count: int
-    run_dir: Path
-
-    def control_socket(self, index: int) -> Path:
-        return self.run_dir / f"worker-{index}.sock"
-
-    @property
-    def journal(self) -> Path:
-        """The admin changes made so far, replayed by a restarted child (`fanout`)."""
-        return self.run_dir / "admin.jsonl"
-
-    def settings_for(self, settings: Settings) -> Settings:
-        """This child's settings: its own spill subdirectory."""
-        spill = settings.proxy_spill_path
-        if spill is None:
-            return settings
-        return settings.model_copy(update={"proxy_spill_dir": worker_spill_dir(spill, self.index)})
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -83,7 +58,7 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 
 def _child(settings: Settings, slot: WorkerSlot, sock: socket.socket) -> None:
-    from polar_mq.proxy.server import serve_worker
+    from polar_mq.proxy.server.serve import serve_worker
 
     serve_worker(settings, slot, sock)
 

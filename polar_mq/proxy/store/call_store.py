@@ -38,8 +38,8 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
-from polar_mq.proxy.call_insert import CallInserter
-from polar_mq.proxy.spill import SpillBuffer
+from polar_mq.proxy.store.call_insert import CallInserter
+from polar_mq.proxy.store.spill import SpillBuffer
 
 logger = logging.getLogger(__name__)
 
