@@ -24,7 +24,8 @@ DEFAULT_SAMPLES = 4
 
 def _load_job_file(path: Path) -> dict[str, Any]:
     """The job spec a file holds (see `polar_mq.jobs.tasks_file` for the formats)."""
-    from polar_mq.jobs.tasks_file import TasksFileError, load_job_file
+    from polar_mq.jobs.task_errors import TasksFileError
+    from polar_mq.jobs.tasks_file import load_job_file
 
     try:
         return load_job_file(path).spec()

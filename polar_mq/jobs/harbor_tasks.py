@@ -21,7 +21,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from polar_mq.jobs.tasks_file import TasksFileError
+from polar_mq.jobs.task_errors import TasksFileError
 
 TESTS_DEST = ".harbor/tests"
 LOGS_DIR = ".harbor/logs"

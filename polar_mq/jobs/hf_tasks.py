@@ -12,7 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from polar_mq.jobs.tasks_file import TasksFileError, check_task
+from polar_mq.jobs.task_errors import TasksFileError
+from polar_mq.jobs.tasks_file import check_task
 
 
 def _open(dataset_or_path: Any, split: str) -> Any:

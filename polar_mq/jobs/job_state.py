@@ -3,7 +3,7 @@ status, the list, the results pages, the client, the CLI and the dashboard all s
 
 - `running`: some rollout is not terminal yet.
 - `cancelled`: the job was cancelled (`cancelled_at`), or every rollout ended cancelled.
-- `stopped`: the job reached `stop.groups` complete groups and stopped (see `lifecycle.early_stop`).
+- `stopped`: the job reached `stop.groups` complete groups and stopped (see `jobs.early_stop`).
 - `completed`: every rollout ended, none `failed` (some may have been cancelled on purpose: a
   rollout cancelled alone, a straggler an early stop cut, a group dropped as stale).
 - `completed_with_failures`: every rollout ended, some `completed` and some `failed` (an
@@ -21,8 +21,8 @@ from typing import Any, Final, NamedTuple, get_args
 
 from sqlalchemy import ColumnElement, and_, case, func, or_, select
 
+from polar_mq.jobs import early_stop
 from polar_mq.jobs.read_models import JobStateName
-from polar_mq.lifecycle import early_stop
 from polar_mq.lifecycle.completeness import terminal_flag
 from polar_mq.models import Job, Rollout, RolloutStatus
 
@@ -32,7 +32,7 @@ COMPLETED_WITH_FAILURES: Final = "completed_with_failures"
 FAILED: Final = "failed"
 CANCELLED: Final = "cancelled"
 STOPPED: Final = "stopped"
-"""`lifecycle.early_stop.STOPPED`, the job row's status once it stopped."""
+"""`jobs.early_stop.STOPPED`, the job row's status once it stopped."""
 JOB_STATES: tuple[JobStateName, ...] = get_args(JobStateName)
 ENDED_STATES = frozenset(JOB_STATES) - {RUNNING}
 

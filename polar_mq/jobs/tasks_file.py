@@ -31,13 +31,12 @@ from typing import Any
 import orjson
 import yaml
 
+from polar_mq.jobs.harbor_tasks import load_harbor_tasks
+from polar_mq.jobs.task_errors import TasksFileError
+
 JSON_SUFFIXES = (".json",)
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
 YAML_SUFFIXES = (".yaml", ".yml")
-
-
-class TasksFileError(ValueError):
-    """A job or tasks file that cannot be read or does not hold valid tasks."""
 
 
 @dataclass(slots=True)
@@ -133,8 +132,6 @@ def _yaml_tasks(data: Any, node: Any, source: str) -> list[dict[str, Any]]:
 
 def _tasks_source(job: dict[str, Any], base: Path | None, source: str) -> list[dict[str, Any]]:
     """The tasks a job's `tasks_source` names (today: `{"harbor": DIR}`)."""
-    from polar_mq.jobs.harbor_tasks import load_harbor_tasks
-
     given = job.pop("tasks_source")
     if not isinstance(given, Mapping) or set(given) != {"harbor"}:
         raise TasksFileError(f'{source}: tasks_source must be {{"harbor": DIR}}')
@@ -184,8 +181,6 @@ def parse_json(text: str, source: str, base: Path | None = None) -> JobFile:
 def load_job_file(path: Path) -> JobFile:
     """Read a job or tasks file, choosing the format by its suffix (a directory: Harbor tasks)."""
     if path.is_dir():
-        from polar_mq.jobs.harbor_tasks import load_harbor_tasks
-
         return JobFile(load_harbor_tasks(path))
     suffix = path.suffix.lower()
     if suffix not in (*JSON_SUFFIXES, *JSONL_SUFFIXES, *YAML_SUFFIXES):

@@ -24,9 +24,11 @@ from typing import Any
 
 from sqlalchemy import (
     CTE,
+    ColumnElement,
     Select,
     Table,
     Update,
+    and_,
     bindparam,
     cast,
     insert,
@@ -96,15 +98,25 @@ def with_event(
     return statement
 
 
+def lease_fence(
+    rollouts: Table,
+    rollout_id: ColumnElement[Any],
+    busy: ColumnElement[Any],
+    owner: ColumnElement[Any],
+) -> ColumnElement[bool]:
+    """The fence of every write a stage makes to its rollout while it runs: this rollout, still in
+    the stage's busy state, leased by this owner. One definition for the single statements
+    (`fenced_update`, parameters) and the lease keeper's batch renewal (`transitions`, the
+    columns of an `unnest`), so the two can never fence differently."""
+    r = rollouts.c
+    return and_(r.id == rollout_id, r.status == busy, r.lease_owner == owner)
+
+
 def fenced_update(rollouts: Table) -> Update:
     """An UPDATE of the rollout that still holds the lease: `b_id` in stage status `b_busy`,
     leased by `b_owner` (a worker that lost its lease updates nothing)."""
-    r = rollouts.c
-    return update(rollouts).where(
-        r.id == bindparam("b_id"),
-        r.status == bindparam("b_busy"),
-        r.lease_owner == bindparam("b_owner"),
-    )
+    fence = lease_fence(rollouts, bindparam("b_id"), bindparam("b_busy"), bindparam("b_owner"))
+    return update(rollouts).where(fence)
 
 
 def finish_statement(

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from polar_mq.runtimes.base import ResourceLimits, Runtime
+from polar_mq.runtimes.registry import get_runtime
 from polar_mq.spec.model import RuntimeSpec
 
 KIND_OPTIONS: dict[str, tuple[str, ...]] = {
@@ -112,7 +113,5 @@ def runtime_from_spec(
     `ro_binds`: node paths a `bwrap` sandbox also mounts read-only (a preset's install, see
     `polar_mq.harnesses.presets.setup.sandbox_binds`); they take effect at `start()`.
     """
-    from polar_mq.runtimes import get_runtime  # the registry imports this module's users
-
     check_runtime_options(spec)
     return get_runtime(spec.kind, runtime_id, root, _limits(spec), **_kind_keywords(spec, ro_binds))

@@ -23,7 +23,7 @@ from polar_mq.api.errors import ApiError
 from polar_mq.config import Settings
 from polar_mq.infra.db import unit_of_work
 from polar_mq.infra.errors import NotFound
-from polar_mq.jobs.cancel import cancel
+from polar_mq.lifecycle.cancel import cancel
 from polar_mq.models import RolloutStatus
 from polar_mq.rollouts import artifact_queries
 from polar_mq.tenants.scopes import JOBS_WRITE

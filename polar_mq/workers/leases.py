@@ -25,13 +25,12 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import timedelta
 
-from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
 from polar_mq.lifecycle.stages import STAGE_STATES
-from polar_mq.lifecycle.transitions import Claimed, renew_lease, still_held
+from polar_mq.lifecycle.transitions import Claimed, renew_leases, still_held
 from polar_mq.models.base import utcnow
 
 log = logging.getLogger(__name__)
@@ -115,22 +114,13 @@ class LeaseKeeper:
                     log.warning("lease renewal or check failed; retrying", exc_info=True)
 
     def renew(self, batch: list[Held]) -> None:
-        """Extend every lease in `batch`; report the ones that are no longer ours.
-
-        On PostgreSQL one statement for the whole batch: a node with a thousand live sessions
-        renewed them one UPDATE at a time, a round trip each, every `lease_s / 3`, its keeper
-        never idle and the lease of the last ones at risk on a loaded machine."""
+        """Extend every lease in `batch`; report the ones that are no longer ours (one statement
+        for the whole batch on PostgreSQL: `transitions.renew_leases`)."""
         expires = utcnow() + timedelta(seconds=self.lease_s)
+        holds = [(h.rollout_id, h.busy, h.owner) for h in batch]
         with self.factory() as session, session.begin():
-            if session.get_bind().dialect.name == "postgresql":
-                kept = renew_leases(session, batch, expires)
-                lost = [h for h in batch if (h.rollout_id, h.busy, h.owner) not in kept]
-            else:
-                lost = [
-                    h for h in batch
-                    if not renew_lease(session, h.rollout_id, h.busy, h.owner, expires)
-                ]  # fmt: skip
-        self._report(lost)
+            kept = renew_leases(session, holds, expires)
+        self._report([h for h, hold in zip(batch, holds, strict=True) if hold not in kept])
 
     def check(self, batch: list[Held]) -> None:
         """Report the stages of `batch` whose rollout is no longer ours, without renewing."""
@@ -150,34 +140,6 @@ class LeaseKeeper:
                     held.on_lost()
                 except Exception:
                     log.exception("stopping the lost stage of rollout %s failed", held.rollout_id)
-
-
-_RENEW_ALL = text(
-    "UPDATE rollouts AS r SET lease_expires_at = :expires "
-    "FROM unnest(CAST(:ids AS uuid[]), CAST(:busy AS text[]), CAST(:owners AS text[])) "
-    "AS h(id, busy, owner) "
-    "WHERE r.id = h.id AND r.status = h.busy AND r.lease_owner = h.owner "
-    "RETURNING r.id, r.status, r.lease_owner"
-)
-"""`transitions.renew_lease` (the same fence: this rollout, in this busy state, leased by this
-owner) for a whole batch in one statement (PostgreSQL)."""
-
-
-def renew_leases(
-    session: Session, batch: list[Held], expires: datetime
-) -> set[tuple[uuid.UUID, str, str]]:
-    """Extend the leases of `batch` that are still held as it says; return those (id, busy
-    state, owner)."""
-    if not batch:
-        return set()
-    params = {
-        "expires": expires,
-        "ids": [h.rollout_id for h in batch],
-        "busy": [h.busy for h in batch],
-        "owners": [h.owner for h in batch],
-    }
-    rows = session.execute(_RENEW_ALL, params).all()
-    return {(row[0], row[1], row[2]) for row in rows}
 
 
 def _ids(held: Held) -> tuple[str, str]:

@@ -34,7 +34,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from polar_mq.config import Settings
 from polar_mq.infra.db import unit_of_work
-from polar_mq.lifecycle.early_stop import after_rollout_ended
+from polar_mq.jobs.early_stop import after_rollout_ended
 from polar_mq.lifecycle.messages import StageMessage, queue_name
 from polar_mq.lifecycle.recovery import LostAttempt, republish, restart, resume
 from polar_mq.lifecycle.stages import BUSY, READY, Stage

@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
 from polar_mq.infra.db import unit_of_work
-from polar_mq.lifecycle.early_stop import after_rollout_ended
+from polar_mq.jobs.early_stop import after_rollout_ended
 from polar_mq.models import Job
 from polar_mq.spec import load_spec
 

@@ -17,11 +17,11 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from polar_mq.infra.db import unit_of_work
 from polar_mq.jobs.deliveries import lease_groups
+from polar_mq.jobs.early_stop import StopApplied, after_rollout_ended
 from polar_mq.jobs.queries import job_status
 from polar_mq.jobs.results import job_results
 from polar_mq.jobs.schemas import JobCreate
 from polar_mq.jobs.service import create_job
-from polar_mq.lifecycle.early_stop import StopApplied, after_rollout_ended
 from polar_mq.lifecycle.messages import StageMessage
 from polar_mq.lifecycle.outbox import attach_publisher
 from polar_mq.models import Event, EventKind, Job, Rollout, RolloutStatus

@@ -11,7 +11,8 @@ import pytest
 from polar_mq.evaluators import EvalContext, get_evaluator
 from polar_mq.jobs.harbor_tasks import REWARD_FILE, TESTS_DEST, load_harbor_tasks
 from polar_mq.jobs.schemas import JobCreate
-from polar_mq.jobs.tasks_file import TasksFileError, load_job_file
+from polar_mq.jobs.task_errors import TasksFileError
+from polar_mq.jobs.tasks_file import load_job_file
 from polar_mq.runtimes import LocalRuntime
 from polar_mq.swe.checkout import checkout_repo
 from polar_mq.swe.spec import agent_task, parse_repo

@@ -10,7 +10,8 @@ import pytest
 
 from polar_mq.jobs.hf_tasks import load_hf_tasks
 from polar_mq.jobs.schemas import JobCreate
-from polar_mq.jobs.tasks_file import TasksFileError, load_job_file
+from polar_mq.jobs.task_errors import TasksFileError
+from polar_mq.jobs.tasks_file import load_job_file
 
 if TYPE_CHECKING:  # `datasets` (and pandas) load only where a test uses them: every xdist worker
     import datasets  # collects this file

@@ -15,7 +15,7 @@ from polar_mq.api.auth import Principal
 from polar_mq.api.deps import SessionDep, get_principal
 from polar_mq.api.responses import OrjsonResponse
 from polar_mq.api.schemas import error_responses
-from polar_mq.jobs.cancel import cancel
+from polar_mq.lifecycle.cancel import cancel
 from polar_mq.tenants.scopes import JOBS_WRITE
 
 log = logging.getLogger(__name__)

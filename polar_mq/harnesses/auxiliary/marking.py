@@ -18,7 +18,7 @@ from sqlalchemy.dialects.postgresql import JSONPATH
 from sqlalchemy.orm import Session, sessionmaker
 
 from polar_mq.capability.tokens import AGENT
-from polar_mq.harnesses.auxiliary import AuxiliaryRule, is_auxiliary
+from polar_mq.harnesses.auxiliary.rules import AuxiliaryRule, is_auxiliary
 from polar_mq.infra.db import unit_of_work
 from polar_mq.models import LlmCall
 

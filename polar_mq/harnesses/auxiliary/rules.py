@@ -1,12 +1,7 @@
-"""Side calls: the LLM calls a harness makes for itself (titles, memory, summaries, token counts).
-
-They are real calls through the proxy, so they are logged, but they are not the policy acting on the
-task: training on them teaches the model to write titles, and grading their text scores the wrong
-message. A rule recognises them from the chat request the engine was sent (every API family is
-translated to chat first, so one shape fits all); matching calls are stored with purpose
-`auxiliary`, which the build stage, the answer lookup and staleness all leave out.
+"""The rules that recognise a side call, and their matching against a chat request.
 
 A rule matches when every condition it sets holds; a call is auxiliary when any rule matches.
+Imports nothing of the database, so harness definitions and the scripted policy stay light.
 """
 
 from __future__ import annotations
