@@ -42,25 +42,6 @@ CHAINS = [
 ]
 """Each package of a chain never reaches (directly or not) one after it in the same chain."""
 KNOWN_MODULE_CYCLES = [
-    # Issue 36 ("Proxy diet"): supervisor.WorkerSlot is imported by writer, fanout and app, and
-    # supervisor._child imports server -> app; grouping the proxy into server, store, apis,
-    # backends and engines removes it.
-    {
-        "proxy.abort", "proxy.apis.anthropic", "proxy.apis.gemini", "proxy.apis.registry",
-        "proxy.apis.responses", "proxy.apis.route", "proxy.app", "proxy.backends.admin",
-        "proxy.capture", "proxy.engines.retokenize", "proxy.fanout", "proxy.gate",
-        "proxy.routes", "proxy.server", "proxy.state", "proxy.supervisor", "proxy.tokenize",
-        "proxy.writer",
-    },
-    # Issue 36: the proxy's own upstream client goes with the diet (the connection names its
-    # pool's type under TYPE_CHECKING; the pool builds connections).
-    {"proxy.backends.upstream_conn", "proxy.backends.upstream_pool"},
-    # Issue 36: the package's registry imports `options`, whose `runtime_from_spec` calls back
-    # into the registry's `get_runtime` (a function-level import).
-    {"runtimes", "runtimes.options"},
-    # Issue 36: `tasks_file` hands Harbor task folders to `harbor_tasks` (function-level), which
-    # raises `tasks_file`'s error.
-    {"jobs.harbor_tasks", "jobs.tasks_file"},
 ]  # fmt: skip
 """Module cycles that exist today, each to go (issue 36). A new cycle fails; so does a known one
 that changed or went, so that this list only ever shrinks to what is true."""

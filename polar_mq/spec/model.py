@@ -7,8 +7,9 @@ included, into a `JobSpec`. A default lives here and nowhere else, so a job that
 the stage reading it agree by construction. The sub-specs are also the door's models (`JobCreate`
 reuses them, adding the plug-in checks that need the registries), so the two cannot drift.
 
-Free-form parts stay typed dicts: harness `options`/`env`, an evaluator's parameters, `sampling`
-(checked by `polar_mq.capability.sampling`) — they go to user code or plug-ins that own their shape.
+Free-form parts stay typed dicts: harness `options`/`env`, an evaluator's parameters — they go to
+user code or plug-ins that own their shape. `sampling` is a `SamplingSpec` (`spec.sampling`): its
+mapping kept as submitted (checked by `polar_mq.capability.sampling`), its values read typed.
 Frozen means no attribute can be reassigned; those dicts must be treated as read-only too.
 """
 
@@ -18,6 +19,8 @@ from pathlib import PurePosixPath
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
+
+from polar_mq.spec.sampling import SamplingSpec
 
 SPEC_VERSION = 2
 """Version 1: rows stored before the spec was versioned (no `spec_version`). 2: `spec_version`
@@ -314,7 +317,7 @@ class JobSpec(SpecModel):
     evaluator: str | dict[str, Any] = "completed"
     builder: str = "per_call"
     max_tokens_per_rollout: int | None = None
-    sampling: dict[str, Any] = Field(default_factory=dict)
+    sampling: SamplingSpec = Field(default_factory=SamplingSpec)
     stop: StopSpec | None = None
     timeouts: TimeoutSpec = Field(default_factory=TimeoutSpec)
     retries: RetrySpec = Field(default_factory=RetrySpec)

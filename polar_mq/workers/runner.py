@@ -14,9 +14,9 @@ import time
 import traceback
 import uuid
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import timedelta
-from typing import ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from sqlalchemy import Connection
 from sqlalchemy.exc import OperationalError
@@ -24,8 +24,8 @@ from sqlalchemy.orm import Session
 
 from polar_mq.infra.db import unit_of_work
 from polar_mq.infra.imports import allowing
+from polar_mq.jobs.early_stop import after_rollout_ended
 from polar_mq.jobs.failures import stop_on_platform_failures
-from polar_mq.lifecycle.early_stop import after_rollout_ended
 from polar_mq.lifecycle.messages import StageMessage
 from polar_mq.lifecycle.outbox import publish_committed
 from polar_mq.lifecycle.recovery import backoff_s, restart_claimed, retry_in_place
@@ -46,13 +46,9 @@ from polar_mq.observability.stage_metrics import observe_outcome
 from polar_mq.workers.context import WorkerContext
 from polar_mq.workers.run_result import RunResult
 from polar_mq.workers.stages import build, evaluate, prepare, run_agent
-from polar_mq.workers.stages.common import (
-    StageFailure,
-    StageOutcome,
-    StageRestart,
-    release_runtime,
-)
+from polar_mq.workers.stages.common import StageFailure, StageRestart, release_runtime
 from polar_mq.workers.stages.grading_runtime import release_grading_runtime
+from polar_mq.workers.stages.outcomes import Rows, StageOutcome
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -65,6 +61,16 @@ STAGE_FUNCTIONS: dict[Stage, Callable[[WorkerContext, Claimed], StageOutcome]] =
     Stage.EVALUATE: evaluate.run,
 }
 RUNTIME_STAGES = frozenset({Stage.PREPARE, Stage.RUN_AGENT, Stage.EVALUATE})
+
+
+@dataclass(frozen=True, slots=True)
+class _Record:
+    """A stage's outcome as committed (`lifecycle.transitions.finish`): the rollout's columns,
+    the rows per table and the `finished` event's detail."""
+
+    values: dict[str, Any]
+    rows: Rows
+    detail: dict[str, Any]
 
 
 def _release_runtime(ctx: WorkerContext, claimed: Claimed, reusable: bool = False) -> None:
@@ -94,7 +100,7 @@ def _next_message(
     nxt = NEXT_STAGE[claimed.stage]
     if nxt is None:
         return None
-    node = outcome.values.get("node") or claimed.rollout.node
+    node = outcome.next_node() or claimed.rollout.node
     pool = claimed.spec.pool
     return StageMessage(
         nxt, claimed.rollout.id, pool, node,
@@ -159,7 +165,7 @@ def _commit(ctx: WorkerContext, write: Callable[[Session], T], atomic: bool = Tr
 
 
 def _finish(
-    ctx: WorkerContext, claimed: Claimed, outcome: StageOutcome, next_message: StageMessage | None
+    ctx: WorkerContext, claimed: Claimed, record: _Record, next_message: StageMessage | None
 ) -> None:
     """Commit the stage's result, then publish the next stage.
 
@@ -167,35 +173,33 @@ def _finish(
     autocommit on a bare connection: no BEGIN and COMMIT round trips, no session; the next
     stage is published once it returned. Otherwise (or with more rows than one statement
     carries) a transaction, publishing after its commit."""
-    outcome = _with_waiting_lease(ctx, claimed, outcome)
-    if _finish_in_one(ctx, claimed, outcome):
+    record = _with_waiting_lease(ctx, claimed, record)
+    if _finish_in_one(ctx, claimed, record):
         publish_committed(ctx.publisher, [next_message] if next_message is not None else [])
         return
     _commit(
         ctx,
         lambda session: finish(
-            session, claimed, outcome.values, outcome.rows, outcome.detail, next_message
+            session, claimed, record.values, record.rows, record.detail, next_message
         ),
     )
 
 
-def _with_waiting_lease(
-    ctx: WorkerContext, claimed: Claimed, outcome: StageOutcome
-) -> StageOutcome:
+def _with_waiting_lease(ctx: WorkerContext, claimed: Claimed, record: _Record) -> _Record:
     """A rollout that will wait in its node's own queue (prepared, built) leaves with a lease the
     node's keeper renews (`waiting_leases`): a node that dies before its keeper's first renewal
     leaves the rollout to expire and be started over, instead of stranding it forever."""
     next_stage = NEXT_STAGE[claimed.stage]
     if next_stage is None or not next_stage.node_local:
-        return outcome
+        return record
     expires = utcnow() + timedelta(seconds=ctx.settings.lease_s)
-    return replace(outcome, values={**outcome.values, "lease_expires_at": expires})
+    return replace(record, values={**record.values, "lease_expires_at": expires})
 
 
 @_retry_db
-def _finish_in_one(ctx: WorkerContext, claimed: Claimed, outcome: StageOutcome) -> bool:
+def _finish_in_one(ctx: WorkerContext, claimed: Claimed, record: _Record) -> bool:
     with ctx.autocommit_engine.connect() as conn:
-        done = finish_in_one(conn, claimed, outcome.values, outcome.rows, outcome.detail)
+        done = finish_in_one(conn, claimed, record.values, record.rows, record.detail)
         conn.commit()  # a no-op in autocommit
         return done
 
@@ -231,11 +235,12 @@ def run_stage(
                 return _failed(ctx, claimed, exc.reason, str(exc))
             return _unexpected(ctx, claimed, retries, traceback.format_exc())
         held.settle()  # from here on a heartbeat missing the row is our own commit
-        outcome.detail["duration_s"] = round(time.monotonic() - started, 4)
-        observe_outcome(stage, outcome.detail)
+        detail = {**outcome.detail(), "duration_s": round(time.monotonic() - started, 4)}
+        observe_outcome(stage, detail)
         try:
             next_message = _next_message(ctx, claimed, outcome)
-            _finish(ctx, claimed, outcome, next_message)
+            record = _Record(outcome.columns(), outcome.rows(), detail)
+            _finish(ctx, claimed, record, next_message)
         except LeaseLost:
             log.warning("%s of %s: lease lost, result discarded", stage, rollout_id)
             if stage in RUNTIME_STAGES:
@@ -251,7 +256,7 @@ def _rollout_ended(ctx: WorkerContext, claimed: Claimed) -> None:
     """Apply the job's early-stop rule (`stop`), in its own transaction.
 
     Only once the rollout's terminal state is committed: that ordering is what keeps two rollouts
-    of a group ending at once from both missing the stop (see `lifecycle.early_stop`). A failure
+    of a group ending at once from both missing the stop (see `jobs.early_stop`). A failure
     here is only logged: the next rollout of the job to end repeats the check.
     """
     if claimed.spec.stop is None:

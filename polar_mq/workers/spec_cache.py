@@ -10,7 +10,7 @@ import uuid
 from typing import Any
 
 from polar_mq.lifecycle.transitions import Db, RolloutRef, load_spec_and_task
-from polar_mq.spec import JobSpec
+from polar_mq.spec import JobSpec, TaskInstance
 
 
 class SpecCache:
@@ -20,10 +20,11 @@ class SpecCache:
         self.max_jobs = max_jobs
         self.max_tasks = max_tasks
         self.jobs: dict[uuid.UUID, JobSpec] = {}
-        self.tasks: dict[int, dict[str, Any]] = {}
+        self.tasks: dict[int, TaskInstance] = {}
 
-    def __call__(self, db: Db, rollout: RolloutRef) -> tuple[JobSpec, dict[str, Any]]:
-        """The typed spec (parsed and upgraded once per job and process) and the task."""
+    def __call__(self, db: Db, rollout: RolloutRef) -> tuple[JobSpec, TaskInstance]:
+        """The typed spec (parsed and upgraded once per job and process) and the task's view
+        (built once per task and process)."""
         spec = self.jobs.get(rollout.job_id)
         instance = self.tasks.get(rollout.task_id)
         if spec is None or instance is None:

@@ -36,7 +36,7 @@ from polar_mq.spec import load_spec
 from polar_mq.workers.context import WorkerContext
 from polar_mq.workers.run_result import RunResult
 from polar_mq.workers.runner import _next_message, _unexpected
-from polar_mq.workers.stages.common import StageOutcome
+from polar_mq.workers.stages.outcomes import Prepared
 from polar_mq.workers.sweeper import Sweeper
 
 
@@ -145,7 +145,8 @@ def test_next_stage_and_in_place_retry_keep_the_priority(
 ) -> None:
     (rid,) = _submit(db_session_factory, 6)
     claimed = _claim(db_session_factory, rid, Stage.PREPARE)
-    nxt = _next_message(_ctx(db_session_factory), claimed, StageOutcome(values={"node": "n1"}))
+    prepared = Prepared(node="n1", runtime_id="rt", runtime={})
+    nxt = _next_message(_ctx(db_session_factory), claimed, prepared)
     assert nxt is not None and (nxt.stage, nxt.node, nxt.priority) == (Stage.RUN_AGENT, "n1", 6)
 
     published.clear()

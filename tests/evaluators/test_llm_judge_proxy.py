@@ -26,7 +26,7 @@ from polar_mq.lifecycle.stages import Stage
 from polar_mq.lifecycle.transitions import Claimed, RolloutRef
 from polar_mq.models import LlmCall, Rollout, RolloutStatus
 from polar_mq.proxy import create_proxy_app
-from polar_mq.spec import load_spec
+from polar_mq.spec import TaskInstance, load_spec
 from polar_mq.testing.fake_vllm import create_fake_vllm_app
 from polar_mq.testing.servers import serve_in_thread
 from polar_mq.workers.context import WorkerContext
@@ -69,7 +69,7 @@ def claimed_for(rollout_id: uuid.UUID, stage: Stage, spec: dict[str, Any]) -> Cl
         id=rollout_id, job_id=uuid.uuid4(), task_id=1, task_index=0, sample_index=0, attempt=1,
         node="n", runtime_id=None, agent_exit_code=0, termination_reason="completed",
     )  # fmt: skip
-    return Claimed(ref, load_spec(spec), TASK, "test-owner", stage)
+    return Claimed(ref, load_spec(spec), TaskInstance.of(TASK), "test-owner", stage)
 
 
 def evaluating_rollout(factory: sessionmaker[Session]) -> uuid.UUID:
@@ -108,8 +108,9 @@ def test_judge_calls_are_logged_as_judge_and_kept_out_of_training(
     flush(settings)
 
     # the evaluation: exact_match on the agent's answer, the judge's 7/10, each part recorded
-    assert outcome.values == {"reward": pytest.approx(0.5 * 1.0 + 0.5 * 0.7)}
-    (evaluation,) = next(iter(outcome.rows.values()))
+    assert outcome.columns() == {"reward": pytest.approx(0.5 * 1.0 + 0.5 * 0.7)}
+    (evaluations,) = outcome.rows().values()
+    (evaluation,) = evaluations
     assert evaluation["evaluator"] == "weighted"
     exact, judged = evaluation["detail"]["parts"]
     assert (exact["name"], exact["reward"]) == ("exact_match", 1.0)
@@ -136,14 +137,14 @@ def test_judge_calls_are_logged_as_judge_and_kept_out_of_training(
 
     # the build stage trains on the agent's call only, even with the judge's call in the table
     built = build.run(ctx, claimed_for(rollout_id, Stage.BUILD, spec))
-    assert built.values == {"n_llm_calls": 1}
-    (samples,) = built.rows.values()
+    assert built.columns() == {"n_llm_calls": 1}
+    samples = built.sample_rows()
     assert [(s["prompt_ids"], s["response_ids"]) for s in samples] == [
         (agent_row.prompt_ids, agent_row.completion_ids)
     ]
     # and a re-evaluation (e.g. a later attempt) still reads the agent's answer, not the judge's
     again = evaluate.run(ctx, claimed_for(rollout_id, Stage.EVALUATE, spec))
-    assert again.detail["final_text"] == "ANSWER: 42"
+    assert again.detail()["final_text"] == "ANSWER: 42"
     flush(settings)
 
 

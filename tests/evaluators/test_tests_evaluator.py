@@ -239,10 +239,12 @@ def test_the_evaluate_stage_finds_a_diff_graded_tests_evaluator_inside_composite
     (every part then sees the pristine grading runtime); in place or without `repo` it is not."""
     from types import SimpleNamespace
 
+    from polar_mq.spec import TaskInstance
     from polar_mq.workers.stages.evaluate import _diff_mode
 
-    repo_task = SimpleNamespace(instance={"repo": {"path": "/r"}, "tests": {"files": {"t.py": ""}}})
-    plain_task = SimpleNamespace(instance={"tests": {"files": {"t.py": ""}}})
+    tests = {"tests": {"files": {"t.py": ""}}}
+    repo_task = SimpleNamespace(instance=TaskInstance.of({"repo": {"path": "/r"}, **tests}))
+    plain_task = SimpleNamespace(instance=TaskInstance.of(tests))
     gate = get_evaluator({"name": "gate", "gate": "tests", "then": "completed"})
     weighted = get_evaluator(
         {"name": "weighted", "evaluators": [{"spec": "completed", "weight": 0.5},

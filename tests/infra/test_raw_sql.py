@@ -31,7 +31,7 @@ from polar_mq.lifecycle.transitions import (
 )
 from polar_mq.models import Event, Rollout, TrajectorySample
 from polar_mq.models.base import utcnow
-from polar_mq.workers.stages.build import SAMPLES
+from polar_mq.workers.stages.outcomes import SAMPLES
 
 EVENTS = cast(Table, Event.__table__)
 STATEMENT = select(

@@ -19,6 +19,7 @@ from polar_mq.spec import (
     SPEC_VERSION,
     JobSpec,
     SpecVersionError,
+    TaskInstance,
     TimeoutSpec,
     load_spec,
     upgrade,
@@ -162,7 +163,9 @@ def test_the_agent_stage_sees_the_default_when_the_job_omitted_it(
     row = JobCreate(tasks=TASKS).stored_spec("default")
     del row["timeouts"]  # a row that never said: the model's default fills it in
     rollout = SimpleNamespace(id=uuid.uuid4(), attempt=1, created_at=None)
-    claimed = SimpleNamespace(rollout=rollout, spec=load_spec(row), instance=TASKS[0])
+    claimed = SimpleNamespace(
+        rollout=rollout, spec=load_spec(row), instance=TaskInstance.of(TASKS[0])
+    )
     run_agent.run(ctx, claimed)  # type: ignore[arg-type]
     assert runtime.exec_kwargs["timeout"] == TimeoutSpec().agent_s
     assert runtime.exec_kwargs["inactivity_timeout"] == settings.default_inactivity_timeout_s

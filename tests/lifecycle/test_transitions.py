@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -16,10 +17,19 @@ from polar_mq.lifecycle.fused import MAX_FUSED_ROWS
 from polar_mq.lifecycle.messages import StageMessage
 from polar_mq.lifecycle.outbox import attach_publisher
 from polar_mq.lifecycle.stages import Stage
-from polar_mq.lifecycle.transitions import Claimed, LeaseLost, claim, fail, finish, finish_in_one
+from polar_mq.lifecycle.transitions import (
+    Claimed,
+    LeaseLost,
+    claim,
+    fail,
+    finish,
+    finish_in_one,
+    renew_lease,
+    renew_leases,
+)
 from polar_mq.models import Event, Rollout, RolloutStatus, TrajectorySample
 from polar_mq.models.base import utcnow
-from polar_mq.workers.stages.build import SAMPLES
+from polar_mq.workers.stages.outcomes import SAMPLES
 
 
 def _one_rollout(factory: sessionmaker[Session]) -> uuid.UUID:
@@ -193,3 +203,39 @@ def test_a_finish_that_does_not_fit_one_statement_does_nothing(
 
 def _of(rid: uuid.UUID) -> Any:
     return TrajectorySample.rollout_id == rid
+
+
+def test_the_batch_renewal_fences_each_lease_as_the_single_one(
+    db_session_factory: sessionmaker[Session],
+) -> None:
+    """`renew_leases` (one statement) extends exactly the leases `renew_lease` would: the right
+    rollout, still in the busy state, leased by the owner; not another owner's, another state's,
+    nor a rollout that does not exist."""
+    with unit_of_work(db_session_factory) as session:
+        spec = {"tasks": [{"instruction": f"t{i}"} for i in range(3)]}
+        rids = create_job(session, JobCreate.model_validate(spec), "p").rollout_ids
+    for i, rid in enumerate(rids):
+        with unit_of_work(db_session_factory) as session:
+            assert isinstance(claim(session, Stage.PREPARE, rid, f"w{i}", 60), Claimed)
+    busy = RolloutStatus.PREPARING
+    holds = [
+        (rids[0], busy, "w0"),
+        (rids[1], busy, "someone else"),
+        (rids[2], RolloutStatus.RUNNING, "w2"),
+        (uuid.uuid4(), busy, "w0"),
+    ]
+    expires = utcnow() + timedelta(hours=1)
+    with db_session_factory() as session:  # what the single renewals would extend, undone
+        single = {hold for hold in holds if renew_lease(session, *hold, expires)}
+        session.rollback()
+    with unit_of_work(db_session_factory) as session:
+        batch = renew_leases(session, holds, expires)
+    assert batch == single == {holds[0]}
+    with db_session_factory() as session:
+        rows = session.execute(select(Rollout.id, Rollout.lease_expires_at).where(_in(rids)))
+        extended = {rid for rid, at in rows if at == expires}
+    assert extended == {rids[0]}
+
+
+def _in(rids: list[uuid.UUID]) -> Any:
+    return Rollout.id.in_(rids)

@@ -34,6 +34,7 @@ from polar_mq.testing.fake_vllm import create_fake_vllm_app
 from polar_mq.ui.trajectory_view import CallMark, segment_start
 from polar_mq.workers.context import WorkerContext
 from polar_mq.workers.stages import build
+from polar_mq.workers.stages.outcomes import SAMPLES
 from tests.ui.conftest import Keys
 
 SECRET = "segments-test-secret"
@@ -86,8 +87,8 @@ def _build(engine: Engine, factory: sessionmaker[Session], rollout_id: uuid.UUID
             Claimed, SimpleNamespace(rollout=rollout, spec=JobSpec(builder="prefix_merge"))
         )
         outcome = build.run(ctx, claimed)
-        assert outcome.detail["tito_proven"] == 2 and outcome.detail["samples"] == 2
-        session.execute(insert(build.SAMPLES), outcome.rows[build.SAMPLES])
+        assert outcome.built.stats["tito_proven"] == 2 and outcome.built.stats["samples"] == 2
+        session.execute(insert(SAMPLES), outcome.sample_rows())
         session.commit()
 
 

@@ -13,7 +13,7 @@ from polar_mq.capability.tokens import verify_rollout_token
 from polar_mq.config import Settings
 from polar_mq.rollouts.agent_outcome import CallSummary
 from polar_mq.runtimes.base import ExecResult
-from polar_mq.spec import load_spec
+from polar_mq.spec import TaskInstance, load_spec
 from polar_mq.workers.stages import run_agent
 
 SECRET = "run-agent-secret"
@@ -58,10 +58,10 @@ def _agent_env(
         id=uuid.uuid4(), attempt=2, created_at=None, task_index=3, sample_index=5
     )
     claimed = SimpleNamespace(
-        rollout=rollout, spec=load_spec(spec), instance={"instruction": "do it"}
+        rollout=rollout, spec=load_spec(spec), instance=TaskInstance.of({"instruction": "do it"})
     )
     outcome = run_agent.run(ctx, claimed)  # type: ignore[arg-type]
-    assert outcome.values["agent_exit_code"] == 0
+    assert outcome.exit_code == 0 and outcome.columns()["agent_exit_code"] == 0
     return runtime.env
 
 

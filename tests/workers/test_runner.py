@@ -21,13 +21,20 @@ from polar_mq.lifecycle.stages import Stage
 from polar_mq.lifecycle.transitions import Claimed
 from polar_mq.models import Rollout, RolloutStatus
 from polar_mq.models.base import utcnow
+from polar_mq.trajectories.base import BuildResult
 from polar_mq.workers import runner
 from polar_mq.workers.context import WorkerContext
 from polar_mq.workers.run_result import RunResult
-from polar_mq.workers.stages.common import StageFailure, StageOutcome
+from polar_mq.workers.stages.common import StageFailure
+from polar_mq.workers.stages.outcomes import Built, StageOutcome
 from polar_mq.workers.sweeper import Sweeper
 
 BuildStage = Callable[[WorkerContext, Claimed], StageOutcome]
+
+
+def _built(_ctx: WorkerContext, claimed: Claimed) -> Built:
+    """A scripted build: no calls, no samples."""
+    return Built(claimed.rollout, "per_call", 0, BuildResult([], {"samples": 1}))
 
 
 @pytest.fixture()
@@ -75,7 +82,7 @@ def test_a_stage_that_succeeds_records_and_hands_over(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     rid = _ran_rollout(db_session_factory)
-    _build_with(monkeypatch, lambda _ctx, _claimed: StageOutcome(detail={"samples": 1}))
+    _build_with(monkeypatch, _built)
     assert runner.run_stage(ctx, Stage.BUILD, str(rid), "t1", attempt=1) == RunResult.done()
     assert _status(db_session_factory, rid) == RolloutStatus.BUILT
     assert sent == [StageMessage(Stage.EVALUATE, rid, "p", "n1", attempt=1, priority=4)]
@@ -193,7 +200,7 @@ def test_a_rollout_left_waiting_for_its_node_carries_a_lease_a_dead_node_lets_ex
     keeper renews here (its node died before the first renewal): the sweeper starts it over once
     that lease expires. Before, it left build with no lease at all and waited forever."""
     rid = _ran_rollout(db_session_factory)
-    _build_with(monkeypatch, lambda _ctx, _claimed: StageOutcome(detail={"samples": 1}))
+    _build_with(monkeypatch, _built)
     before = utcnow()
     assert runner.run_stage(ctx, Stage.BUILD, str(rid), "t1", attempt=1) == RunResult.done()
     with db_session_factory() as session:

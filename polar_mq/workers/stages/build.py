@@ -6,20 +6,12 @@ produced them; nothing is re-tokenized.
 
 from __future__ import annotations
 
-from typing import cast
-
-from sqlalchemy import Table
-
 from polar_mq.calls import AttemptCalls, agent_call_rows
 from polar_mq.lifecycle.transitions import Claimed
-from polar_mq.models import TrajectorySample
-from polar_mq.models.base import utcnow
 from polar_mq.trajectories.base import CapturedCall
 from polar_mq.trajectories.registry import get_builder
 from polar_mq.workers.context import WorkerContext
-from polar_mq.workers.stages.common import StageOutcome
-
-SAMPLES = cast(Table, TrajectorySample.__table__)
+from polar_mq.workers.stages.outcomes import Built
 
 
 def load_calls(ctx: WorkerContext, claimed: Claimed) -> list[CapturedCall]:
@@ -46,28 +38,8 @@ def load_calls(ctx: WorkerContext, claimed: Claimed) -> list[CapturedCall]:
         ]
 
 
-def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
+def run(ctx: WorkerContext, claimed: Claimed) -> Built:
     builder_name = claimed.spec.builder
     calls = load_calls(ctx, claimed)
-    result = get_builder(builder_name).build(calls)
-    rows = [
-        {
-            "rollout_id": claimed.rollout.id,
-            "attempt": claimed.rollout.attempt,
-            "sample_index": i,
-            "builder": builder_name,
-            "prompt_ids": sample.prompt_ids,
-            "response_ids": sample.response_ids,
-            "loss_mask": sample.loss_mask,
-            "logprobs": sample.logprobs,
-            "messages": sample.messages,
-            "metadata": sample.meta,  # the column name (the ORM attribute is `meta`)
-            "created_at": utcnow(),
-        }
-        for i, sample in enumerate(result.samples)
-    ]
-    return StageOutcome(
-        values={"n_llm_calls": len(calls)},
-        rows={SAMPLES: rows},
-        detail={"builder": builder_name, **result.stats},
-    )
+    built = get_builder(builder_name).build(calls)
+    return Built(claimed.rollout, builder_name, len(calls), built)

@@ -1,13 +1,12 @@
-"""What the stage modules share: their result type, their failure type and the runtime handle."""
+"""What the stage modules share: their failure types and the runtime handle (their result types
+are in `outcomes`)."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Table
 from tenacity import RetryCallState, Retrying, stop_after_delay, wait_exponential
 
 from polar_mq.config import Settings
@@ -17,15 +16,6 @@ from polar_mq.runtimes.options import runtime_from_spec
 from polar_mq.runtimes.warm_pool import WarmPool, is_pooled
 from polar_mq.spec import RuntimeSpec
 from polar_mq.workers.context import WorkerContext
-
-
-@dataclass
-class StageOutcome:
-    """Columns to set on the rollout, rows to insert per table, and the `finished` event detail."""
-
-    values: dict[str, Any] = field(default_factory=dict)
-    rows: dict[Table, list[dict[str, Any]]] = field(default_factory=dict)
-    detail: dict[str, Any] = field(default_factory=dict)
 
 
 class StageFailure(Exception):

@@ -23,9 +23,9 @@ from __future__ import annotations
 import functools
 import logging
 import uuid
-from typing import Any, cast
+from typing import Any
 
-from sqlalchemy import Table, delete, select
+from sqlalchemy import delete, select
 
 from polar_mq.calls import AttemptCalls, last_agent_response
 from polar_mq.capability.tokens import JUDGE, issue_rollout_token
@@ -43,8 +43,7 @@ from polar_mq.evaluators.tests import TestsEvaluator
 from polar_mq.harnesses import get_harness
 from polar_mq.lifecycle.stages import Stage
 from polar_mq.lifecycle.transitions import Claimed
-from polar_mq.models import Evaluation, Event, EventKind, RolloutArtifact, TerminationReason
-from polar_mq.models.base import utcnow
+from polar_mq.models import Event, EventKind, RolloutArtifact, TerminationReason
 from polar_mq.rollouts.artifacts import DIFF, diff_row
 from polar_mq.runtimes import Runtime
 from polar_mq.runtimes.safe_files import UnsafePath
@@ -52,17 +51,16 @@ from polar_mq.swe import grading as saved_diff
 from polar_mq.swe.hidden_tests import HiddenTestsError
 from polar_mq.swe.spec import parse_repo
 from polar_mq.workers.context import WorkerContext
-from polar_mq.workers.stages.common import StageFailure, StageOutcome, flush_proxy, open_runtime
+from polar_mq.workers.stages.common import StageFailure, flush_proxy, open_runtime
 from polar_mq.workers.stages.grading_runtime import (
     DiffGrading,
     PatchRefused,
     diff_grading_runtime,
     grading_runtime,
 )
+from polar_mq.workers.stages.outcomes import Evaluated
 
 logger = logging.getLogger(__name__)
-EVALUATIONS = cast(Table, Evaluation.__table__)
-ARTIFACTS = cast(Table, RolloutArtifact.__table__)
 
 
 def _last_assistant_text(ctx: WorkerContext, claimed: Claimed) -> str | None:
@@ -146,7 +144,7 @@ def _diff_mode(evaluator: Evaluator, claimed: Claimed) -> TestsEvaluator | None:
     composite (`weighted` parts, a `gate`'s gate and branch), whose other parts then see the same
     grading runtime."""
     if isinstance(evaluator, TestsEvaluator):
-        return evaluator if evaluator.grades_from_diff(claimed.instance) else None
+        return evaluator if evaluator.grades_from_diff(claimed.instance.stored) else None
     parts: list[Any] = list(getattr(evaluator, "parts", None) or [])
     parts += [getattr(evaluator, name, None) for name in ("gate", "then")]
     for entry in parts:  # a weighted part is (label, evaluator, weight)
@@ -162,12 +160,12 @@ def _prepare_diff_grading(
     spec = claimed.spec
     task = claimed.instance
     try:
-        protected = evaluator.protected_patterns(task, str(agent_runtime.workdir))
+        protected = evaluator.protected_patterns(task.stored, str(agent_runtime.workdir))
     except HiddenTestsError as exc:  # the grader's own files: the platform's failure
         raise GradingUnavailable(str(exc)) from exc
     try:
         return diff_grading_runtime(
-            ctx.settings, spec.runtime, claimed.rollout, agent_runtime, parse_repo(task["repo"]),
+            ctx.settings, spec.runtime, claimed.rollout, agent_runtime, parse_repo(task.repo),
             recorded_base(ctx, claimed), protected, spec.timeouts.prepare_s,
         )  # fmt: skip
     except saved_diff.DiffUnavailable as exc:
@@ -212,7 +210,7 @@ def _replace_diff_artifact(ctx: WorkerContext, claimed: Claimed) -> None:
         )
 
 
-def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
+def run(ctx: WorkerContext, claimed: Claimed) -> Evaluated:
     spec = claimed.spec
     rollout = claimed.rollout
     agent_runtime = open_runtime(ctx.settings, spec.runtime, rollout)
@@ -241,7 +239,7 @@ def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
             )  # the agent's own runtime, or a fresh one holding a copy of its workspace
         context = EvalContext(
             rollout_id=str(rollout.id),
-            task=claimed.instance,
+            task=claimed.instance.as_dict(),  # a copy: the view is shared by the process
             runtime=runtime,
             workdir=runtime.workdir,
             agent_exit_code=rollout.agent_exit_code,
@@ -261,24 +259,4 @@ def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
             result.reward, {**_diff_detail(graded, diff_evaluator), **result.detail}
         )
         grading["tampering"] = len(graded.filtered.dropped)
-    return StageOutcome(
-        values={"reward": result.reward},
-        rows={
-            EVALUATIONS: [
-                {
-                    "rollout_id": rollout.id,
-                    "attempt": rollout.attempt,
-                    "evaluator": str(name),
-                    "reward": result.reward,
-                    "detail": result.detail,
-                    "created_at": utcnow(),
-                }
-            ],
-            **({ARTIFACTS: artifacts} if artifacts else {}),
-        },
-        detail={
-            "reward": result.reward,
-            "final_text": (answer or "")[:200],
-            **grading,
-        },
-    )
+    return Evaluated(rollout.id, rollout.attempt, str(name), result, answer, grading, artifacts)

@@ -40,29 +40,30 @@ from polar_mq.lifecycle.transitions import Claimed
 from polar_mq.models import TerminationReason
 from polar_mq.runtimes import Runtime
 from polar_mq.runtimes.recipe import RecipeFailed, apply_recipe
+from polar_mq.spec import TaskInstance
 from polar_mq.swe.checkout import CheckoutError, checkout_repo
 from polar_mq.swe.spec import TaskSpecError, agent_task, parse_repo
 from polar_mq.workers.context import WorkerContext
 from polar_mq.workers.stages.common import (
     StageFailure,
-    StageOutcome,
     open_runtime,
     pool_owner,
     release_runtime,
 )
+from polar_mq.workers.stages.outcomes import Prepared
 
 TASK_FILE = "task.json"
 
 
-def _install_task(runtime: Runtime, instance: dict[str, Any], timeout: float) -> dict[str, Any]:
+def _install_task(runtime: Runtime, instance: TaskInstance, timeout: float) -> dict[str, Any]:
     """Check out the task's repository, if it has one, then write the agent's task file."""
     detail: dict[str, Any] = {}
     commit = None
-    if "repo" in instance:
-        done = checkout_repo(parse_repo(instance["repo"]), runtime.workdir, timeout)
+    if instance.repo is not None:
+        done = checkout_repo(parse_repo(instance.repo), runtime.workdir, timeout)
         commit = done.commit
         detail["repo"] = {"commit": done.commit, "source": done.source, "seconds": done.seconds}
-    task = agent_task(instance, commit)
+    task = agent_task(instance.stored, commit)
     runtime.upload(orjson.dumps(task, option=orjson.OPT_INDENT_2), TASK_FILE)
     runtime.hand_over()  # the checkout is the worker's until now; the agent (not root) edits it
     return detail
@@ -96,7 +97,7 @@ def _warm(ctx: WorkerContext, claimed: Claimed, timeout: float) -> tuple[Runtime
     return got.runtime, {**got.detail, **task}
 
 
-def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
+def run(ctx: WorkerContext, claimed: Claimed) -> Prepared:
     spec = claimed.spec
     timeout = spec.timeouts.prepare_s
     harness_spec = spec.harness
@@ -112,8 +113,4 @@ def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
             check_agent_reaches(runtime, harness_spec, ctx.settings.harness_root)
     except (RecipeFailed, HarnessMissing, CheckoutError, TaskSpecError) as exc:
         raise StageFailure(TerminationReason.RUNTIME_ERROR, str(exc)) from exc
-    node = ctx.settings.node_name
-    return StageOutcome(
-        values={"node": node, "runtime_id": runtime.runtime_id},
-        detail={"node": node, "runtime_id": runtime.runtime_id, "runtime": detail},
-    )
+    return Prepared(node=ctx.settings.node_name, runtime_id=runtime.runtime_id, runtime=detail)

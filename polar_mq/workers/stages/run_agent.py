@@ -17,39 +17,38 @@ import hashlib
 import logging
 import time
 from datetime import datetime
-from typing import Any, cast
+from typing import Any
 
 from redis.exceptions import RedisError
-from sqlalchemy import Table, select
+from sqlalchemy import select
 
 from polar_mq.calls import AttemptCalls, CallSummary, last_call_at
 from polar_mq.capability import receipts as call_receipts
 from polar_mq.capability.sampling import sampling_policy
 from polar_mq.capability.tokens import issue_rollout_token
 from polar_mq.harnesses import AgentContext, get_harness
+from polar_mq.harnesses.auxiliary.marking import mark_auxiliary_calls
 from polar_mq.harnesses.presets.setup import harness_root_for
 from polar_mq.lifecycle.transitions import Claimed, LeaseLost, RolloutRef
-from polar_mq.models import Rollout, RolloutArtifact, TerminationReason
+from polar_mq.models import Rollout, TerminationReason
 from polar_mq.models.base import utcnow
 from polar_mq.rollouts.agent_outcome import classify, summarize_calls
 from polar_mq.rollouts.artifacts import collect_artifacts
-from polar_mq.rollouts.auxiliary import mark_auxiliary_calls
 from polar_mq.rollouts.engine_probe import engines_down
 from polar_mq.runtimes import ExecResult
+from polar_mq.spec import SamplingSpec
 from polar_mq.workers.context import WorkerContext
 from polar_mq.workers.stages.common import (
     StageFailure,
-    StageOutcome,
     StageRestart,
     flush_proxy,
     open_runtime,
 )
 from polar_mq.workers.stages.grading_runtime import start_prewarm
+from polar_mq.workers.stages.outcomes import AgentRan
 from polar_mq.workers.stages.prepare import TASK_FILE
 
 logger = logging.getLogger(__name__)
-ARTIFACTS = cast(Table, RolloutArtifact.__table__)
-SAMPLING_ENV = {"temperature": "POLAR_AGENT_TEMPERATURE", "max_tokens": "POLAR_AGENT_MAX_TOKENS"}
 
 
 def wait_calls_stored(
@@ -141,11 +140,16 @@ def rollout_seed(seed: int, task_index: int, sample_index: int) -> int:
     return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
 
 
-def _sampling_env(sampling: dict[str, Any], rollout: RolloutRef) -> dict[str, str]:
-    env = {env: str(sampling[key]) for key, env in SAMPLING_ENV.items() if key in sampling}
-    seed = sampling.get("seed")
-    if isinstance(seed, int) and not isinstance(seed, bool):  # for agents that send it
-        env["POLAR_AGENT_SEED"] = str(rollout_seed(seed, rollout.task_index, rollout.sample_index))
+def _sampling_env(sampling: SamplingSpec, rollout: RolloutRef) -> dict[str, str]:
+    """The job's sampling as the agent's environment, for agents that send it themselves."""
+    env = {}
+    if sampling.temperature is not None:
+        env["POLAR_AGENT_TEMPERATURE"] = str(sampling.temperature)
+    if sampling.max_tokens is not None:
+        env["POLAR_AGENT_MAX_TOKENS"] = str(sampling.max_tokens)
+    if sampling.seed is not None:
+        seed = rollout_seed(sampling.seed, rollout.task_index, rollout.sample_index)
+        env["POLAR_AGENT_SEED"] = str(seed)
     return env
 
 
@@ -172,7 +176,7 @@ def _open_receipts(ctx: WorkerContext, claimed: Claimed) -> bool:
     return True
 
 
-def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
+def run(ctx: WorkerContext, claimed: Claimed) -> AgentRan:
     began = time.monotonic()
     spec = claimed.spec
     settings = ctx.settings
@@ -182,7 +186,7 @@ def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
     receipts = _open_receipts(ctx, claimed)
     agent = AgentContext(
         rollout_id=str(claimed.rollout.id),
-        instruction=claimed.instance["instruction"],
+        instruction=claimed.instance.instruction,
         task_file=str(runtime.workdir / TASK_FILE),
         workdir=str(runtime.workdir),
         # the sandbox's own way to the proxy (a relay under network proxy_only)
@@ -192,7 +196,7 @@ def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
             claimed.rollout.id,
             settings.agent_token_ttl_s(timeouts),  # dies with the rollout's time limits
             attempt=claimed.rollout.attempt,
-            sampling=sampling_policy(spec.sampling),  # enforced by the proxy
+            sampling=sampling_policy(spec.sampling.root),  # enforced by the proxy
             receipts=receipts,  # the proxy counts the calls: no flush after the agent
             unbudgeted=spec.max_tokens_per_rollout is None,  # the proxy need not look it up
             chat_only=spec.tito == "off",  # the job keeps its calls off token-in/token-out
@@ -266,31 +270,23 @@ def run(ctx: WorkerContext, claimed: Claimed) -> StageOutcome:
         runtime, rollout.id, rollout.attempt, log_path=log_path, files=harness.artifacts,
         cap=settings.artifact_max_bytes,
     )  # fmt: skip
-    return StageOutcome(
-        values={
-            "termination_reason": reason,
-            "agent_exit_code": result.exit_code,
-            "error": None if reason == TerminationReason.COMPLETED else _error_text(result),
-        },
-        rows={ARTIFACTS: artifacts},
-        detail={
-            "exit_code": result.exit_code,
-            "timed_out": result.timed_out,
-            "inactive": result.inactive,
-            "agent_s": round(result.duration_s, 4),
-            # where the stage's own time goes: before the agent, waiting for its exit to be
-            # seen, the proxy's log flush, and reading the calls and artifacts after it
-            "setup_s": round(exec_at - began, 4),
-            "reap_s": round(flush_at - exec_at - result.duration_s, 4),
-            "flush_s": round(flushed_at - flush_at, 4),
-            "collect_s": round(time.monotonic() - flushed_at, 4),
-            "proxy_written_total": flushed.get("written", 0),
-            "calls_stored_by": flushed["by"],  # receipts, or the proxy's flush
-            "calls_started": flushed.get("calls_started"),
-            "wakeups": flushed.get("wakeups"),
-            "agent_calls": calls.calls,
-            "auxiliary_calls": auxiliary,
-            "artifacts": [row["name"] for row in artifacts],
-            **grading,
-        },
+    return AgentRan(
+        termination_reason=reason,
+        exit_code=result.exit_code,
+        error=None if reason == TerminationReason.COMPLETED else _error_text(result),
+        timed_out=result.timed_out,
+        inactive=result.inactive,
+        agent_s=round(result.duration_s, 4),
+        setup_s=round(exec_at - began, 4),
+        reap_s=round(flush_at - exec_at - result.duration_s, 4),
+        flush_s=round(flushed_at - flush_at, 4),
+        collect_s=round(time.monotonic() - flushed_at, 4),
+        proxy_written_total=flushed.get("written", 0),
+        calls_stored_by=flushed["by"],
+        calls_started=flushed.get("calls_started"),
+        wakeups=flushed.get("wakeups"),
+        agent_calls=calls.calls,
+        auxiliary_calls=auxiliary,
+        artifacts=artifacts,
+        grading=grading,
     )
