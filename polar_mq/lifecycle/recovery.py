@@ -19,6 +19,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
+from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import bindparam, update
@@ -122,13 +123,25 @@ _GIVE_UP = update(ROLLOUTS).where(*_WHERE_LOST)
 _RESUME = update(ROLLOUTS).where(*_WHERE_LOST)
 
 
+class Recovery(StrEnum):
+    """What a recovery did to a rollout; the value is the word the sweeper's report and the
+    run-agent stage's `restart:` result have always used."""
+
+    REQUEUED = "requeued"
+    """Started over from prepare, in a new attempt."""
+    FAILED = "failed"
+    """Given up: its attempts were used up."""
+    RESUMED = "resumed"
+    """A database-only stage sent back to its queue in the same attempt."""
+    RACED = "raced"
+    """Someone else moved the rollout first: nothing was done."""
+
+
 def restart(
     session: Session, lost: LostAttempt, reason: str, error: str, worker: str, stage: str
-) -> str:
-    """Start the rollout over from prepare (attempt+1), or fail it when attempts are used up.
-
-    Returns "requeued", "failed" or "raced" (someone else moved the rollout first).
-    """
+) -> Recovery:
+    """Start the rollout over from prepare (attempt+1), or fail it when attempts are used up;
+    `RACED` when someone else moved it first."""
     params = {
         "b_id": lost.id,
         "b_status": lost.status,
@@ -146,15 +159,15 @@ def restart(
             "lease_expires_at": None,
         }
         if _rowcount(session.connection().execute(_GIVE_UP, {**params, **values})) != 1:
-            return "raced"
+            return Recovery.RACED
         _event(
             session, lost.id, lost.job_id, stage, EventKind.FAILED, lost.attempt, worker,
             reason=reason, error=error[-1000:], attempts=lost.attempt,
         )  # fmt: skip
-        return "failed"
+        return Recovery.FAILED
     restarted = session.connection().execute(_RESTART, {**params, "b_error": error[-4000:]})
     if _rowcount(restarted) != 1:
-        return "raced"
+        return Recovery.RACED
     _event(
         session, lost.id, lost.job_id, stage, EventKind.REQUEUED, lost.attempt + 1, worker,
         reason=reason, error=error[-1000:], previous_attempt=lost.attempt,
@@ -165,11 +178,11 @@ def restart(
             Stage.PREPARE, lost.id, lost.pool, attempt=lost.attempt + 1, priority=lost.priority
         ),
     )
-    return "requeued"
+    return Recovery.REQUEUED
 
 
-def resume(session: Session, lost: LostAttempt, stage: Stage, worker: str) -> str:
-    """Give a DB-only stage back to its queue in the same attempt; "resumed" or "raced"."""
+def resume(session: Session, lost: LostAttempt, stage: Stage, worker: str) -> Recovery:
+    """Give a DB-only stage back to its queue in the same attempt; `RESUMED` or `RACED`."""
     ready, busy, _ = STAGE_STATES[stage]
     params = {
         "b_id": lost.id,
@@ -181,7 +194,7 @@ def resume(session: Session, lost: LostAttempt, stage: Stage, worker: str) -> st
         "lease_expires_at": None,
     }
     if _rowcount(session.connection().execute(_RESUME, params)) != 1:
-        return "raced"
+        return Recovery.RACED
     _event(
         session, lost.id, lost.job_id, stage.value, EventKind.REQUEUED, lost.attempt, worker,
         reason=TerminationReason.WORKER_LOST, resumed=True,
@@ -190,10 +203,12 @@ def resume(session: Session, lost: LostAttempt, stage: Stage, worker: str) -> st
         session,
         StageMessage(stage, lost.id, lost.pool, attempt=lost.attempt, priority=lost.priority),
     )
-    return "resumed"
+    return Recovery.RESUMED
 
 
-def restart_claimed(session: Session, claimed: Claimed, pool: str, reason: str, error: str) -> str:
+def restart_claimed(
+    session: Session, claimed: Claimed, pool: str, reason: str, error: str
+) -> Recovery:
     """`restart` for a stage that still holds its claim (the agent stage broke unexpectedly)."""
     _, busy, _ = STAGE_STATES[claimed.stage]
     lost = LostAttempt(

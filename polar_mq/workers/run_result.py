@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from polar_mq.lifecycle.recovery import Recovery
+
 
 class RunKind(StrEnum):
     """How a stage run ended; the value is the head of the result's text."""
@@ -25,8 +27,8 @@ class RunKind(StrEnum):
     RETRY = "retry"
     """The stage raised and was sent back to its queue (detail: the retry's number)."""
     RESTART = "restart"
-    """The agent stage raised; the attempt was given up (detail: `requeued`, `failed` or
-    `raced`, as `lifecycle.recovery.restart_claimed` said)."""
+    """The agent stage raised; the attempt was given up (detail: the `lifecycle.recovery.Recovery`
+    `restart_claimed` returned: `requeued`, `failed` or `raced`)."""
     LEASE_LOST = "lease_lost"
     """The rollout was taken meanwhile (cancelled, restarted elsewhere): nothing was kept."""
 
@@ -58,8 +60,8 @@ class RunResult:
         return cls(RunKind.RETRY, str(number))
 
     @classmethod
-    def restart(cls, result: str) -> RunResult:
-        return cls(RunKind.RESTART, result)
+    def restart(cls, result: Recovery) -> RunResult:
+        return cls(RunKind.RESTART, result.value)
 
     @classmethod
     def lease_lost(cls) -> RunResult:

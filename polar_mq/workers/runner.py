@@ -28,7 +28,7 @@ from polar_mq.jobs.early_stop import after_rollout_ended
 from polar_mq.jobs.failures import stop_on_platform_failures
 from polar_mq.lifecycle.messages import StageMessage
 from polar_mq.lifecycle.outbox import publish_committed
-from polar_mq.lifecycle.recovery import backoff_s, restart_claimed, retry_in_place
+from polar_mq.lifecycle.recovery import Recovery, backoff_s, restart_claimed, retry_in_place
 from polar_mq.lifecycle.stages import NEXT_STAGE, STAGE_STATES, Stage
 from polar_mq.lifecycle.transitions import (
     Claimed,
@@ -339,9 +339,9 @@ def _unexpected(
             result = _commit(
                 ctx, lambda session: restart_claimed(session, claimed, pool, reason, error)
             )
-            if result == "failed":  # attempts used up: the rollout ended
+            if result is Recovery.FAILED:  # attempts used up: the rollout ended
                 _rollout_ended(ctx, claimed)
-            if result != "raced":
+            if result is not Recovery.RACED:
                 _platform_stop(ctx, claimed, reason)
             return RunResult.restart(result)
         if retries >= stage_retries:

@@ -36,7 +36,7 @@ from polar_mq.config import Settings
 from polar_mq.infra.db import unit_of_work
 from polar_mq.jobs.early_stop import after_rollout_ended
 from polar_mq.lifecycle.messages import StageMessage, queue_name
-from polar_mq.lifecycle.recovery import LostAttempt, republish, restart, resume
+from polar_mq.lifecycle.recovery import LostAttempt, Recovery, republish, restart, resume
 from polar_mq.lifecycle.stages import BUSY, READY, Stage
 from polar_mq.lifecycle.transitions import R
 from polar_mq.models import Event, Job, TerminationReason
@@ -124,7 +124,7 @@ class Sweeper:
                     f"lease of {row.lease_owner} expired during {stage}", self.name, stage.value,
                 )  # fmt: skip
             _count(report, outcome, rollout=str(row.id), stage=stage.value, owner=row.lease_owner)
-            if outcome == "failed":
+            if outcome is Recovery.FAILED:
                 ended.append(row)
         return ended
 
@@ -151,7 +151,7 @@ class Sweeper:
                 f"node {row.node} stopped serving its {stage} queue", self.name, stage.value,
             )  # fmt: skip
             _count(report, outcome, rollout=str(row.id), stage=stage.value, node=row.node)
-            if outcome == "failed":
+            if outcome is Recovery.FAILED:
                 ended.append(row)
         return ended
 
@@ -214,12 +214,12 @@ def _lost_attempt(row: Any, owner: str | None) -> LostAttempt:
     )  # fmt: skip
 
 
-def _count(report: SweepReport, outcome: str, **detail: Any) -> None:
-    if outcome == "requeued":
+def _count(report: SweepReport, outcome: Recovery, **detail: Any) -> None:
+    if outcome is Recovery.REQUEUED:
         report.requeued += 1
-    elif outcome == "resumed":
+    elif outcome is Recovery.RESUMED:
         report.resumed += 1
-    elif outcome == "failed":
+    elif outcome is Recovery.FAILED:
         report.failed += 1
     else:
         report.raced += 1

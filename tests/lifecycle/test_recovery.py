@@ -15,6 +15,7 @@ from polar_mq.lifecycle.messages import StageMessage
 from polar_mq.lifecycle.recovery import (
     MAX_BACKOFF_S,
     LostAttempt,
+    Recovery,
     backoff_s,
     republish,
     restart,
@@ -95,19 +96,19 @@ def test_restart_starts_a_new_attempt_then_gives_up(
         outcome = restart(
             session, lost, TerminationReason.WORKER_LOST, "gone", "sweeper", "prepare"
         )
-    assert outcome == "requeued"
+    assert outcome is Recovery.REQUEUED
     assert published == [StageMessage(Stage.PREPARE, rid, "p", attempt=2, priority=7)]
     with db_session_factory() as session:
         row = session.get_one(Rollout, rid)
         assert (row.status, row.attempt, row.started_at) == (RolloutStatus.QUEUED, 2, None)
     with unit_of_work(db_session_factory) as session:  # the same lost attempt, seen again
-        assert restart(session, lost, "worker_lost", "gone", "sweeper", "prepare") == "raced"
+        assert restart(session, lost, "worker_lost", "gone", "sweeper", "prepare") is Recovery.RACED
 
     _claim(db_session_factory, rid, Stage.PREPARE)
     second = _lost(db_session_factory, rid, max_attempts=2)
     with unit_of_work(db_session_factory) as session:
         outcome = restart(session, second, TerminationReason.WORKER_LOST, "gone", "s", "prepare")
-    assert outcome == "failed"
+    assert outcome is Recovery.FAILED
     with db_session_factory() as session:
         row = session.get_one(Rollout, rid)
         assert row.status == RolloutStatus.FAILED
@@ -122,7 +123,7 @@ def test_restart_claimed_reads_the_jobs_retry_policy(
     rid = _rollout(db_session_factory, max_attempts=1)
     won = _claim(db_session_factory, rid, Stage.PREPARE)
     with unit_of_work(db_session_factory) as session:
-        assert restart_claimed(session, won, "p", "runtime_error", "broken") == "failed"
+        assert restart_claimed(session, won, "p", "runtime_error", "broken") is Recovery.FAILED
 
 
 def test_resume_gives_a_db_only_stage_back_in_the_same_attempt(
@@ -135,12 +136,12 @@ def test_resume_gives_a_db_only_stage_back_in_the_same_attempt(
     published.clear()
     lost = _lost(db_session_factory, rid, max_attempts=2)
     with unit_of_work(db_session_factory) as session:
-        assert resume(session, lost, Stage.BUILD, "sweeper") == "resumed"
+        assert resume(session, lost, Stage.BUILD, "sweeper") is Recovery.RESUMED
     assert published == [StageMessage(Stage.BUILD, rid, "p", attempt=1, priority=7)]
     with db_session_factory() as session:
         assert session.get_one(Rollout, rid).status == RolloutStatus.RAN
     with unit_of_work(db_session_factory) as session:
-        assert resume(session, lost, Stage.BUILD, "sweeper") == "raced"
+        assert resume(session, lost, Stage.BUILD, "sweeper") is Recovery.RACED
 
 
 def test_republish_sends_the_message_again_with_an_event(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from polar_mq.lifecycle.recovery import Recovery
 from polar_mq.observability.stage_metrics import outcome_of
 from polar_mq.workers.run_result import RunKind, RunResult
 from polar_mq.workers.tasks import StageNotFinished, StageRetried, raise_unless_finished
@@ -15,7 +16,7 @@ TEXTS = [
     (RunResult.skipped("stale_attempt"), "skipped:stale_attempt"),
     (RunResult.failed("builder_error"), "failed:builder_error"),
     (RunResult.retry(2), "retry:2"),
-    (RunResult.restart("requeued"), "restart:requeued"),
+    (RunResult.restart(Recovery.REQUEUED), "restart:requeued"),
     (RunResult.lease_lost(), "lease_lost"),
 ]
 """Each result and the string `run_stage` returned for it before it was typed."""
@@ -38,7 +39,11 @@ def test_a_finished_or_skipped_run_is_a_successful_task_returning_its_text(
 
 @pytest.mark.parametrize(
     "result",
-    [RunResult.failed("runtime_error"), RunResult.restart("requeued"), RunResult.lease_lost()],
+    [
+        RunResult.failed("runtime_error"),
+        RunResult.restart(Recovery.REQUEUED),
+        RunResult.lease_lost(),
+    ],
 )
 def test_a_run_that_did_not_finish_fails_the_task_with_its_text(result: RunResult) -> None:
     with pytest.raises(StageNotFinished) as raised:
