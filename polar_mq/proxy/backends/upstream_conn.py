@@ -46,7 +46,8 @@ class StaleConnection(httpx.RemoteProtocolError):
 
 
 class _Overflow(Exception):
-    """Raised in a parser callback to stop httptools (it then raises `HttpParserCallbackError`)."""
+    """Raised in a parser callback to stop httptools (it then raises `HttpParserCallbackError`):
+    a head too large or framed ambiguously."""
 
 
 class UpstreamConnection(asyncio.Protocol):
@@ -236,6 +237,11 @@ class UpstreamConnection(asyncio.Protocol):
         key = name.decode("latin-1").lower()
         text = value.decode("latin-1")
         headers = self.headers
+        if key == "transfer-encoding" and (key in headers or text.lower() != "chunked"):
+            # Only `chunked`, alone (RFC 9112 6.1; we ask for `accept-encoding: identity`).
+            # httptools reads `chunked, gzip` to the end of the connection (a call held until
+            # the read timeout) and `gzip, chunked` as chunked (a still-coded body relayed).
+            raise _Overflow(f"transfer coding {text!r} refused")
         if key in headers:  # joined once the head is complete: linear in the head's size
             repeated = self._repeated
             if repeated is None:
@@ -262,6 +268,8 @@ class UpstreamConnection(asyncio.Protocol):
             self._repeated = None
             self._head_count = self._head_bytes = 0
             return
+        if "transfer-encoding" in self.headers and self.parser.get_http_version() == "1.0":
+            raise _Overflow("transfer-encoding on HTTP/1.0")  # its framing is faulty (RFC 9112 6.1)
         self.status = status
         self.head_done = True
         headers = self.headers

@@ -8,10 +8,12 @@ is written as head and body in one `transport.write` (`fast_path`'s plain respon
 messages altogether: the `polar_mq.whole_response` scope extension). Streams (no length) are sent
 chunked, a chunk per `send`. Kept: keep-alive, pipelining (requests queue behind the one served),
 reading paused while a body is not consumed, writing paused when the socket is full, `Expect:
-100-continue`, and a client hang-up (the app's `receive` returns `http.disconnect`; a `send`
-after it raises `ClientDisconnected`, an `OSError` as ASGI 2.4 asks). A malformed request is a
-400 and the connection is closed; an `Upgrade` request is handed to uvicorn's own protocol
-(`http_server.handoff`) when it starts a connection's input, else refused.
+100-continue`, and a client hang-up (the app's `receive` returns `http.disconnect`; a `send` after
+it raises `ClientDisconnected`, an `OSError` as ASGI 2.4 asks). A malformed or ambiguously framed
+request is a 400 and the connection closes (against smuggling: httptools' lenient flags stay off,
+and what it would still read as chunked, `gzip, chunked`, two `transfer-encoding` headers, chunked
+on HTTP/1.0, is refused here: RFC 9112 6.1); an `Upgrade` request goes to uvicorn's protocol
+(`http_server.handoff`) if it starts the input, else is refused.
 """
 
 from __future__ import annotations
@@ -342,7 +344,12 @@ class Connection(asyncio.Protocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._count_head(len(name) + len(value) + 4)
-        self._headers.append((name.lower(), value))
+        lower = name.lower()
+        if lower == b"transfer-encoding" and (  # `chunked` alone, on HTTP/1.1: see the module doc
+            value.lower() != b"chunked" or self.parser.get_http_version() != "1.1"
+        ):
+            raise ValueError(f"transfer coding {value!r} refused")  # a 400
+        self._headers.append((lower, value))
 
     def on_headers_complete(self) -> None:
         parser = self.parser
