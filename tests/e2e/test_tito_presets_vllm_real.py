@@ -33,8 +33,10 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from polar_mq.inference import local_vllm
+from polar_mq.infra.db import make_session_factory
 from polar_mq.models import Event, LlmCall, Rollout
 from polar_mq.proxy.tito.history import normalize
+from tests.conftest import module_database
 from tests.e2e.preset_support import (
     PresetStack,
     collect_preset,
@@ -184,6 +186,18 @@ def figures(session: Session, job_id: Any) -> Figures:
     return out
 
 
+# the module's own database: every preset's jobs are submitted before the first test runs, and
+# the session database is emptied after each test
+pg_url, pg_engine = module_database("polar_mq_tito_presets")
+
+
+@pytest.fixture(scope="module")
+def db(pg_engine: Any) -> sessionmaker[Session]:
+    """Not `db_session_factory`, which empties the tables after each test (the other presets'
+    jobs with them: their tests found them gone)."""
+    return make_session_factory(pg_engine)
+
+
 @pytest.fixture(scope="module")
 def tito_stack(
     request: pytest.FixtureRequest, pg_url: str, tmp_path_factory: pytest.TempPathFactory
@@ -257,12 +271,12 @@ def run_both(
 def test_preset_keeps_its_prefix_under_tito(
     tito_stack: PresetStack,
     submitted: dict[tuple[str, str], str],
-    db_session_factory: sessionmaker[Session],
+    db: sessionmaker[Session],
     preset: str,
 ) -> None:
     install_preset(preset)  # skips here when the fixture could not install it
     samples = SAMPLES[preset]
-    on, off, notes = run_both(tito_stack, db_session_factory, submitted, preset)
+    on, off, notes = run_both(tito_stack, db, submitted, preset)
     print(
         f"\n{preset} on real vLLM: TITO on: {on.held}/{on.kept} boundaries held where the agent "
         f"kept its history ({on.calls} calls, {on.tito_calls} token-in, fallbacks "
