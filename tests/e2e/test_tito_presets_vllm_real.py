@@ -94,7 +94,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     # smolagents sends, which the token-in path does not take.
     "smolagents": {"type": "smolagents", "options": {"tool_choice": "auto", "max_turns": 4}},
 }
-SAMPLES = {"mini_swe_agent": 2, "aider": 3, "smolagents": 2}
+SAMPLES = {"mini_swe_agent": 2, "aider": 5, "smolagents": 2}
+"""Rollouts per job. aider keeps a reply only when it cannot parse it, which SmolLM2's sampled
+replies sometimes never give in 3 rollouts (a CI run skipped it so): 5 make that rare."""
 
 
 @dataclass
