@@ -183,13 +183,9 @@ def wait_terminal(
         ) from None
 
 
-def log_tails(log_dir: Path, lines: int = 25) -> str:
-    """The last lines of every process log of a stack, for a failing scenario's message."""
-    parts = []
-    for path in sorted(log_dir.glob("*.log")):
-        tail = path.read_text(errors="replace").splitlines()[-lines:]
-        parts.append(f"--- {path.name}\n" + "\n".join(tail))
-    return "\n".join(parts)
+def log_tails(stack: LocalStack, chars: int = 2000) -> str:
+    """The end of every process log of a stack, for a failing scenario's message."""
+    return "\n".join(f"--- {proc.name}\n{proc.log_tail(chars)}" for proc in stack.processes)
 
 
 def stuck_history(factory: sessionmaker[Session], rollout_ids: list[str], last: int = 4) -> str:

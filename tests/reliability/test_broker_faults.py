@@ -106,7 +106,7 @@ def test_broker_restart_with_rollouts_queued_and_running(
         try:
             wait_terminal(db_session_factory, ids, 240)
         except AssertionError as exc:  # where the rollouts and the processes were
-            raise AssertionError(f"{exc}\n{log_tails(rel.stack.log_dir)}") from None
+            raise AssertionError(f"{exc}\n{log_tails(rel.stack)}") from None
         total_s = time.monotonic() - down
         check_invariants(rel, db_session_factory, ids, {i: "completed" for i in ids})
         republished = _count(db_session_factory, EventKind.REPUBLISHED)
