@@ -9,6 +9,7 @@ node's harness cache (`Settings.harness_root`), so reruns reuse them.
 from __future__ import annotations
 
 import json
+import shutil
 import time
 import uuid
 from dataclasses import dataclass
@@ -39,6 +40,19 @@ class PresetStack:
         """Write a plan; returns the tag to put in an instruction."""
         (self.plans / f"{name}.json").write_text(json.dumps(plan))
         return f"[[plan:{name}]]"
+
+
+def model_sandbox(**runtime: Any) -> dict[str, Any]:
+    """The runtime for a harness a real model drives: a bwrap sandbox (the node read-only, no
+    capabilities, its own pid namespace), never `local`.
+
+    The suite runs `local` agents as root (`POLAR_MQ_UNSAFE_ROOT_AGENTS`, tests/conftest.py), and
+    a sampled model's shell command (mini-swe-agent's bash, Claude Code's Bash, codex's shell,
+    aider's file edits) is arbitrary: as root on the node it can delete `/bin/sh` or kill the
+    suite. Skips where bwrap is missing rather than run them on the node."""
+    if shutil.which("bwrap") is None:
+        pytest.skip("bwrap is not installed: a real model's commands never run as root here")
+    return {"kind": "bwrap", "network": "host", **runtime}
 
 
 def install_preset(name: str, version: str | None = None) -> InstallReport:

@@ -28,6 +28,7 @@ from tests.e2e.preset_support import (
     assert_captured,
     explain,
     install_preset,
+    model_sandbox,
     run_preset,
 )
 from tests.e2e.stack import client_of, real_vllm_stack
@@ -150,6 +151,7 @@ def test_codex_on_real_vllm_stores_the_engines_ids(
             evaluator="exact_match",
             sampling={"temperature": 0.7, "max_tokens": 48},
             timeouts={"agent_s": 150},
+            runtime=model_sandbox(**GIT_INIT),
         )
         client.wait(str(job.job_id), progress=False, timeout=600)
     with db_session_factory() as session:

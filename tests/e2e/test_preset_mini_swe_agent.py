@@ -20,6 +20,7 @@ from tests.e2e.preset_support import (
     assert_captured,
     explain,
     install_preset,
+    model_sandbox,
     run_preset,
 )
 from tests.e2e.stack import real_vllm_stack
@@ -124,6 +125,7 @@ def test_mini_swe_agent_on_real_vllm_stores_the_engines_token_ids(
                 evaluator="completed",
                 sampling={"temperature": 0.7, "max_tokens": 96},
                 timeouts={"agent_s": 240},
+                runtime=model_sandbox(),
                 timeout=600,
             )
             for option in options

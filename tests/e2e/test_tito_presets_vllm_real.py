@@ -42,6 +42,7 @@ from tests.e2e.preset_support import (
     collect_preset,
     explain,
     install_preset,
+    model_sandbox,
     submit_preset,
 )
 from tests.e2e.stack import e2e_settings
@@ -250,6 +251,7 @@ def submitted(tito_stack: PresetStack) -> dict[tuple[str, str], str]:
                 builder="prefix_merge",
                 sampling={"temperature": 0.7, "max_tokens": 64},
                 timeouts={"agent_s": 600},
+                runtime=model_sandbox(),
                 tito=mode,
             )
     return jobs
