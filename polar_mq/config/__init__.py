@@ -291,6 +291,12 @@ class Settings(FloorSettings, BaseSettings):
     warm_pool_build_concurrency: int = Field(
         2, ge=1, description="warm runtimes the refiller builds at once"
     )
+    prepare_admission_window: int | None = Field(
+        None,
+        ge=0,
+        description="a node takes no new prepares while this many of its rollouts wait for a "
+        "run-agent slot (workers/admission.py); default: its run_agent concurrency; 0: no limit",
+    )
     visibility_timeout_s: int = Field(3 * 3600, ge=10)
     lease_s: float = Field(
         60.0, gt=0, description="stage lease; renewed every lease_s/3 while the stage runs"

@@ -124,7 +124,9 @@ class LocalStack:
             argv = [
                 sys.executable, "-m", "polar_mq.cli", "worker",
                 "--stages", ",".join(s.value for s in group),
-                "--concurrency", ",".join(f"{s.value}={counts[s]}" for s in group),
+                # every stage's count, not only the group's: the prepare worker's admission
+                # window defaults to the node's run_agent concurrency (workers.admission)
+                "--concurrency", ",".join(f"{s.value}={n}" for s, n in counts.items()),
                 "--pool-impl", pool_impl, "--no-janitor", "--no-warm-pool",
             ]  # fmt: skip
             name = group[0].value if len(group) == 1 else "stages"

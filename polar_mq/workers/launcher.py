@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from polar_mq.config import Settings
 from polar_mq.infra.forking import ChildProcess, ForkedProcess, preload, single_threaded
@@ -38,6 +38,8 @@ class StageWorker:
     concurrency: int
     hostname: str
     pool_impl: str
+    env: Mapping[str, str] = field(default_factory=dict)
+    """What this worker's environment adds to the node's (`worker_env`)."""
 
     def argv(self) -> list[str]:
         return [
@@ -75,6 +77,19 @@ def parse_stages(spec: str) -> list[Stage]:
         raise ValueError(f"unknown stage in {spec!r}; stages: {', '.join(Stage)}") from exc
 
 
+ADMISSION_WINDOW_ENV = "POLAR_MQ_PREPARE_ADMISSION_WINDOW"
+
+
+def worker_env(
+    settings: Settings, stage: Stage, concurrency: Mapping[Stage, int]
+) -> dict[str, str]:
+    """The prepare worker's admission window (`workers.admission`) defaults to the node's
+    run_agent concurrency, which only the node's launcher knows: it is handed down here."""
+    if stage is Stage.PREPARE and settings.prepare_admission_window is None:
+        return {ADMISSION_WINDOW_ENV: str(concurrency[Stage.RUN_AGENT])}
+    return {}
+
+
 def plan_workers(
     settings: Settings, stages: Sequence[Stage], concurrency: Mapping[Stage, int], pool_impl: str
 ) -> list[StageWorker]:
@@ -86,6 +101,7 @@ def plan_workers(
             concurrency=concurrency[stage],
             hostname=f"{stage.value}.{settings.pool}@{node}",
             pool_impl=pool_impl,
+            env=worker_env(settings, stage, concurrency),
         )
         for stage in stages
     ]
@@ -108,6 +124,7 @@ STAGE_WORKER_IMPORTS = (
     "polar_mq.cli",  # the `polar-mq` script's module: multiprocessing imports it in each child
     "polar_mq.dispatch.celery_app",
     "polar_mq.workers.tasks",
+    "polar_mq.workers.admission_step",
     "celery.bin.celery",
     "celery.apps.worker",
 )
@@ -118,12 +135,13 @@ Celery app from the environment at import, which each stage worker does for itse
 def spawn_one(
     worker: StageWorker, env: Mapping[str, str] | None = None, start: str = "exec"
 ) -> ChildProcess:
+    full = {**(env or os.environ), **worker.env}
     if start == "forkserver":
         # a supervisor without threads (no janitor, metrics or warm pool: local stacks) forks
         # itself, which is cheaper still when it was itself forked with the code imported
         method = "fork" if single_threaded() else "forkserver"
-        return ForkedProcess(worker.argv(), env or os.environ, method=method)
-    return subprocess.Popen(worker.argv(), env=dict(env or os.environ))
+        return ForkedProcess(worker.argv(), full, method=method)
+    return subprocess.Popen(worker.argv(), env=full)
 
 
 RESTART_BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
