@@ -98,6 +98,10 @@ class FakeVllm:
         """Loaded LoRA adapters: lora_name → lora_path."""
         self.fail_loads = False
         """Every adapter load fails (HTTP 500), as when the engine cannot read the adapter."""
+        self.held = False
+        """While true, a non-streamed generation that has waited its pacing waits on: a test
+        keeps calls in flight for as long as it needs, whatever the machine's load, then lets
+        them finish by setting it back (read from the server's thread; a bool is atomic)."""
 
     async def _body(self, request: Request) -> dict[str, Any]:
         self.stats.paths[request.url.path] += 1
@@ -248,12 +252,14 @@ class FakeVllm:
 
     async def _wait(self, n_tokens: int) -> None:
         delay = self.ttft_s + self.token_delay_s * max(n_tokens - 1, 0)
-        if delay > 0:
-            try:
+        try:
+            if delay > 0:
                 await asyncio.sleep(delay)
-            except asyncio.CancelledError:
-                self.stats.generations_cancelled += 1
-                raise
+            while self.held:
+                await asyncio.sleep(0.01)
+        except asyncio.CancelledError:
+            self.stats.generations_cancelled += 1
+            raise
 
     def _stream(self, chunks: Iterator[dict[str, Any]]) -> Response:
         return StreamingResponse(self._sse(chunks), media_type="text/event-stream")

@@ -81,7 +81,9 @@ def test_publishing_an_adapter_under_load_loses_no_call_and_stamps_each_with_its
         fakes = fakes_of(stack)
         base = first_logprob(call(stack, uuid.uuid4()))  # version 0, the base weights
         for fake in fakes.values():
-            fake.token_delay_s = 0.05  # each call lasts about a second: in flight at the pause
+            # in flight until every later call waits at the pause: the drain cannot end (and the
+            # resume let a late call through unpaused) however slow the machine is
+            fake.held = True
         before = [pool.submit(call, stack, uuid.uuid4()) for _ in range(CALLS)]
         wait_until(lambda: sum(b["in_flight"] for b in stack.backends().values()) == CALLS)
         path = adapter_dir(tmp_path)
@@ -89,14 +91,14 @@ def test_publishing_an_adapter_under_load_loses_no_call_and_stamps_each_with_its
         wait_until(lambda: all(b["paused"] for b in stack.backends().values()))
         after = [pool.submit(call, stack, uuid.uuid4()) for _ in range(CALLS)]
         wait_until(lambda: sum(b["waiting"] for b in stack.backends().values()) == CALLS)
+        for fake in fakes.values():
+            fake.held = False
         update = publish.result(60)
 
         assert update.adapter == Adapter("polar-v1", path)
         assert update.drained and update.drained_calls == CALLS and update.adapter_loaded
         assert [r.adapter_loads for r in update.adapter_loads] == [dict.fromkeys(fakes)]
         assert [r.ok for r in update.resumed] == [True]
-        for fake in fakes.values():
-            fake.token_delay_s = 0.0
         old = [first_logprob(f.result(30)) for f in before]
         new = [first_logprob(f.result(30)) for f in after]
         assert set(old) == {base}  # in flight at the pause: finished on the old weights
