@@ -23,6 +23,15 @@ def rel(
 
 
 @pytest.fixture()
+def pool(
+    pg_url: str, tmp_path: Path, db_session_factory: sessionmaker[Session]
+) -> Iterator[RelStack]:
+    """The stack without workers: the test starts its nodes itself."""
+    with rel_stack(pg_url, tmp_path, workers=False) as stack:
+        yield stack
+
+
+@pytest.fixture()
 def redis(tmp_path: Path) -> Iterator[PrivateRedis]:
     """A broker of the scenario's own (see private_redis.py for why)."""
     if shutil.which("redis-server") is None:

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
 from datetime import datetime
-from pathlib import Path
 
 import pytest
 from sqlalchemy import select
@@ -26,7 +24,6 @@ from polar_mq.stack.devstack import LocalStack
 from tests.reliability.support import (
     RelStack,
     check_invariants,
-    rel_stack,
     wait_terminal,
     wait_until,
 )
@@ -40,15 +37,6 @@ def slow_prepare(seconds: float) -> dict[str, object]:
     """A runtime whose prepare takes a while, so one node cannot take the whole queue at once
     (prepare is bounded by its concurrency only)."""
     return {"prepare": {"commands": [f"sleep {seconds}"]}}
-
-
-@pytest.fixture()
-def pool(
-    pg_url: str, tmp_path: Path, db_session_factory: sessionmaker[Session]
-) -> Iterator[RelStack]:
-    """The stack without workers: the tests start their nodes themselves."""
-    with rel_stack(pg_url, tmp_path, workers=False) as stack:
-        yield stack
 
 
 def _rollouts(factory: sessionmaker[Session], ids: list[str]) -> list[Rollout]:

@@ -11,11 +11,9 @@ sends it one message at a time, so the bound is exact (`workers.admission`).
 
 from __future__ import annotations
 
-import shutil
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
@@ -41,15 +39,6 @@ SMALL = {Stage.PREPARE: 1, Stage.RUN_AGENT: 1, Stage.BUILD: 1, Stage.EVALUATE: 1
 BIG = {Stage.PREPARE: 1, Stage.RUN_AGENT: 4, Stage.BUILD: 2, Stage.EVALUATE: 2}
 WINDOW = SMALL[Stage.RUN_AGENT]
 """The small node's window: the default, its run-agent concurrency."""
-
-
-@pytest.fixture()
-def pool(
-    pg_url: str, tmp_path: Path, db_session_factory: sessionmaker[Session]
-) -> Iterator[RelStack]:
-    """The stack without workers: the test starts its two nodes itself."""
-    with rel_stack(pg_url, tmp_path, workers=False) as stack:
-        yield stack
 
 
 def _started(factory: sessionmaker[Session], ids: list[str]) -> list[Event]:
@@ -102,17 +91,6 @@ def test_a_small_node_holds_no_more_than_its_window(
     assert len(on_small) >= 2, "node-small never resumed after its first rollout"
     for proc in (small, big):
         proc.stop()
-
-
-@pytest.fixture()
-def redis(tmp_path: Path) -> Iterator[PrivateRedis]:
-    """A broker of the test's own: it is restarted."""
-    if shutil.which("redis-server") is None:
-        pytest.skip("needs redis-server")
-    server = PrivateRedis(tmp_path / "redis")
-    server.start()
-    yield server
-    server.stop()
 
 
 @pytest.mark.reliability
