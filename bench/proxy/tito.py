@@ -2,12 +2,14 @@
 
 Under TITO (`polar_mq.proxy.tito`) a chat call that extends the rollout's last turn costs the
 proxy: comparing its messages with that turn (a hash of the history), one `/tokenize` request to
-the engine for the new messages (the client side only: building, sending and parsing it, over an
-in-memory transport; the engine's own tokenizing is not proxy CPU), building the completions
+the engine for the new messages (the client side only: building, sending and parsing it; the
+engine, the fake vLLM in a process of its own, tokenizes on its own CPU), building the completions
 body, turning the completion back into a chat answer and keeping the turn. This measures it on a
 conversation of `--turns` turns (each turn: a tool call and its result, about 60 tokens) against
 the chat path's own per-call work on the same answer (capture, strip, serialize), with TITO off
-(`proxy_tito=off`: none of it runs) and on. Medians of `--repeats` timings.
+(`proxy_tito=off`: none of it runs) and on. The `/tokenize` request alone is measured through
+both clients a backend has: its own keep-alive pool (what the proxy uses) and its httpx client
+(used before). Medians of `--repeats` timings.
 
     .venv/bin/python -m bench.proxy.tito [--calls 500] [--repeats 5] [--turns 10]
 """
@@ -16,15 +18,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
+import os
 import statistics
+import sys
+import tempfile
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
-import httpx
 import orjson
 
+from polar_mq.infra.ports import free_port
+from polar_mq.infra.processes import ManagedProcess
+from polar_mq.proxy.backends import Backend
 from polar_mq.proxy.engines import vllm
 from polar_mq.proxy.engines.base import CHAT, COMPLETIONS
 from polar_mq.proxy.store.record import new_call
@@ -35,6 +42,7 @@ from polar_mq.proxy.tito.tool_parsers import get_parser
 
 TOKENS = 32
 PROMPT_TOKENS_PER_TURN = 60
+HEADERS = {"content-type": "application/json"}
 TOOLS = [{"type": "function", "function": {"name": "calc", "parameters": {"type": "object"}}}]
 
 
@@ -48,13 +56,6 @@ def _conversation(turns: int) -> list[dict[str, Any]]:
             {"role": "tool", "tool_call_id": f"c{i}", "content": str(2 * i)},
         ]
     return messages
-
-
-def _tokenize(request: httpx.Request) -> httpx.Response:
-    """The engine's `/tokenize`: a fixed frame and as many ids as the messages would have."""
-    body = json.loads(request.content)
-    n = 40 + 20 * len(body["messages"])
-    return httpx.Response(200, json={"count": n, "tokens": list(range(n)), "max_model_len": 8192})
 
 
 def _completion(prompt_len: int) -> dict[str, Any]:
@@ -95,7 +96,7 @@ def _chat_answer(prompt_len: int) -> dict[str, Any]:
     }
 
 
-async def _measure(calls: int, repeats: int, turns: int) -> dict[str, float]:
+async def _measure(url: str, calls: int, repeats: int, turns: int) -> dict[str, float]:
     messages = _conversation(turns)
     body = {"model": "agent", "messages": messages, "tools": TOOLS}
     prompt_len = PROMPT_TOKENS_PER_TURN * turns
@@ -107,9 +108,12 @@ async def _measure(calls: int, repeats: int, turns: int) -> dict[str, float]:
     last = LastTurn(turn, list(range(prompt_len - 60)))
     rollout = uuid.uuid4()
     tito = Tito(LocalTurns(), get_parser("hermes"))
-    transport = httpx.MockTransport(_tokenize)
-    figures: dict[str, list[float]] = {"chat": [], "tito": [], "history": [], "tokenize": []}
-    async with httpx.AsyncClient(transport=transport, base_url="http://engine") as client:
+    engine = Backend("engine", url, ())
+    figures: dict[str, list[float]] = {
+        name: [] for name in ("chat", "tito", "history", "tokenize", "tokenize_httpx")
+    }
+    asked = orjson.dumps({"model": "m", "messages": messages[-1:], "add_generation_prompt": True})
+    try:
         for _ in range(repeats):
             started = time.process_time()
             for _ in range(calls):
@@ -122,8 +126,8 @@ async def _measure(calls: int, repeats: int, turns: int) -> dict[str, float]:
                 await tito.store.save(rollout, 1, last)
                 upstream, view = vllm.rewrite_request(CHAT, body, "m")
                 call = new_call(rollout, 1, CHAT, body, upstream, view)
-                sent = await tito.prepare(client, call, upstream)
-                assert sent is not None and call.translated is not None
+                sent = await tito.prepare(engine, call, upstream)
+                assert sent is not None and call.translated is not None, call.tito_fallback
                 capture = vllm.extract_response(COMPLETIONS, completion)
                 answer = call.translated.family.render(completion, call.translated.translation)
                 assert call.on_answered is not None
@@ -136,8 +140,15 @@ async def _measure(calls: int, repeats: int, turns: int) -> dict[str, float]:
             figures["history"].append(1e6 * (time.process_time() - started) / calls)
             started = time.process_time()
             for _ in range(calls):
-                await tito.renderer.prompt(client, "m", last.context, messages[-1:], TOOLS)
+                await engine.post_small("/tokenize", asked)
             figures["tokenize"].append(1e6 * (time.process_time() - started) / calls)
+            started = time.process_time()
+            for _ in range(calls):
+                reply = await engine.client.post("/tokenize", content=asked, headers=HEADERS)
+                reply.raise_for_status()
+            figures["tokenize_httpx"].append(1e6 * (time.process_time() - started) / calls)
+    finally:
+        await engine.aclose()
     return {name: statistics.median(values) for name, values in figures.items()}
 
 
@@ -145,7 +156,24 @@ def measure(calls: int = 500, repeats: int = 5, turns: int = 10) -> dict[str, fl
     """Median µs of CPU per call: "chat" (the chat path's capture work), "tito" (the same call
     token-in: TITO's work in its place, with the turn check and the tokenize), and two parts of
     the latter ("history": hashing the messages; "tokenize": the delta's `/tokenize` request)."""
-    return asyncio.run(_measure(calls, repeats, turns))
+    with tempfile.TemporaryDirectory(prefix="bench-tito-") as logs:
+        port = free_port()
+        argv = [
+            sys.executable,
+            "-m",
+            "polar_mq.testing.fake_vllm",
+            "--port",
+            str(port),
+            "--model",
+            "m",
+        ]
+        engine = ManagedProcess("fake-engine", argv, dict(os.environ), Path(logs)).start()
+        try:
+            url = f"http://127.0.0.1:{port}"
+            engine.wait_http(f"{url}/health")
+            return asyncio.run(_measure(url, calls, repeats, turns))
+        finally:
+            engine.stop()
 
 
 def render(figures: dict[str, float], turns: int) -> list[str]:
@@ -155,7 +183,8 @@ def render(figures: dict[str, float], turns: int) -> list[str]:
         head,
         f"  TITO off (chat path) {chat:.0f};  TITO on {tito:.0f} (+{tito - chat:.0f})",
         f"  of which: history hash {figures['history']:.0f}, "
-        f"/tokenize request (client side) {figures['tokenize']:.0f}",
+        f"/tokenize request (client side) {figures['tokenize']:.0f} "
+        f"(through the httpx client: {figures['tokenize_httpx']:.0f})",
     ]
 
 

@@ -21,7 +21,6 @@ from polar_mq.proxy.server.body import read_json_object
 from polar_mq.proxy.server.gate import admit, openai_refusal
 from polar_mq.proxy.server.state import ProxyState
 
-JSON_HEADERS = {"content-type": "application/json"}
 PATHS = ("/tokenize", "/detokenize")
 
 
@@ -36,12 +35,10 @@ async def _forward(request: Request, upstream_path: str) -> Response:
     if state.served_model is not None and "model" in body:
         body["model"] = state.served_model
     try:
-        upstream = await state.backends.primary.client.post(
-            upstream_path, content=orjson.dumps(body), headers=JSON_HEADERS
-        )
+        upstream = await state.backends.primary.post_small(upstream_path, orjson.dumps(body))
     except Exception as exc:  # httpx errors: the agent only needs to know it failed
         return bad_gateway(f"upstream inference server unavailable ({type(exc).__name__})")
-    ctype = upstream.headers.get("content-type", "application/json")
+    ctype = upstream.content_type or "application/json"
     return Response(upstream.content, upstream.status_code, headers={"content-type": ctype})
 
 

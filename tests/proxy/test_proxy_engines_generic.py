@@ -20,6 +20,7 @@ from starlette.requests import Request
 from starlette.routing import Route, request_response
 
 from polar_mq.proxy import MemoryCallSink
+from polar_mq.proxy.backends import Backend
 from polar_mq.proxy.engines.base import CHAT as CHAT_API
 from polar_mq.proxy.engines.retokenize import TOKENIZE_ATTEMPTS, RetokenizingSink
 from polar_mq.testing.fake_vllm import create_fake_vllm_app
@@ -163,8 +164,8 @@ async def test_a_backend_that_keeps_dropping_tokenize_leaves_the_ids_missing() -
 async def test_an_unexpected_error_while_retokenizing_still_stores_the_call() -> None:
     """A bug of ours (here: the backend lookup raising) costs the call its ids, never its row."""
 
-    def broken(name: str) -> httpx.AsyncClient:
-        raise RuntimeError(f"no client for {name}")
+    def broken(name: str) -> Backend:
+        raise RuntimeError(f"no backend named {name}")
 
     inner = MemoryCallSink()
     sink = RetokenizingSink(inner, broken)

@@ -335,6 +335,63 @@ async def test_a_kept_alive_connection_the_engine_closed_is_retried_on_a_new_one
         await pool.aclose()
 
 
+async def test_small_requests_on_a_calls_path_share_the_own_kept_alive_pool() -> None:
+    """`/tokenize` (TITO, retokenizing, token counts) goes through the pool the generate calls
+    use, not the httpx client: one connection for both, kept alive, the whole answer read."""
+
+    async def answering(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        await keep_answering(server, reader, writer)
+
+    async with RawServer(answering) as server:
+        pool = BackendPool((PATH,))
+        backend = pool.add(server.url)
+        for n in range(3):
+            answer = await backend.post_small("/tokenize", b'{"n": %d}' % n)
+            assert (answer.status_code, answer.content) == (200, b'{"n": %d}' % n)
+            assert answer.content_type == "application/json"
+        await send_call(pool, cast(CallContext, Call(uuid.uuid4())), PATH, BODY, read=True)
+        assert [head.split(b"\r\n")[0] for head, _ in server.requests] == [
+            *[b"POST /tokenize HTTP/1.1"] * 3,
+            f"POST {PATH} HTTP/1.1".encode(),
+        ]
+        assert server.connections == 1
+        assert backend.upstream is not None and backend.upstream.opened == 1
+        await pool.aclose()
+
+
+async def test_a_small_request_on_a_connection_the_engine_closed_is_sent_again() -> None:
+    async def flaky(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        await server.answer(reader, writer)
+        if n == 0:
+            await read_request(reader)  # dropped
+            return
+        await keep_answering(server, reader, writer)
+
+    async with RawServer(flaky) as server:
+        pool = BackendPool((PATH,))
+        backend = pool.add(server.url)
+        answers = [await backend.post_small("/tokenize", b"{}") for _ in range(3)]
+        assert [a.status_code for a in answers] == [200, 200, 200]
+        assert server.connections == 2 and len(server.requests) == 3
+        await pool.aclose()
+
+
+async def test_a_small_request_to_an_engine_that_is_down_raises_an_httpx_error() -> None:
+    """Its callers catch `httpx.HTTPError` (and fall back, or answer 502)."""
+    pool = BackendPool((PATH,))
+    backend = pool.add(f"http://127.0.0.1:{free_port()}")
+    with pytest.raises(httpx.ConnectError):
+        await backend.post_small("/tokenize", b"{}")
+    await pool.aclose()
+
+
+async def keep_answering(
+    server: RawServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+) -> None:
+    while True:
+        await server.answer(reader, writer)
+
+
 OPENSSL_SELF_SIGNED = (
     *("openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"),
     *("-nodes", "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"),

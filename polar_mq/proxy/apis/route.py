@@ -40,7 +40,6 @@ from polar_mq.proxy.store.record import new_call
 from polar_mq.proxy.token_budget import within_budget
 
 CHAT_PATH = "/v1/chat/completions"
-JSON_HEADERS = {"content-type": "application/json"}
 KEPT_HEADERS = ("retry-after", "connection")
 ERROR_MESSAGE_MAX = 2000
 
@@ -157,9 +156,7 @@ async def count_prompt_tokens(
     if model is not None:
         asked["model"] = model
     try:
-        upstream = await state.backends.primary.client.post(
-            "/tokenize", content=orjson.dumps(asked), headers=JSON_HEADERS
-        )
+        upstream = await state.backends.primary.post_small("/tokenize", orjson.dumps(asked))
     except Exception as exc:  # httpx errors: the agent only needs to know it failed
         message = f"upstream inference server unavailable ({type(exc).__name__})"
         raise FamilyError(message, 502, UPSTREAM) from exc

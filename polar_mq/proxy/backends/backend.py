@@ -11,15 +11,31 @@ import httpx
 from polar_mq.infra.tls import client_ssl_context
 from polar_mq.proxy.backends.breaker import CircuitBreaker
 from polar_mq.proxy.backends.rendezvous import hash_key
+from polar_mq.proxy.backends.upstream_conn import StaleConnection
 from polar_mq.proxy.backends.upstream_pool import UpstreamPool
 
 UPSTREAM_LIMITS = httpx.Limits(max_connections=64, max_keepalive_connections=16)
-"""The httpx client's pool: health checks, `/tokenize`, `/v1/models` (generate calls go through
-the backend's own keep-alive pool, `upstream_pool`)."""
+"""The httpx client's pool: the control requests (health checks, `/v1/models`, weight loads).
+Calls and the small requests on a call's path (`/tokenize`) go through the backend's own
+keep-alive pool, `upstream_pool`."""
 UPSTREAM_TIMEOUT = httpx.Timeout(connect=10.0, read=1800.0, write=60.0, pool=None)
 """No pool timeout (calls queue for a connection); a generous read timeout for long generations."""
+SMALL_HEADERS = {"content-type": "application/json"}
 NAME_MAX = 200
 """The `llm_calls.backend` column width."""
+
+
+@dataclass(frozen=True, slots=True)
+class SmallAnswer:
+    """An engine's whole answer to a small request (`Backend.post_small`)."""
+
+    status_code: int
+    content_type: str | None
+    content: bytes
+
+
+def _nothing() -> None:
+    pass
 
 
 def upstream_base_url(url: str) -> str:
@@ -140,6 +156,29 @@ class Backend:
 
     async def wait_idle(self) -> None:
         await self._idle.wait()
+
+    async def post_small(self, path: str, content: bytes) -> SmallAnswer:
+        """A small JSON request on a call's path (`/tokenize`), its answer read whole.
+
+        Through the own keep-alive pool, like the generate calls (a generic client cost more CPU
+        than the tokenizing it asks for); through the httpx client only where a transport was
+        injected (tests). A pooled connection the engine had closed is retried once on a new
+        one. Raises `httpx.HTTPError` (connect, read and protocol errors) on either path.
+        """
+        if self.upstream is None:
+            answer = await self.client.post(path, content=content, headers=SMALL_HEADERS)
+            return SmallAnswer(
+                answer.status_code, answer.headers.get("content-type"), answer.content
+            )
+        try:
+            response = await self.upstream.post(path, content, _nothing)
+        except StaleConnection:
+            response = await self.upstream.post(path, content, _nothing)
+        try:
+            body = await response.aread()
+        finally:
+            response.close()
+        return SmallAnswer(response.status_code, response.headers.get("content-type"), body)
 
     async def aclose(self) -> None:
         await self.client.aclose()

@@ -52,18 +52,20 @@ class UpstreamPool:
             self.ssl = ssl_context or client_ssl_context()
         self.connect_timeout_s = connect_timeout_s
         self.read_timeout_s = read_timeout_s
-        host = url.netloc.decode("ascii")
-        self.heads = {path: self._head(httpx.URL(base_url + path).raw_path, host) for path in paths}
-        """Per forwarded path, the request up to the content length, built once."""
+        self._base_url = base_url
+        self._host = url.netloc.decode("ascii")
+        self.heads = {path: self._head_of(path) for path in paths}
+        """Per path, the request up to the content length, built once (other paths on first use:
+        the small requests of `Backend.post_small`)."""
         self._idle: dict[UpstreamConnection, None] = {}
         self.opened = 0
         """Connections opened so far (tests and the admin view count reuse with it)."""
         self.closed = False
 
-    @staticmethod
-    def _head(target: bytes, host: str) -> bytes:
+    def _head_of(self, path: str) -> bytes:
+        target = httpx.URL(self._base_url + path).raw_path
         return (
-            b"POST " + target + b" HTTP/1.1\r\nhost: " + host.encode("ascii") + b"\r\n"
+            b"POST " + target + b" HTTP/1.1\r\nhost: " + self._host.encode("ascii") + b"\r\n"
             b"content-type: application/json\r\naccept-encoding: identity\r\n"
             b"content-length: "
         )
@@ -82,7 +84,10 @@ class UpstreamPool:
         reused = conn is not None
         if conn is None:
             conn = await self._connect()
-        conn.send(self.heads[path], content)
+        head = self.heads.get(path)
+        if head is None:
+            head = self.heads[path] = self._head_of(path)
+        conn.send(head, content)
         try:
             while not conn.head_done:
                 error = conn.error

@@ -20,6 +20,7 @@ import httpx
 import orjson
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
+from polar_mq.proxy.backends.backend import Backend
 from polar_mq.proxy.engines.base import CHAT, RETOKENIZED, choice0, exact_logprobs
 from polar_mq.proxy.store.writer import CallSink
 
@@ -43,12 +44,12 @@ class RetokenizingSink:
     def __init__(
         self,
         inner: CallSink,
-        client_for: Callable[[str], httpx.AsyncClient],
+        backend_for: Callable[[str], Backend],
         max_concurrent: int = 64,
     ) -> None:
         self._inner = inner
-        self._client_for = client_for
-        """The pooled client of a backend, by the name stored in the row's `backend`."""
+        self._backend_for = backend_for
+        """A backend by the name stored in the row's `backend`."""
         self._slots = asyncio.Semaphore(max_concurrent)
         self._tasks: set[asyncio.Task[None]] = set()
         self._failed = 0
@@ -140,7 +141,7 @@ class RetokenizingSink:
         if row.get("model"):
             body["model"] = row["model"]
         try:
-            client = self._client_for(row["backend"])
+            backend = self._backend_for(row["backend"])
         except KeyError as exc:  # the backend was removed since
             raise TokenizeError(f"backend {row['backend']!r} is gone") from exc
         content = orjson.dumps(body)
@@ -152,11 +153,7 @@ class RetokenizingSink:
                 reraise=True,
             ):
                 with attempt:
-                    response = await client.post(
-                        TOKENIZE_PATH,
-                        content=content,
-                        headers={"content-type": "application/json"},
-                    )
+                    response = await backend.post_small(TOKENIZE_PATH, content)
         except httpx.HTTPError as exc:
             raise TokenizeError(f"{type(exc).__name__} calling {TOKENIZE_PATH}") from exc
         if response.status_code != 200:

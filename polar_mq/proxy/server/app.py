@@ -88,7 +88,7 @@ def create_proxy_app(
         call_sink: CallSink = BudgetedSink(stored_sink, lambda: budgets)
         retokenizer: RetokenizingSink | None = None
         if engine.FIDELITY == RETOKENIZED:  # ids from the backend's /tokenize, after the call
-            call_sink = retokenizer = RetokenizingSink(call_sink, lambda n: pool.get(n).client)
+            call_sink = retokenizer = RetokenizingSink(call_sink, pool.get)
         call_sink = CallLogSink(call_sink)  # a log line per call, with its rollout
         await call_sink.start()
         policy: PolicySync | None = None

@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import orjson
 
+from polar_mq.proxy.backends.backend import Backend
 from polar_mq.proxy.tito.history import tools_digest
 
 BASE: list[dict[str, Any]] = [
@@ -27,7 +28,6 @@ BASE: list[dict[str, Any]] = [
 ]
 NOT_INCREMENTAL = "template_not_incremental"
 TOKENIZE_FAILED = "tokenize_failed"
-JSON_HEADERS = {"content-type": "application/json"}
 MAX_CACHED = 64
 
 
@@ -63,7 +63,7 @@ class DeltaRenderer:
         self._frames: dict[bytes, Frame] = {}
 
     async def _tokenize(
-        self, client: httpx.AsyncClient, model: Any, messages: list[Any], tools: Any, **flags: bool
+        self, engine: Backend, model: Any, messages: list[Any], tools: Any, **flags: bool
     ) -> list[int]:
         asked: dict[str, Any] = {"messages": messages, **flags}
         if tools:
@@ -71,9 +71,7 @@ class DeltaRenderer:
         if model is not None:
             asked["model"] = model
         try:
-            response = await client.post(
-                "/tokenize", content=orjson.dumps(asked), headers=JSON_HEADERS
-            )
+            response = await engine.post_small("/tokenize", orjson.dumps(asked))
         except httpx.HTTPError as exc:
             raise DeltaError(TOKENIZE_FAILED, type(exc).__name__) from exc
         if response.status_code != 200:
@@ -86,14 +84,14 @@ class DeltaRenderer:
             raise DeltaError(TOKENIZE_FAILED, "no tokens in the answer")
         return tokens
 
-    async def frame(self, client: httpx.AsyncClient, model: Any, tools: Any) -> Frame:
+    async def frame(self, engine: Backend, model: Any, tools: Any) -> Frame:
         key = tools_digest([model, tools])
         frame = self._frames.get(key)
         if frame is not None:
             return frame
-        closed = await self._tokenize(client, model, BASE, tools, add_generation_prompt=False)
+        closed = await self._tokenize(engine, model, BASE, tools, add_generation_prompt=False)
         opened = await self._tokenize(
-            client, model, BASE, tools, add_generation_prompt=False, continue_final_message=True
+            engine, model, BASE, tools, add_generation_prompt=False, continue_final_message=True
         )
         if closed[: len(opened)] != opened:
             raise DeltaError(NOT_INCREMENTAL, "closing a turn changes its ids")
@@ -105,16 +103,16 @@ class DeltaRenderer:
 
     async def prompt(
         self,
-        client: httpx.AsyncClient,
+        engine: Backend,
         model: Any,
         context: list[int],
         added: list[Any],
         tools: Any,
     ) -> list[int]:
         """`context` (last prompt + completion) + the tail's rest + the new messages' ids."""
-        frame = await self.frame(client, model, tools)
+        frame = await self.frame(engine, model, tools)
         full = await self._tokenize(
-            client, model, [*BASE, *added], tools, add_generation_prompt=True
+            engine, model, [*BASE, *added], tools, add_generation_prompt=True
         )
         n = len(frame.closed)
         if full[:n] != frame.closed:

@@ -13,8 +13,6 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
-
 from polar_mq.config import Settings
 from polar_mq.proxy.apis.base import TranslatedCall, Translation
 from polar_mq.proxy.backends import Backend, BackendPool, BackendUnavailable
@@ -179,15 +177,15 @@ class Tito:
         backend = await self.backend_for(pool, call)
         if backend is None:
             return None
-        return await self.prepare(backend.client, call, chat)
+        return await self.prepare(backend, call, chat)
 
     async def prepare(
-        self, client: httpx.AsyncClient, call: CallContext, chat: dict[str, Any]
+        self, engine: Backend, call: CallContext, chat: dict[str, Any]
     ) -> TokenPrompt | None:
         """The token prompt for `call` (then answered as chat), or None: chat path.
 
-        `chat` is the engine's chat request (served model, sampling enforced); `client` reaches
-        an engine serving the model (its `/tokenize` renders the new messages)."""
+        `chat` is the engine's chat request (served model, sampling enforced); `engine` serves
+        the model (its `/tokenize` renders the new messages)."""
         messages = chat.get("messages")
         if not isinstance(messages, list):
             return None
@@ -212,7 +210,7 @@ class Tito:
         assert last is not None
         try:
             prompt = await self.renderer.prompt(
-                client, chat.get("model"), last.context, added, tools
+                engine, chat.get("model"), last.context, added, tools
             )
         except DeltaError as exc:
             call.tito_fallback = exc.reason

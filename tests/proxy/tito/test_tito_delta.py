@@ -17,6 +17,7 @@ import httpx
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from polar_mq.proxy.backends import Backend
 from polar_mq.proxy.tito.delta import BASE, DeltaRenderer, boundary
 from polar_mq.testing.fake_tokenizer import IM_END, encode, render_chat, tool_call_markup
 from polar_mq.testing.fake_vllm import create_fake_vllm_app
@@ -52,10 +53,12 @@ def sampled(reply: dict[str, Any]) -> str:
 
 
 async def token_prompt(context: list[int], added: list[Any], tools: Any) -> list[int]:
-    fake = create_fake_vllm_app()
-    transport = httpx.ASGITransport(fake)
-    async with httpx.AsyncClient(transport=transport, base_url="http://fake") as client:
-        return await DeltaRenderer().prompt(client, "fake-model", context, added, tools)
+    transport = httpx.ASGITransport(create_fake_vllm_app())
+    engine = Backend("fake", "http://fake", (), transport=transport)
+    try:
+        return await DeltaRenderer().prompt(engine, "fake-model", context, added, tools)
+    finally:
+        await engine.aclose()
 
 
 @settings(max_examples=60, deadline=None)
