@@ -49,7 +49,27 @@ ALREADY_LOADED = "already been loaded"
 
 async def load_on(backend: Backend, adapter: Adapter) -> str | None:
     """Load `adapter` (or reload a full checkpoint) into `backend`; None when it carries it now,
-    else why not (the backend is then out of rotation until a later load succeeds)."""
+    else why not (the backend is then out of rotation until a later load succeeds).
+
+    A load of the same adapter already under way on this backend is awaited, not sent again:
+    a publish, the database sync and the health loop's `reconcile` (which sees the backend
+    without the pool's new adapter until its load ends) can meet, and an engine told twice
+    reloads a full checkpoint twice, serving nothing meanwhile."""
+    name = adapter.name
+    pending = backend.loading.get(name)
+    if pending is None:
+        pending = asyncio.ensure_future(_load_once(backend, adapter))
+        backend.loading[name] = pending
+
+        def forget(done: asyncio.Future[str | None]) -> None:
+            if backend.loading.get(name) is done:
+                del backend.loading[name]
+
+        pending.add_done_callback(forget)
+    return await asyncio.shield(pending)
+
+
+async def _load_once(backend: Backend, adapter: Adapter) -> str | None:
     try:
         if adapter.is_checkpoint:
             error = await load_checkpoint(backend, adapter)

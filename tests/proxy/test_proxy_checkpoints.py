@@ -46,6 +46,7 @@ from polar_mq.config import Settings
 from polar_mq.policy.proxies import ProxyControl
 from polar_mq.policy.service import PolicyService
 from polar_mq.policy.weights import Adapter, path_problem
+from polar_mq.proxy.adapters import load_everywhere, reconcile
 from polar_mq.proxy.backends import BackendPool
 from polar_mq.proxy.checkpoints import NO_ROUTE
 from polar_mq.proxy.policy_sync import PolicySync
@@ -312,6 +313,46 @@ def test_policy_sync_reloads_the_recorded_checkpoint_before_it_lifts_the_pause(
             4,
         )
         assert not backend.paused and backend.loaded == set()  # nothing to unload later
+        await pool.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_a_load_under_way_is_awaited_not_sent_again(tmp_path: Path) -> None:
+    """A publish, the database sync and the health loop's reconcile (which sees the backend
+    without the pool's new checkpoint until its load ends) met on one backend: the engine was
+    told to reload twice, and a fake SGLang then served every call two checkpoints away from the
+    base (seen under load in `test_publishing_a_checkpoint_under_load_...`). Each backend gets one
+    load per checkpoint, whoever asks meanwhile."""
+    checkpoint = Adapter("polar-ckpt-v2", checkpoint_dir(tmp_path))
+    loads: list[str] = []
+
+    async def scenario() -> None:
+        release = asyncio.Event()
+
+        async def engine(request: httpx.Request) -> httpx.Response:
+            loads.append(request.url.path)
+            await release.wait()
+            return httpx.Response(200, json={"success": True, "message": "ok"})
+
+        pool = BackendPool((CHAT,), transport=httpx.MockTransport(engine))
+        backend = pool.add("http://engine:30000", name="engine")
+        backend.last_health = "ok"
+        publish = asyncio.create_task(load_everywhere(pool, checkpoint))
+        while not loads:
+            await asyncio.sleep(0.01)
+        synced = asyncio.create_task(load_everywhere(pool, checkpoint))  # the database sync
+        # the health loop: `backend.adapter` is not the new one yet
+        reconciled = asyncio.create_task(reconcile(pool))
+        await asyncio.sleep(0.05)
+        assert loads == ["/update_weights_from_disk"] and not publish.done()
+        release.set()
+        assert await publish == await synced == {"engine": None}
+        await reconciled
+        assert backend.adapter == checkpoint.name and not backend.loading
+        await reconcile(pool)  # carries it now: nothing to do
+        await load_everywhere(pool, Adapter("polar-ckpt-v3", checkpoint.path))  # a new version
+        assert loads == ["/update_weights_from_disk"] * 2
         await pool.aclose()
 
     asyncio.run(scenario())

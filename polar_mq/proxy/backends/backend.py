@@ -117,6 +117,8 @@ class Backend:
         self.adapter_error: str | None = None
         """Why this backend does not carry the current adapter (a failed or pending load): it
         takes no call until it does (`polar_mq.proxy.adapters`), never serving old weights."""
+        self.loading: dict[str, asyncio.Future[str | None]] = {}
+        """Loads under way here, by adapter name (`adapters.load_on` sends each once)."""
         self.loaded: set[str] = set()
         """Adapters this process loaded here (unloaded once no call can still use them)."""
         self._idle = asyncio.Event()
