@@ -154,19 +154,13 @@ async def _measure(url: str, calls: int, repeats: int, turns: int) -> dict[str, 
 
 def measure(calls: int = 500, repeats: int = 5, turns: int = 10) -> dict[str, float]:
     """Median µs of CPU per call: "chat" (the chat path's capture work), "tito" (the same call
-    token-in: TITO's work in its place, with the turn check and the tokenize), and two parts of
-    the latter ("history": hashing the messages; "tokenize": the delta's `/tokenize` request)."""
+    token-in: TITO's work in its place, with the turn check and the tokenize), two parts of the
+    latter ("history": hashing the messages; "tokenize": a `/tokenize` request through the own
+    pool), and the same request through the backend's httpx client ("tokenize_httpx")."""
     with tempfile.TemporaryDirectory(prefix="bench-tito-") as logs:
         port = free_port()
-        argv = [
-            sys.executable,
-            "-m",
-            "polar_mq.testing.fake_vllm",
-            "--port",
-            str(port),
-            "--model",
-            "m",
-        ]
+        argv = [sys.executable, "-m", "polar_mq.testing.fake_vllm"]
+        argv += ["--port", str(port), "--model", "m"]  # the model `rewrite_request` names
         engine = ManagedProcess("fake-engine", argv, dict(os.environ), Path(logs)).start()
         try:
             url = f"http://127.0.0.1:{port}"
