@@ -12,9 +12,10 @@ thread holds. The fork server is a single-threaded process started by exec. A fo
 the environment, command line (as its process title), process group and log file that exec would
 have given it, then runs the module as `python -m` does (`__main__`, `sys.argv`, exit handlers).
 
-Some modules read the environment once, at import (prometheus_client's multiprocess mode): a
-child whose `PROMETHEUS_MULTIPROC_DIR` differs from the fork server's is exec'd instead
-(`can_fork`), and the supervisor gives the fork server its stage workers' environment first.
+Some modules read the environment once, at import (prometheus_client's multiprocess mode), and
+the import path decides which code there is to import: a child whose `PROMETHEUS_MULTIPROC_DIR`
+or `PYTHONPATH` differs from the fork server's is exec'd instead (`can_fork`), and the
+supervisor gives the fork server its stage workers' environment first.
 """
 
 from __future__ import annotations
@@ -38,8 +39,10 @@ from typing import Protocol
 
 from setproctitle import setproctitle
 
-IMPORT_TIME_ENV = ("PROMETHEUS_MULTIPROC_DIR",)
-"""Variables read at import by a module the fork server may hold: children must match it."""
+IMPORT_TIME_ENV = ("PROMETHEUS_MULTIPROC_DIR", "PYTHONPATH", "PYTHONHOME", "PYTHONSAFEPATH")
+"""Variables read at import by a module the fork server may hold, or that choose which code is
+imported at all (a child given another `PYTHONPATH` asks for other code than the fork server
+holds, e.g. a benchmark's older revision): children must match it."""
 
 _contexts: dict[str, ForkServerContext | ForkContext] = {
     "forkserver": multiprocessing.get_context("forkserver"),

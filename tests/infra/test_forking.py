@@ -94,6 +94,7 @@ def test_only_python_m_children_with_the_servers_import_time_environment_fork() 
     assert not can_fork(["/bin/true"], env)
     assert not can_fork([sys.executable, "-c", "pass"], env)
     assert not can_fork(_child_argv("0"), {**env, "PROMETHEUS_MULTIPROC_DIR": "/elsewhere"})
+    assert not can_fork(_child_argv("0"), {**env, "PYTHONPATH": "/elsewhere"})
 
 
 def test_a_forked_service_is_what_exec_would_have_started(tmp_path: Path) -> None:
@@ -125,6 +126,22 @@ def test_a_child_that_cannot_fork_is_execd(tmp_path: Path) -> None:
     proc = ManagedProcess("child", _child_argv("3"), env, tmp_path, fork=True).start()
     assert isinstance(proc.proc, subprocess.Popen)
     assert proc.proc.wait(timeout=60) == 3
+
+
+def test_a_child_given_another_import_path_runs_the_code_found_there(tmp_path: Path) -> None:
+    """A benchmark started an older revision's proxy with `PYTHONPATH` set to its tree: forked
+    from the fork server, which holds this checkout's modules, it ran this checkout's code and
+    measured it twice. Such a child is exec'd, and imports what its path holds."""
+    tree = tmp_path / "other_revision"
+    (tree / "tests").mkdir(parents=True)
+    (tree / "tests" / "__init__.py").write_text("")
+    (tree / "tests" / "fork_child.py").write_text("import sys\nprint('other code')\nsys.exit(5)\n")
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    proc = ManagedProcess("child", _child_argv("0"), env, tmp_path, fork=True)
+    proc.start()
+    assert isinstance(proc.proc, subprocess.Popen)
+    assert proc.proc.wait(timeout=60) == 5
+    assert "other code" in proc.log_path.read_text()
 
 
 def test_a_started_forked_service_already_leads_its_group(tmp_path: Path) -> None:
