@@ -6,7 +6,10 @@ fake engine (20 ms to the first token, 32 tokens), polar_mq's proxy exactly as i
 repeat interleaving, non-streamed then streamed: the pass-through and the proxy at `--clients`,
 then the engine direct, the pass-through and the proxy at one client (added p50 = the side's p50
 minus the direct p50 of the same repeat). `--variant NAME:KEY=VALUE,...` adds a proxy started
-with those environment variables as another side, same database and engine.
+with those environment variables as another side, same database and engine; with
+`PYTHONPATH=<an exported tree>` that side is another revision's proxy (run the bench from outside
+the checkout, `PYTHONPATH=<checkout> python -m bench.proxy.hot`: `python -m` puts the working
+directory first on the import path, before `PYTHONPATH`).
 The table shows medians over repeats (issue 16's targets: <= 0.5 ms CPU per call and >= 0.7x bare
 non-streamed, <= 1 ms streamed, <= 1 ms added p50 at one client).
 """
