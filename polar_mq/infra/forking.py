@@ -14,8 +14,9 @@ have given it, then runs the module as `python -m` does (`__main__`, `sys.argv`,
 
 Some modules read the environment once, at import (prometheus_client's multiprocess mode), and
 the import path decides which code there is to import: a child whose `PROMETHEUS_MULTIPROC_DIR`
-or `PYTHONPATH` differs from the fork server's is exec'd instead (`can_fork`), and the
-supervisor gives the fork server its stage workers' environment first.
+differs from the fork server's, or whose `PYTHONPATH` names a directory it does not import from,
+is exec'd instead (`can_fork`), and the supervisor gives the fork server its stage workers'
+environment first.
 """
 
 from __future__ import annotations
@@ -39,10 +40,9 @@ from typing import Protocol
 
 from setproctitle import setproctitle
 
-IMPORT_TIME_ENV = ("PROMETHEUS_MULTIPROC_DIR", "PYTHONPATH", "PYTHONHOME", "PYTHONSAFEPATH")
+IMPORT_TIME_ENV = ("PROMETHEUS_MULTIPROC_DIR", "PYTHONHOME", "PYTHONSAFEPATH")
 """Variables read at import by a module the fork server may hold, or that choose which code is
-imported at all (a child given another `PYTHONPATH` asks for other code than the fork server
-holds, e.g. a benchmark's older revision): children must match it."""
+imported at all: children must match it (`PYTHONPATH`: `_imports_what_we_hold`)."""
 
 _contexts: dict[str, ForkServerContext | ForkContext] = {
     "forkserver": multiprocessing.get_context("forkserver"),
@@ -91,7 +91,20 @@ def can_fork(argv: Sequence[str], env: Mapping[str, str]) -> bool:
         and argv[0] == sys.executable
         and argv[1] == "-m"
         and all(env.get(name) == os.environ.get(name) for name in IMPORT_TIME_ENV)
+        and _imports_what_we_hold(env.get("PYTHONPATH", ""))
     )
+
+
+def _imports_what_we_hold(pythonpath: str) -> bool:
+    """Whether a child given `pythonpath` finds its code where this process does: the same value,
+    or only directories already on this process's import path, which the fork server was given
+    (a benchmark's `PYTHONPATH` of an older revision's tree is not: forked, it would run this
+    checkout's modules, which the fork server holds)."""
+    if pythonpath == os.environ.get("PYTHONPATH", ""):
+        return True
+    held = {os.path.realpath(entry or os.curdir) for entry in sys.path}
+    wanted = [entry for entry in pythonpath.split(os.pathsep) if entry]
+    return all(os.path.realpath(entry) in held for entry in wanted)
 
 
 def _run_module(

@@ -95,6 +95,8 @@ def test_only_python_m_children_with_the_servers_import_time_environment_fork() 
     assert not can_fork([sys.executable, "-c", "pass"], env)
     assert not can_fork(_child_argv("0"), {**env, "PROMETHEUS_MULTIPROC_DIR": "/elsewhere"})
     assert not can_fork(_child_argv("0"), {**env, "PYTHONPATH": "/elsewhere"})
+    # a directory this process imports from already (the tests' stacks give the repository)
+    assert can_fork(_child_argv("0"), {**env, "PYTHONPATH": str(Path(__file__).parents[2])})
 
 
 def test_a_forked_service_is_what_exec_would_have_started(tmp_path: Path) -> None:
