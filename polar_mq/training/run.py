@@ -36,9 +36,9 @@ def parse_args(argv: Sequence[str] | None, prog: str = "scripts/train") -> argpa
         prog=prog, description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )  # fmt: skip
-    p.add_argument("--steps", type=int, default=150, help="optimizer steps (policy versions)")
+    p.add_argument("--steps", type=int, default=100, help="optimizer steps (policy versions)")
     p.add_argument("--groups", type=int, default=2, help="groups (tasks) per step")
-    p.add_argument("--samples", type=int, default=16, help="samples per group (GRPO group size)")
+    p.add_argument("--samples", type=int, default=8, help="samples per group (GRPO group size)")
     p.add_argument("--max-staleness", type=int, default=1, help="versions a group may lag")
     p.add_argument("--lr", type=float, default=1e-3, help="AdamW on the LoRA weights")
     p.add_argument("--rank", type=int, default=8, help=f"LoRA rank (<= {local_vllm.LORA_MAX_RANK})")
