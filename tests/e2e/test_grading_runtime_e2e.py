@@ -2,7 +2,9 @@
 
 The job hides its test from the agent (it exists only in the evaluation runtime's recipe), the
 agent leaves a daemon behind, and the grader's recipe is timed against the agent's run to show it
-was prepared while the agent ran. Rewards must follow the hidden test, and nothing may be left.
+started while the agent ran (the start, not the end: on a loaded CI machine the prewarm may begin
+late in the agent's 3 s, and a recipe finishing after the agent is still a prewarm). Rewards
+must follow the hidden test, and nothing may be left.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from tests.e2e.stack import client_of
 # The agent notes what it could see and when it ran, leaves a daemon, then runs the reference
 # agent (which writes its answer to answer.txt after its calls through the proxy).
 AGENT = (
-    "date +%s.%N > agent_start; ls -a > seen.txt; (sleep 300 > /dev/null 2>&1 &); sleep 2; "
+    "date +%s.%N > agent_start; ls -a > seen.txt; (sleep 300 > /dev/null 2>&1 &); sleep 3; "
     f"{shlex.quote(sys.executable)} -m {REFERENCE_AGENT_MODULE}; rc=$?; "
     "date +%s.%N > agent_end; exit $rc"
 )
@@ -32,11 +34,12 @@ AGENT = (
 HIDDEN_TEST = "test -f answer.txt && ! grep -q hidden_test seen.txt\n"
 GRADER = {
     "files": {"hidden_test.sh": HIDDEN_TEST},
-    "commands": ["sleep 1.5; date +%s.%N > grader_prepared_at"],  # the agent sleeps 2 s first
+    "commands": ["date +%s.%N > grader_started_at; sleep 1.5"],  # the agent sleeps 3 s first
 }
 STAMPS = (
-    "awk -v a=$(cat agent_start) -v g=$(cat grader_prepared_at) -v e=$(cat agent_end) "
-    "'BEGIN { exit !(a <= g && g <= e) }'"
+    "awk -v a=$(cat agent_start) -v g=$(cat grader_started_at) -v e=$(cat agent_end) "
+    "'BEGIN { exit !(a <= g && g <= e) }' || { echo \"grader started $(cat grader_started_at), "
+    'agent ran $(cat agent_start) to $(cat agent_end)" >&2; exit 1; }'
 )
 
 
