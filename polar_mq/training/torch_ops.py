@@ -7,6 +7,11 @@ Offsets: a causal LM's logits at position t predict token t+1, so over `prompt +
 response token i is scored by the logits at `len(prompt) + i - 1`. Getting this wrong by one is
 the classic silent bug of trainers; it shows as a large trainer-engine mismatch, which is why the
 loop logs that figure every step.
+
+Temperature: a reply sampled at temperature T came from softmax(logits / T), and the engine
+reports that distribution's logprobs when it runs with `--logprobs-mode processed_logprobs`.
+The trainer scores the same distribution (`temperature`), or the importance ratio compares two
+different policies (the untempered one is what vLLM's default `raw_logprobs` reports).
 """
 
 from __future__ import annotations
@@ -18,18 +23,30 @@ import torch
 import torch.nn.functional as F
 
 
-def response_logprobs(model: Any, prompt_ids: list[int], response_ids: list[int]) -> torch.Tensor:
+def token_logprobs(scoring: torch.Tensor, response: list[int], temperature: float) -> torch.Tensor:
+    """log softmax(scoring / temperature) at each response token: row i of `scoring` holds the
+    logits that score response token i."""
+    if temperature != 1.0:
+        scoring = scoring / temperature
+    targets = torch.tensor(response, dtype=torch.long)
+    return F.log_softmax(scoring.float(), dim=-1).gather(1, targets[:, None])[:, 0]
+
+
+def response_logprobs(
+    model: Any, prompt_ids: list[int], response_ids: list[int], temperature: float = 1.0
+) -> torch.Tensor:
     """log p(response_i | prompt, response_<i) under `model`, one per response token."""
     ids = torch.tensor([prompt_ids + response_ids], dtype=torch.long)
     logits = model(input_ids=ids).logits[0].float()
     start = len(prompt_ids) - 1
-    scoring = logits[start : start + len(response_ids)]
-    targets = torch.tensor(response_ids, dtype=torch.long)
-    return F.log_softmax(scoring, dim=-1).gather(1, targets[:, None])[:, 0]
+    return token_logprobs(logits[start : start + len(response_ids)], response_ids, temperature)
 
 
 def batch_response_logprobs(
-    model: Any, pairs: list[tuple[list[int], list[int]]], pad_id: int = 0
+    model: Any,
+    pairs: list[tuple[list[int], list[int]]],
+    pad_id: int = 0,
+    temperature: float = 1.0,
 ) -> list[torch.Tensor]:
     """`response_logprobs` of several (prompt, response) pairs in one forward pass.
 
@@ -52,14 +69,17 @@ def batch_response_logprobs(
     out = []
     for row, (prompt, response) in enumerate(pairs):
         start = len(prompt) - 1 - first
-        scoring = logits[row, start : start + len(response)].float()
-        targets = torch.tensor(response, dtype=torch.long)
-        out.append(F.log_softmax(scoring, dim=-1).gather(1, targets[:, None])[:, 0])
+        scoring = logits[row, start : start + len(response)]
+        out.append(token_logprobs(scoring, response, temperature))
     return out
 
 
 def shared_prompt_logprobs(
-    model: Any, prompt: list[int], responses: list[list[int]], pad_id: int = 0
+    model: Any,
+    prompt: list[int],
+    responses: list[list[int]],
+    pad_id: int = 0,
+    temperature: float = 1.0,
 ) -> list[torch.Tensor]:
     """`response_logprobs` of several responses to one prompt, running the prompt once.
 
@@ -89,14 +109,15 @@ def shared_prompt_logprobs(
     out = []
     for row, response in enumerate(responses):
         scoring = torch.cat([first[None], logits[row, : len(response) - 1].float()])
-        scoring = scoring[: len(response)]
-        targets = torch.tensor(response, dtype=torch.long)
-        out.append(F.log_softmax(scoring, dim=-1).gather(1, targets[:, None])[:, 0])
+        out.append(token_logprobs(scoring[: len(response)], response, temperature))
     return out
 
 
 def grouped_response_logprobs(
-    model: Any, pairs: list[tuple[list[int], list[int]]], pad_id: int = 0
+    model: Any,
+    pairs: list[tuple[list[int], list[int]]],
+    pad_id: int = 0,
+    temperature: float = 1.0,
 ) -> list[torch.Tensor]:
     """`response_logprobs` of (prompt, response) pairs, in order: pairs that share a prompt go
     through `shared_prompt_logprobs` together, the others through `batch_response_logprobs`."""
@@ -106,13 +127,15 @@ def grouped_response_logprobs(
     out: list[torch.Tensor | None] = [None] * len(pairs)
     singles = [indices[0] for indices in by_prompt.values() if len(indices) == 1]
     for index, value in zip(
-        singles, batch_response_logprobs(model, [pairs[i] for i in singles], pad_id), strict=True
+        singles,
+        batch_response_logprobs(model, [pairs[i] for i in singles], pad_id, temperature),
+        strict=True,
     ):
         out[index] = value
     for shared, indices in by_prompt.items():
         if len(indices) > 1:
             values = shared_prompt_logprobs(
-                model, list(shared), [pairs[i][1] for i in indices], pad_id
+                model, list(shared), [pairs[i][1] for i in indices], pad_id, temperature
             )
             for index, value in zip(indices, values, strict=True):
                 out[index] = value

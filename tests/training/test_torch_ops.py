@@ -83,3 +83,12 @@ def test_a_shared_prompt_run_once_gives_the_values_and_gradient_of_one_pass_each
     assert shared["lengths_match"] == 1.0
     assert shared["values"] < 1e-4, shared
     assert shared["gradient"] < 1e-3, shared
+
+
+def test_logprobs_are_scored_at_the_rollouts_temperature(figures: dict[str, Any]) -> None:
+    tempered = figures["tempered"]
+    assert tempered["grouped_vs_manual"] < 1e-4, tempered
+    assert tempered["single_vs_manual"] < 1e-4, tempered
+    # what the learner measured before it took the temperature: tenths of a nat per token
+    assert tempered["untempered_gap"] > 0.1, tempered
+    assert tempered["step_mismatch_max"] < 1e-3, tempered

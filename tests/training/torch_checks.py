@@ -116,6 +116,43 @@ def shared_prompt_figures(model_dir: str) -> dict[str, float]:
     }
 
 
+def tempered_figures(model_dir: str) -> dict[str, float]:
+    """Logprobs scored at a sampling temperature: `log_softmax(logits / T)` on every path (one
+    pass, batched, shared prompt), far from the untempered ones, and a learner step told the
+    rollouts' temperature measures no gap against logprobs of that same distribution."""
+    policy = Policy({"model_dir": model_dir, "seed": 0, "threads": 1, "rank": 8, "lr": 1e-3})
+    model = policy.model
+    model.eval()
+    t = 1.5
+    a = list(range(100, 130))
+    pairs = [(a, [5, 6, 7]), (a, [8, 9]), (list(range(300, 321)), [20, 21])]
+    with torch.no_grad():
+        manual = []
+        for prompt, response in pairs:
+            logits = model(input_ids=torch.tensor([prompt + response])).logits[0].float()
+            scoring = logits[len(prompt) - 1 : len(prompt) - 1 + len(response)] / t
+            targets = torch.tensor(response)[:, None]
+            manual.append(F.log_softmax(scoring, -1).gather(1, targets)[:, 0])
+        grouped = grouped_response_logprobs(model, pairs, pad_id=2, temperature=t)
+        single = [response_logprobs(model, p, r, temperature=t) for p, r in pairs]
+        plain = grouped_response_logprobs(model, pairs, pad_id=2)
+    model.train()
+    samples = [{"prompt_ids": p, "response_ids": r, "loss_mask": [1] * len(r),
+                "logprobs": m.tolist(), "advantage": 1.0 - i}
+               for i, ((p, r), m) in enumerate(zip(pairs, manual, strict=True))]  # fmt: skip
+    at_t = policy.step({"samples": samples, "clip": 0.2, "temperature": t})
+
+    def gaps(values: list[torch.Tensor]) -> torch.Tensor:
+        return torch.cat([(v - m).abs() for v, m in zip(values, manual, strict=True)])
+
+    return {
+        "grouped_vs_manual": float(gaps(grouped).max()),
+        "single_vs_manual": float(gaps(single).max()),
+        "untempered_gap": float(gaps(plain).mean()),
+        "step_mismatch_max": at_t["mismatch_max"],
+    }
+
+
 if __name__ == "__main__":
     print(
         json.dumps(
@@ -123,6 +160,7 @@ if __name__ == "__main__":
                 "loss": loss_figures(),
                 "offsets": offset_figures(sys.argv[1]),
                 "shared": shared_prompt_figures(sys.argv[1]),
+                "tempered": tempered_figures(sys.argv[1]),
             }
         )
     )
