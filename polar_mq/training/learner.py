@@ -23,6 +23,7 @@ from typing import Any, TextIO, TypeVar
 import torch
 
 from polar_mq.training.torch_ops import (
+    Scored,
     clipped_fraction,
     grouped_response_logprobs,
     grpo_loss,
@@ -71,32 +72,53 @@ class Policy:
         each `step`; `torch_ops` says why)."""
 
     def step(self, request: dict[str, Any]) -> dict[str, Any]:
+        """One optimizer step on GRPO samples: the clipped importance-sampled loss over the
+        samples to train on (`train`, averaged over their loss-mask tokens), minus
+        `entropy_coef` times the policy's mean entropy over every sample's loss-mask tokens
+        (groups without signal included: where the policy narrowed to one reply is where the
+        bonus is wanted). Without the bonus, the samples not trained on are only scored, for the
+        mismatch figure."""
         clip = float(request.get("clip", 0.2))
         self.temperature = float(request.get("temperature", 1.0))
+        entropy_coef = float(request.get("entropy_coef", 0.0))
         samples = request["samples"]
         total = sum(sum(s["loss_mask"]) for s in samples if s.get("train", True))
+        masked = sum(sum(s["loss_mask"]) for s in samples)
+        bonus = entropy_coef > 0 and masked > 0
+        graded = [bool(total) and s.get("train", True) for s in samples]
+        needs_grad = [bonus or g for g in graded]
         self.optimizer.zero_grad(set_to_none=True)
-        pairs, loss_sum, clipped = [], 0.0, 0
-        trained = [s for s in samples if s.get("train", True)] if total else []
-        measured = [s for s in samples if not s.get("train", True)] if total else samples
+        pairs, entropies, loss_sum, clipped = [], [], 0.0, 0
+        scored_only = [s for s, g in zip(samples, needs_grad, strict=True) if not g]
         with torch.no_grad():
-            for sample, new in zip(measured, self.logprobs_of(measured), strict=True):
-                pairs.append((new, *self.arrays(sample)))
-        for chunk in chunks(trained, self.micro_batch):  # one backward per micro-batch
-            loss = torch.zeros(())
-            for sample, new in zip(chunk, self.logprobs_of(chunk), strict=True):
+            for sample, scored in zip(scored_only, self.logprobs_of(scored_only), strict=True):
                 old, mask = self.arrays(sample)
+                pairs.append((scored.logprobs, old, mask))
+                entropies.append(scored.entropy[mask.bool()])
+        stepped = [(s, g) for s, g, n in zip(samples, graded, needs_grad, strict=True) if n]
+        for chunk in chunks(stepped, self.micro_batch):  # one backward per micro-batch
+            loss = torch.zeros(())
+            scores = self.logprobs_of([sample for sample, _ in chunk])
+            for (sample, trains), scored in zip(chunk, scores, strict=True):
+                old, mask = self.arrays(sample)
+                new = scored.logprobs
                 pairs.append((new.detach(), old, mask))
-                loss = loss + grpo_loss(new, old, mask, float(sample["advantage"]), clip) / total
-                clipped += clipped_fraction(new, old, mask, clip)
+                entropies.append(scored.entropy.detach()[mask.bool()])
+                if trains:
+                    advantage = float(sample["advantage"])
+                    loss = loss + grpo_loss(new, old, mask, advantage, clip) / total
+                    clipped += clipped_fraction(new, old, mask, clip)
+                if bonus:
+                    loss = loss - entropy_coef * (scored.entropy * mask).sum() / masked
             loss.backward()
             loss_sum += float(loss.detach())
         norm = None
-        if total > 0:
+        if total > 0 or bonus:
             params = [p for p in self.model.parameters() if p.requires_grad]
             norm = float(torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm))
             self.optimizer.step()
         gap = mismatch(pairs)  # on the weights before the step: the ones that were published
+        every = torch.cat(entropies) if entropies else torch.zeros(0)
         return {
             "tokens": total,
             "loss": loss_sum,
@@ -105,13 +127,14 @@ class Policy:
             "mismatch_mean": gap.mean if gap.tokens else None,
             "mismatch_max": gap.max if gap.tokens else None,
             "mismatch_tokens": gap.tokens,
+            "entropy_mean": float(every.mean()) if every.numel() else None,
         }
 
-    def logprobs_of(self, samples: list[dict[str, Any]]) -> list[torch.Tensor]:
+    def logprobs_of(self, samples: list[dict[str, Any]]) -> list[Scored]:
         pairs = [(s["prompt_ids"], s["response_ids"]) for s in samples]
         return [v for part in chunks(pairs, self.micro_batch) for v in self.batch(part)]
 
-    def batch(self, pairs: list[tuple[list[int], list[int]]]) -> list[torch.Tensor]:
+    def batch(self, pairs: list[tuple[list[int], list[int]]]) -> list[Scored]:
         return grouped_response_logprobs(self.model, pairs, self.pad_id, self.temperature)
 
     @staticmethod

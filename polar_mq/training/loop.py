@@ -37,6 +37,9 @@ class LoopConfig:
     max_staleness: int = 1
     clip: float = 0.2
     temperature: float = 1.0
+    entropy_coef: float = 0.0
+    """The entropy bonus of the learner's loss (`learner.Policy.step`): keeps the policy from
+    narrowing to one reply per task, where a group has no reward variance and so no gradient."""
     max_tokens: int = 16
     seed: int | None = None
     """Seeds the rollouts' sampling: each rollout gets its own seed from this one, its group
@@ -101,14 +104,15 @@ def train(
         data = batch_samples(batch, version)
         figures: dict[str, Any] = {"tokens": 0, "loss": 0.0, "grad_norm": None,
                                    "clipped_tokens": 0, "mismatch_mean": None,
-                                   "mismatch_max": None, "mismatch_tokens": 0}  # fmt: skip
+                                   "mismatch_max": None, "mismatch_tokens": 0,
+                                   "entropy_mean": None}  # fmt: skip
         if data.samples:
             samples = [s.as_json() for s in data.samples]
-            figures.update(
-                learner.call(
-                    "step", samples=samples, clip=config.clip, temperature=config.temperature
-                )
-            )
+            answer = learner.call(
+                "step", samples=samples, clip=config.clip, temperature=config.temperature,
+                entropy_coef=config.entropy_coef,
+            )  # fmt: skip
+            figures.update(answer)
         trained = time.monotonic()
         publish(client, learner, adapters, version + 1)
         client.ack_groups(job_id, config.consumer, delivery_ids(batch))
@@ -130,6 +134,7 @@ def train(
             loss=float(figures["loss"]),
             grad_norm=figures["grad_norm"],
             clipped_tokens=int(figures["clipped_tokens"]),
+            entropy_mean=figures["entropy_mean"],
             wait_s=round(got - waited_from, 2),
             train_s=round(trained - got, 2),
             publish_s=round(done - trained, 2),

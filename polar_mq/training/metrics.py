@@ -30,6 +30,9 @@ class StepRecord:
     loss: float
     grad_norm: float | None
     clipped_tokens: int
+    entropy_mean: float | None
+    """Mean entropy of the policy's next-token distribution over the batch's loss-mask tokens,
+    before the step: falls as the policy narrows (and groups lose their variance)."""
     wait_s: float
     """Waiting for the batch (rollouts not ready yet)."""
     train_s: float
@@ -45,6 +48,7 @@ class StepRecord:
             f" | zero-var {self.zero_variance_fraction:.2f} | tokens {self.tokens_trained:5d}"
             f" | stale {self.staleness_mean:.1f}/{self.staleness_max}"
             f" | |dlogp| mean/max {gap}"
+            f" | entropy {'-' if self.entropy_mean is None else f'{self.entropy_mean:.3f}'}"
             f" | wait {self.wait_s:5.1f}s train {self.train_s:5.1f}s publish {self.publish_s:4.1f}s"
         )
 

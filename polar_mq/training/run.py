@@ -47,6 +47,10 @@ def parse_args(argv: Sequence[str] | None, prog: str = "scripts/train") -> argpa
         "--temperature", type=float, default=1.0,
         help="training rollouts' sampling temperature (the learner scores at it too)",
     )  # fmt: skip
+    p.add_argument(
+        "--entropy-coef", type=float, default=0.0,
+        help="entropy bonus of the loss (keeps the sampling wide)",
+    )  # fmt: skip
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--seed", type=int, default=0, help="task split, LoRA init, sampling")
     p.add_argument("--learner-threads", type=int, default=1, help="torch threads")
@@ -57,6 +61,8 @@ def parse_args(argv: Sequence[str] | None, prog: str = "scripts/train") -> argpa
     for name in ("steps", "groups", "samples", "learner_threads", "vllm_threads"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.entropy_coef < 0:
+        p.error("--entropy-coef must not be negative")
     if args.samples < 2:
         p.error("--samples must be at least 2 (GRPO compares the samples of a group)")
     if not 1 <= args.rank <= local_vllm.LORA_MAX_RANK:
@@ -113,6 +119,7 @@ def train_and_report(client: Client, learner: Learner, args: argparse.Namespace,
     config = LoopConfig(
         steps=args.steps, groups_per_step=args.groups, samples_per_group=args.samples,
         max_staleness=args.max_staleness, clip=args.clip, temperature=args.temperature,
+        entropy_coef=args.entropy_coef,
         max_tokens=args.max_tokens, seed=args.seed,
     )  # fmt: skip
     adapters = out / "adapters"

@@ -17,19 +17,30 @@ different policies (the untempered one is what vLLM's default `raw_logprobs` rep
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 
 
-def token_logprobs(scoring: torch.Tensor, response: list[int], temperature: float) -> torch.Tensor:
-    """log softmax(scoring / temperature) at each response token: row i of `scoring` holds the
-    logits that score response token i."""
+class Scored(NamedTuple):
+    """A response scored by the policy, one value per response token."""
+
+    logprobs: torch.Tensor
+    """log p(response_i | prompt, response_<i)."""
+    entropy: torch.Tensor
+    """The entropy of the policy's whole next-token distribution where response_i was sampled:
+    how wide the policy still samples (it falls as the policy narrows to one reply)."""
+
+
+def score_tokens(scoring: torch.Tensor, response: list[int], temperature: float) -> Scored:
+    """Row i of `scoring` holds the logits that score response token i; both figures are of
+    softmax(scoring / temperature)."""
     if temperature != 1.0:
         scoring = scoring / temperature
     targets = torch.tensor(response, dtype=torch.long)
-    return F.log_softmax(scoring.float(), dim=-1).gather(1, targets[:, None])[:, 0]
+    logp = F.log_softmax(scoring.float(), dim=-1)
+    return Scored(logp.gather(1, targets[:, None])[:, 0], -(logp.exp() * logp).sum(-1))
 
 
 def response_logprobs(
@@ -39,7 +50,8 @@ def response_logprobs(
     ids = torch.tensor([prompt_ids + response_ids], dtype=torch.long)
     logits = model(input_ids=ids).logits[0].float()
     start = len(prompt_ids) - 1
-    return token_logprobs(logits[start : start + len(response_ids)], response_ids, temperature)
+    scoring = logits[start : start + len(response_ids)]
+    return score_tokens(scoring, response_ids, temperature).logprobs
 
 
 def batch_response_logprobs(
@@ -47,7 +59,7 @@ def batch_response_logprobs(
     pairs: list[tuple[list[int], list[int]]],
     pad_id: int = 0,
     temperature: float = 1.0,
-) -> list[torch.Tensor]:
+) -> list[Scored]:
     """`response_logprobs` of several (prompt, response) pairs in one forward pass.
 
     Right-padded with an attention mask: a causal model's logits at the real positions do not
@@ -70,7 +82,7 @@ def batch_response_logprobs(
     for row, (prompt, response) in enumerate(pairs):
         start = len(prompt) - 1 - first
         scoring = logits[row, start : start + len(response)]
-        out.append(token_logprobs(scoring, response, temperature))
+        out.append(score_tokens(scoring, response, temperature))
     return out
 
 
@@ -80,7 +92,7 @@ def shared_prompt_logprobs(
     responses: list[list[int]],
     pad_id: int = 0,
     temperature: float = 1.0,
-) -> list[torch.Tensor]:
+) -> list[Scored]:
     """`response_logprobs` of several responses to one prompt, running the prompt once.
 
     The samples of a GRPO group share their prompt, which is most of each sequence here: the
@@ -109,7 +121,7 @@ def shared_prompt_logprobs(
     out = []
     for row, response in enumerate(responses):
         scoring = torch.cat([first[None], logits[row, : len(response) - 1].float()])
-        out.append(token_logprobs(scoring[: len(response)], response, temperature))
+        out.append(score_tokens(scoring[: len(response)], response, temperature))
     return out
 
 
@@ -118,13 +130,13 @@ def grouped_response_logprobs(
     pairs: list[tuple[list[int], list[int]]],
     pad_id: int = 0,
     temperature: float = 1.0,
-) -> list[torch.Tensor]:
+) -> list[Scored]:
     """`response_logprobs` of (prompt, response) pairs, in order: pairs that share a prompt go
     through `shared_prompt_logprobs` together, the others through `batch_response_logprobs`."""
     by_prompt: dict[tuple[int, ...], list[int]] = {}
     for index, (prompt, _) in enumerate(pairs):
         by_prompt.setdefault(tuple(prompt), []).append(index)
-    out: list[torch.Tensor | None] = [None] * len(pairs)
+    out: list[Scored | None] = [None] * len(pairs)
     singles = [indices[0] for indices in by_prompt.values() if len(indices) == 1]
     for index, value in zip(
         singles,

@@ -92,3 +92,14 @@ def test_logprobs_are_scored_at_the_rollouts_temperature(figures: dict[str, Any]
     # what the learner measured before it took the temperature: tenths of a nat per token
     assert tempered["untempered_gap"] > 0.1, tempered
     assert tempered["step_mismatch_max"] < 1e-3, tempered
+
+
+def test_the_entropy_bonus_widens_where_a_group_had_no_signal(figures: dict[str, Any]) -> None:
+    entropy = figures["entropy"]
+    assert entropy["vs_torch"] < 1e-4, entropy
+    assert entropy["logged"] == pytest.approx(entropy["mean_before"], abs=1e-5)
+    # without the bonus, samples not trained on are only scored: no step, nothing moves
+    assert entropy["plain_grad_norm"] is None and entropy["plain_moved"] == 0.0, entropy
+    # with it, a step on them alone raises the entropy where they were sampled
+    assert entropy["bonus_grad_norm"] is not None and entropy["bonus_grad_norm"] > 0, entropy
+    assert entropy["raised"] > 0.01, entropy

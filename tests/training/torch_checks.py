@@ -63,7 +63,8 @@ def offset_figures(model_dir: str) -> dict[str, object]:
         wrong = shifted.gather(1, torch.tensor(response)[:, None])[:, 0]
         with model.disable_adapter():
             base = response_logprobs(model, prompt, response)
-        batched = batch_response_logprobs(model, [(prompt, response), (prompt[:5], response[:3])])
+        both = [(prompt, response), (prompt[:5], response[:3])]
+        batched = [scored.logprobs for scored in batch_response_logprobs(model, both)]
         single = response_logprobs(model, prompt[:5], response[:3])
     mask = torch.ones(len(response))
     before = right.clone()
@@ -105,7 +106,7 @@ def shared_prompt_figures(model_dir: str) -> dict[str, float]:
         sum((v * (i + 1)).sum() for i, v in enumerate(values)).backward()
         return torch.cat([p.grad.flatten() for p in params if p.grad is not None])
 
-    grouped = grouped_response_logprobs(model, pairs, pad_id=2)
+    grouped = [scored.logprobs for scored in grouped_response_logprobs(model, pairs, pad_id=2)]
     grouped_grad = gradient(grouped)
     single = [response_logprobs(model, prompt, response) for prompt, response in pairs]
     single_grad = gradient(single)
@@ -133,9 +134,9 @@ def tempered_figures(model_dir: str) -> dict[str, float]:
             scoring = logits[len(prompt) - 1 : len(prompt) - 1 + len(response)] / t
             targets = torch.tensor(response)[:, None]
             manual.append(F.log_softmax(scoring, -1).gather(1, targets)[:, 0])
-        grouped = grouped_response_logprobs(model, pairs, pad_id=2, temperature=t)
+        grouped = [x.logprobs for x in grouped_response_logprobs(model, pairs, 2, temperature=t)]
         single = [response_logprobs(model, p, r, temperature=t) for p, r in pairs]
-        plain = grouped_response_logprobs(model, pairs, pad_id=2)
+        plain = [x.logprobs for x in grouped_response_logprobs(model, pairs, pad_id=2)]
     model.train()
     samples = [{"prompt_ids": p, "response_ids": r, "loss_mask": [1] * len(r),
                 "logprobs": m.tolist(), "advantage": 1.0 - i}
@@ -153,6 +154,46 @@ def tempered_figures(model_dir: str) -> dict[str, float]:
     }
 
 
+def entropy_figures(model_dir: str) -> dict[str, object]:
+    """The entropy figure against torch's own, and the entropy bonus: samples of a group
+    without signal (`train: False`) are only scored without it, and with it the step raises
+    the policy's entropy where they were sampled."""
+    pairs = [(list(range(100, 130)), [5, 6, 7]), (list(range(100, 130)), [8, 9])]
+
+    def policy_and_entropy() -> tuple[Policy, torch.Tensor]:
+        policy = Policy({"model_dir": model_dir, "seed": 0, "threads": 1, "rank": 8, "lr": 1e-2})
+        with torch.no_grad():
+            scored = grouped_response_logprobs(policy.model, pairs, pad_id=2)
+        return policy, torch.cat([x.entropy for x in scored])
+
+    policy, before = policy_and_entropy()
+    with torch.no_grad():
+        torch_entropy = []
+        for prompt, response in pairs:
+            logits = policy.model(input_ids=torch.tensor([prompt + response])).logits[0].float()
+            scoring = logits[len(prompt) - 1 : len(prompt) - 1 + len(response)]
+            torch_entropy.append(torch.distributions.Categorical(logits=scoring).entropy())
+    samples = [{"prompt_ids": p, "response_ids": r, "loss_mask": [1] * len(r),
+                "logprobs": [0.0] * len(r), "advantage": 0.0, "train": False}
+               for p, r in pairs]  # fmt: skip
+    plain = policy.step({"samples": samples, "clip": 0.2})
+    _, unmoved = policy_and_entropy()
+    policy, _ = policy_and_entropy()
+    figures = [policy.step({"samples": samples, "clip": 0.2, "entropy_coef": 0.1})]
+    figures += [policy.step({"samples": samples, "clip": 0.2, "entropy_coef": 0.1})]
+    with torch.no_grad():
+        after = torch.cat([x.entropy for x in grouped_response_logprobs(policy.model, pairs, 2)])
+    return {
+        "vs_torch": float((before - torch.cat(torch_entropy)).abs().max()),
+        "logged": figures[0]["entropy_mean"],
+        "mean_before": float(before.mean()),
+        "plain_grad_norm": plain["grad_norm"],
+        "plain_moved": float((unmoved - before).abs().max()),
+        "bonus_grad_norm": figures[0]["grad_norm"],
+        "raised": float(after.mean() - before.mean()),
+    }
+
+
 if __name__ == "__main__":
     print(
         json.dumps(
@@ -161,6 +202,7 @@ if __name__ == "__main__":
                 "offsets": offset_figures(sys.argv[1]),
                 "shared": shared_prompt_figures(sys.argv[1]),
                 "tempered": tempered_figures(sys.argv[1]),
+                "entropy": entropy_figures(sys.argv[1]),
             }
         )
     )
