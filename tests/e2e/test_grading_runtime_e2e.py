@@ -3,8 +3,9 @@
 The job hides its test from the agent (it exists only in the evaluation runtime's recipe), the
 agent leaves a daemon behind, and the grader's recipe is timed against the agent's run to show it
 started while the agent ran (the start, not the end: on a loaded CI machine the prewarm may begin
-late in the agent's 3 s, and a recipe finishing after the agent is still a prewarm). Rewards
-must follow the hidden test, and nothing may be left.
+late in the agent's 3 s, and a recipe finishing after the agent is still a prewarm; nor the
+agent's first command, which the prewarm launched with it may precede by a few milliseconds).
+Rewards must follow the hidden test, and nothing may be left.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ AGENT = (
     "date +%s.%N > agent_end; exit $rc"
 )
 # Passes when the agent wrote its answer file and never saw the test; the recipe stamps when it ran.
+# The stage launches the prewarm and the agent together, so either may run its first command first
+# (CI saw the grader's 4 ms ahead): started no more than 1 s before the agent and before its end.
 HIDDEN_TEST = "test -f answer.txt && ! grep -q hidden_test seen.txt\n"
 GRADER = {
     "files": {"hidden_test.sh": HIDDEN_TEST},
@@ -38,7 +41,7 @@ GRADER = {
 }
 STAMPS = (
     "awk -v a=$(cat agent_start) -v g=$(cat grader_started_at) -v e=$(cat agent_end) "
-    "'BEGIN { exit !(a <= g && g <= e) }' || { echo \"grader started $(cat grader_started_at), "
+    "'BEGIN { exit !(a - 1 <= g && g <= e) }' || { echo \"grader started $(cat grader_started_at), "
     'agent ran $(cat agent_start) to $(cat agent_end)" >&2; exit 1; }'
 )
 
