@@ -19,3 +19,12 @@ def test_bad_flags_get_the_trainers_message_not_a_traceback() -> None:
     refused = CliRunner().invoke(app, ["train", "--samples", "1"])
     assert refused.exit_code == 2
     assert "--samples must be at least 2" in refused.output
+
+
+def test_a_temperature_must_be_positive_and_the_bonus_not_negative() -> None:
+    zero = CliRunner().invoke(app, ["train", "--temperature", "0"])
+    assert zero.exit_code == 2
+    assert "--temperature must be positive" in zero.output
+    negative = CliRunner().invoke(app, ["train", "--entropy-coef", "-0.1"])
+    assert negative.exit_code == 2
+    assert "--entropy-coef must not be negative" in negative.output
