@@ -17,10 +17,16 @@ from polar_mq.proxy.store.call_insert import CallInserter
 from tests.conftest import scratch_database
 
 NOW = datetime.now(UTC)
+"""The tests' clock, taken once: their calls' dates and expected partitions are relative to it."""
 
 
 @pytest.fixture()
 def engine() -> Iterator[Engine]:
+    """A freshly migrated database. The migration creates the partitions from its own date, so
+    a run that crossed midnight UTC after `NOW` was taken would compare the next day's partitions
+    with `NOW`'s (seen in CI): that one case is skipped, naming it."""
+    if datetime.now(UTC).date() != NOW.date():
+        pytest.skip(f"the UTC date changed since the tests' clock was taken ({NOW:%Y-%m-%d})")
     with scratch_database("polar_mq_retention") as url:
         engine = create_db_engine(url)
         yield engine
