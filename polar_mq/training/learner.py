@@ -67,9 +67,6 @@ class Policy:
         eos = base.config.eos_token_id
         self.pad_id = int((eos[0] if isinstance(eos, list) else eos) or 0)
         """Any id does (masked out, and after every real token); the end-of-text one is safe."""
-        self.temperature = 1.0
-        """The rollouts' sampling temperature, which the policy's logprobs are scored at (set by
-        each `step`; `torch_ops` says why)."""
 
     def step(self, request: dict[str, Any]) -> dict[str, Any]:
         """One optimizer step on GRPO samples: the clipped importance-sampled loss over the
@@ -79,7 +76,7 @@ class Policy:
         bonus is wanted). Without the bonus, the samples not trained on are only scored, for the
         mismatch figure."""
         clip = float(request.get("clip", 0.2))
-        self.temperature = float(request.get("temperature", 1.0))
+        temperature = float(request.get("temperature", 1.0))  # the rollouts' (`torch_ops`)
         entropy_coef = float(request.get("entropy_coef", 0.0))
         samples = request["samples"]
         total = sum(sum(s["loss_mask"]) for s in samples if s.get("train", True))
@@ -91,14 +88,15 @@ class Policy:
         pairs, entropies, loss_sum, clipped = [], [], 0.0, 0
         scored_only = [s for s, g in zip(samples, needs_grad, strict=True) if not g]
         with torch.no_grad():
-            for sample, scored in zip(scored_only, self.logprobs_of(scored_only), strict=True):
+            scores = self.logprobs_of(scored_only, temperature)
+            for sample, scored in zip(scored_only, scores, strict=True):
                 old, mask = self.arrays(sample)
                 pairs.append((scored.logprobs, old, mask))
                 entropies.append(scored.entropy[mask.bool()])
         stepped = [(s, g) for s, g, n in zip(samples, graded, needs_grad, strict=True) if n]
         for chunk in chunks(stepped, self.micro_batch):  # one backward per micro-batch
             loss = torch.zeros(())
-            scores = self.logprobs_of([sample for sample, _ in chunk])
+            scores = self.logprobs_of([sample for sample, _ in chunk], temperature)
             for (sample, trains), scored in zip(chunk, scores, strict=True):
                 old, mask = self.arrays(sample)
                 new = scored.logprobs
@@ -130,12 +128,14 @@ class Policy:
             "entropy_mean": float(every.mean()) if every.numel() else None,
         }
 
-    def logprobs_of(self, samples: list[dict[str, Any]]) -> list[Scored]:
+    def logprobs_of(self, samples: list[dict[str, Any]], temperature: float) -> list[Scored]:
+        """The samples scored at `temperature`, one forward pass per micro-batch."""
         pairs = [(s["prompt_ids"], s["response_ids"]) for s in samples]
-        return [v for part in chunks(pairs, self.micro_batch) for v in self.batch(part)]
-
-    def batch(self, pairs: list[tuple[list[int], list[int]]]) -> list[Scored]:
-        return grouped_response_logprobs(self.model, pairs, self.pad_id, self.temperature)
+        return [
+            scored
+            for part in chunks(pairs, self.micro_batch)
+            for scored in grouped_response_logprobs(self.model, part, self.pad_id, temperature)
+        ]
 
     @staticmethod
     def arrays(sample: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
