@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from polar_mq.client import Client, delivery_ids
+from polar_mq.training.entropy_control import EntropyController
 from polar_mq.training.grpo import batch_samples
 from polar_mq.training.learner_client import Learner, LearnerError
 from polar_mq.training.metrics import StepRecord, mean_or
@@ -39,7 +40,11 @@ class LoopConfig:
     temperature: float = 1.0
     entropy_coef: float = 0.0
     """The entropy bonus of the learner's loss (`learner.Policy.step`): keeps the policy from
-    narrowing to one reply per task, where a group has no reward variance and so no gradient."""
+    narrowing to one reply per task, where a group has no reward variance and so no gradient.
+    With `entropy_target`, where the coefficient starts."""
+    entropy_target: float | None = None
+    """Steer the bonus's coefficient after every step toward this mean entropy (nats per
+    token, `entropy_control`); None: the coefficient stays `entropy_coef`."""
     max_tokens: int = 16
     seed: int | None = None
     """Seeds the rollouts' sampling: each rollout gets its own seed from this one, its group
@@ -65,12 +70,28 @@ def submit_training_job(client: Client, config: LoopConfig, tasks: list[dict[str
     return str(job.job_id)
 
 
+FULL_DISTRIBUTION: dict[str, Any] = {"top_p": 1.0, "top_k": -1, "enforce": {"top_k": "override"}}
+"""Sampling from the whole tempered distribution, whatever the agent asks: the learner scores
+`log_softmax(logits / T)`, so an agent's `top_p` or `top_k` (renormalizing what the engine
+samples from and reports) would make every importance ratio compare two different policies."""
+
+
 def sampling(config: LoopConfig) -> dict[str, Any]:
-    """The training job's sampling: its `seed` makes every rollout's sampling reproducible."""
-    values: dict[str, Any] = {"temperature": config.temperature, "max_tokens": config.max_tokens}
+    """The training job's sampling, enforced by the proxy on every call: the temperature the
+    learner scores at, over the whole distribution; its `seed` makes every rollout's sampling
+    reproducible."""
+    values: dict[str, Any] = {
+        "temperature": config.temperature, "max_tokens": config.max_tokens, **FULL_DISTRIBUTION,
+    }  # fmt: skip
     if config.seed is not None:
         values["seed"] = config.seed
     return values
+
+
+def entropy_controller(config: LoopConfig) -> EntropyController | None:
+    if config.entropy_target is None:
+        return None
+    return EntropyController(config.entropy_target, coef=config.entropy_coef)
 
 
 def publish(client: Client, learner: Learner, adapters: Path, version: int) -> dict[str, Any]:
@@ -94,6 +115,8 @@ def train(
     """Run `config.steps` steps on the job's groups; the records of the steps done."""
     version = int(client.policy()["version"])
     records: list[StepRecord] = []
+    control = entropy_controller(config)
+    coef = config.entropy_coef
     batches = client.stream_groups(
         job_id, batch_size=config.groups_per_step, consumer=config.consumer,
         lease_s=config.lease_s, ack="manual", include_trajectories=True,
@@ -110,7 +133,7 @@ def train(
             samples = [s.as_json() for s in data.samples]
             answer = learner.call(
                 "step", samples=samples, clip=config.clip, temperature=config.temperature,
-                entropy_coef=config.entropy_coef,
+                entropy_coef=coef,
             )  # fmt: skip
             figures.update(answer)
         trained = time.monotonic()
@@ -135,12 +158,15 @@ def train(
             grad_norm=figures["grad_norm"],
             clipped_tokens=int(figures["clipped_tokens"]),
             entropy_mean=figures["entropy_mean"],
+            entropy_coef=coef,
             wait_s=round(got - waited_from, 2),
             train_s=round(trained - got, 2),
             publish_s=round(done - trained, 2),
         )
         records.append(record)
         on_step(record)
+        if control is not None:
+            coef = control.update(figures["entropy_mean"])
         waited_from = time.monotonic()
         if step + 1 >= config.steps:
             break

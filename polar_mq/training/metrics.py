@@ -33,6 +33,8 @@ class StepRecord:
     entropy_mean: float | None
     """Mean entropy of the policy's next-token distribution over the batch's loss-mask tokens,
     before the step: falls as the policy narrows (and groups lose their variance)."""
+    entropy_coef: float
+    """The entropy bonus's coefficient this step used (steered by `--entropy-target`)."""
     wait_s: float
     """Waiting for the batch (rollouts not ready yet)."""
     train_s: float
@@ -49,6 +51,7 @@ class StepRecord:
             f" | stale {self.staleness_mean:.1f}/{self.staleness_max}"
             f" | |dlogp| mean/max {gap}"
             f" | entropy {'-' if self.entropy_mean is None else f'{self.entropy_mean:.3f}'}"
+            f" coef {self.entropy_coef:.4f}"
             f" | wait {self.wait_s:5.1f}s train {self.train_s:5.1f}s publish {self.publish_s:4.1f}s"
         )
 

@@ -49,7 +49,12 @@ def parse_args(argv: Sequence[str] | None, prog: str = "scripts/train") -> argpa
     )  # fmt: skip
     p.add_argument(
         "--entropy-coef", type=float, default=0.0,
-        help="entropy bonus of the loss (keeps the sampling wide)",
+        help="entropy bonus of the loss (keeps the sampling wide); with --entropy-target, "
+        "its starting value",
+    )  # fmt: skip
+    p.add_argument(
+        "--entropy-target", type=float, default=None, metavar="NATS",
+        help="steer the bonus's coefficient toward this mean entropy per token",
     )  # fmt: skip
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--seed", type=int, default=0, help="task split, LoRA init, sampling")
@@ -63,6 +68,8 @@ def parse_args(argv: Sequence[str] | None, prog: str = "scripts/train") -> argpa
             p.error(f"--{name.replace('_', '-')} must be at least 1")
     if args.entropy_coef < 0:
         p.error("--entropy-coef must not be negative")
+    if args.entropy_target is not None and args.entropy_target <= 0:
+        p.error("--entropy-target must be positive")
     if args.samples < 2:
         p.error("--samples must be at least 2 (GRPO compares the samples of a group)")
     if not 1 <= args.rank <= local_vllm.LORA_MAX_RANK:
@@ -119,7 +126,7 @@ def train_and_report(client: Client, learner: Learner, args: argparse.Namespace,
     config = LoopConfig(
         steps=args.steps, groups_per_step=args.groups, samples_per_group=args.samples,
         max_staleness=args.max_staleness, clip=args.clip, temperature=args.temperature,
-        entropy_coef=args.entropy_coef,
+        entropy_coef=args.entropy_coef, entropy_target=args.entropy_target,
         max_tokens=args.max_tokens, seed=args.seed,
     )  # fmt: skip
     adapters = out / "adapters"

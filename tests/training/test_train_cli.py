@@ -28,3 +28,9 @@ def test_a_temperature_must_be_positive_and_the_bonus_not_negative() -> None:
     negative = CliRunner().invoke(app, ["train", "--entropy-coef", "-0.1"])
     assert negative.exit_code == 2
     assert "--entropy-coef must not be negative" in negative.output
+
+
+def test_an_entropy_target_must_be_positive() -> None:
+    refused = CliRunner().invoke(app, ["train", "--entropy-target", "0"])
+    assert refused.exit_code == 2
+    assert "--entropy-target must be positive" in refused.output
