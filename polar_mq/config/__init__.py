@@ -237,6 +237,14 @@ class Settings(FloorSettings, BaseSettings):
         "to local disk (group commit: one commit round trip per call), so a proxy killed with "
         "-9 loses no call an agent saw answered; false: answer first, store after",
     )
+    proxy_answer_journal: bool = Field(
+        True,
+        description="with durable answers and a spill directory, make each answer's row "
+        "durable by an fsync to a local journal in the spill directory and commit the rows to "
+        "the database in batches (every log_flush_interval_s, or at once when a stage waits); "
+        "a killed proxy's journal is replayed by the next one. false: each answer waits for its "
+        "row's database commit",
+    )
     proxy_flush_timeout_s: float = Field(
         20.0,
         gt=0,

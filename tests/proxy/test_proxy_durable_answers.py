@@ -4,12 +4,15 @@ answering loses nothing (issue 37: the chaos soak's "calls seen = calls stored" 
 A real proxy process (`polar-mq proxy`, started by `polar_mq.stack.devstack`) in front of the fake
 vLLM process logs to the session's PostgreSQL, with a long batching linger (1 s) so that a row
 that waited for it would still be in memory when the kill lands. The agent makes one call
-(JSON, then streamed in the second test); the moment its answer is complete the proxy's process
-group gets SIGKILL, nothing drains. The call's row must be in the database. Before the fix the
-row sat in the writer's queue and died with the process.
+(JSON, then streamed); the moment its answer is complete the proxy's process group gets SIGKILL,
+nothing drains. With the answer journal (the default) the row is in the journal file on disk,
+and the next proxy on that spill directory commits it; without it (`proxy_answer_journal=False`)
+it is committed before the answer leaves. Before durable answers the row sat in the writer's
+queue and died with the process.
 
 The spill half (the database unreachable: the row is fsynced to the spill directory before the
-answer leaves, and the next process replays it) is a unit of the writer, below.
+answer leaves, and the next process replays it) is a unit of the writer, below, as are the
+journal's own cases.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import asyncio
 import signal
 import time
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -58,12 +62,8 @@ def _stored(factory: sessionmaker[Session], rollout_id: uuid.UUID) -> list[LlmCa
         return list(session.scalars(select(LlmCall).where(LlmCall.rollout_id == rollout_id)))
 
 
-def _answer_then_kill(
-    pg_url: str, tmp_path: Path, rollout_id: uuid.UUID, body: dict[str, Any]
-) -> bytes:
-    """One agent call through a real proxy, SIGKILL of the proxy the moment the answer is in."""
-    upstream = free_port()
-    settings = Settings(
+def _settings(pg_url: str, tmp_path: Path, upstream: int, journal: bool) -> Settings:
+    return Settings(
         database_url=pg_url,
         upstream_url=f"http://127.0.0.1:{upstream}",
         served_model="fake-model",
@@ -71,10 +71,17 @@ def _answer_then_kill(
         secret_key=SECRET,
         proxy_spill_dir=tmp_path / "spill",
         log_flush_interval_s=LINGER_S,
+        proxy_answer_journal=journal,
     )
+
+
+def _answer_then_kill(
+    settings: Settings, tmp_path: Path, rollout_id: uuid.UUID, body: dict[str, Any]
+) -> bytes:
+    """One agent call through a real proxy, SIGKILL of the proxy the moment the answer is in."""
     token = issue_rollout_token(SECRET, rollout_id, 600, attempt=1)
     with LocalStack(settings, tmp_path / "logs") as stack:
-        stack.fake_upstream(upstream)
+        stack.fake_upstream(int(str(settings.upstream_url).rsplit(":", 1)[1]))
         proxy = stack.proxy()
         with httpx.Client(
             base_url=settings.proxy_base_url,
@@ -89,8 +96,22 @@ def _answer_then_kill(
     return response.content
 
 
+def _journaled_ids(spill: Path) -> list[str]:
+    return [str(r["id"]) for s in sorted(spill.glob("**/*.seg")) for r in read_segment(s)[0]]
+
+
+def _restart_proxy(settings: Settings, tmp_path: Path, stored: Callable[[], bool]) -> None:
+    """The next proxy on the spill directory: it takes over the journal and commits it."""
+    with LocalStack(settings, tmp_path / "logs-2") as stack:
+        stack.proxy()
+        deadline = time.monotonic() + 30
+        while not stored() and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+
 @pytest.mark.e2e
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("journal", [True, False], ids=["journal", "commit"])
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
 def test_a_call_answered_just_before_a_kill_9_is_stored(
     pg_url: str,
@@ -98,11 +119,17 @@ def test_a_call_answered_just_before_a_kill_9_is_stored(
     db_session_factory: sessionmaker[Session],
     rollout_id: uuid.UUID,
     stream: bool,
+    journal: bool,
 ) -> None:
     body = {"model": "agent", "messages": [{"role": "user", "content": "hi"}], "stream": stream}
-    answer = _answer_then_kill(pg_url, tmp_path, rollout_id, body)
+    settings = _settings(pg_url, tmp_path, free_port(), journal)
+    answer = _answer_then_kill(settings, tmp_path, rollout_id, body)
     if stream:
         assert answer.rstrip().endswith(b"data: [DONE]")
+    if journal:  # on disk when the answer left; in the database once a proxy runs again
+        assert len(_journaled_ids(tmp_path / "spill")) == 1
+        _restart_proxy(settings, tmp_path, lambda: bool(_stored(db_session_factory, rollout_id)))
+        assert _journaled_ids(tmp_path / "spill") == []  # committed, then removed
     calls = _stored(db_session_factory, rollout_id)
     assert [(c.seq, c.status_code, c.complete, c.stream) for c in calls] == [(0, 200, True, stream)]
     assert calls[0].completion_ids  # the whole capture, not a placeholder
@@ -158,9 +185,10 @@ async def test_durable_is_the_spill_fsync_while_the_database_is_down(
     row = _row(rollout_id)
     down.submit(row)
     await asyncio.wait_for(down.durable(), 15)
-    spilled = [r["id"] for s in sorted(spill.glob("*.seg")) for r in read_segment(s)[0]]
-    assert [str(i) for i in spilled] == [str(row["id"])]  # on disk, fsynced, before the answer
-    await down.close()  # segments stay for the next process
+    assert _journaled_ids(spill) == [str(row["id"])]  # on disk, fsynced, before the answer
+    await down.close()  # the journal's commit fails: it becomes a spill segment, kept
+    assert [p.name for p in spill.glob("**/*.seg")] == ["000000000000.seg"]
+    assert _journaled_ids(spill) == [str(row["id"])]
     up = DbCallWriter(engine=create_db_engine(pg_url), spill_dir=spill)
     await up.start()
     try:

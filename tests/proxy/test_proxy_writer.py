@@ -46,6 +46,7 @@ IDLE = {
     "refused": 0,
     "refused_kept": 0,
     "durable_late": 0,
+    "journal_rows": 0,
 }
 """A writer's stats with nothing in flight (without a spill directory)."""
 

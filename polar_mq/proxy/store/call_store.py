@@ -106,6 +106,24 @@ class CallStore:
             return
         self._mark_up()
 
+    @property
+    def down(self) -> bool:
+        """The database failed and is not due for its next probe: rows go to the spill buffer."""
+        return self._down()
+
+    def commit_journaled(self, rows: list[dict[str, Any]]) -> bool:
+        """Commit rows that are durable in the answer journal already (`journal`), in batches of
+        `batch_size`; False if the database is unreachable (the caller makes them spill
+        backlog). One attempt, no retry: nothing waits on it, the rows are safe on disk."""
+        try:
+            for start in range(0, len(rows), self._batch_size):
+                self.written += self._commit(rows[start : start + self._batch_size])
+        except TRANSIENT as exc:
+            self._mark_down(exc)
+            return False
+        self._mark_up()
+        return True
+
     def replay(self) -> bool:
         """Move the oldest spilled segment into the database; True if one was replayed."""
         if self.spill is None or self.spill.empty or self._down():

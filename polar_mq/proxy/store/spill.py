@@ -187,6 +187,16 @@ class SpillBuffer:
         self.refused_kept += 1
         return path
 
+    def take_segment(self, path: Path, rows: int) -> None:
+        """Adopt a file of records written elsewhere (the answer journal's, `journal`) as a
+        sealed segment: moved in with one `rename`, its rows counted as spilled."""
+        target = self.directory / f"{self._next:012d}{SUFFIX}"
+        self._next += 1
+        os.rename(path, target)
+        fsync_dir(self.directory)
+        self._sealed.append(Segment(target, target.stat().st_size, rows))
+        self.spilled_total += rows
+
     def seal(self) -> None:
         """Close the segment being appended to, so that it can be replayed."""
         if self._handle is not None:

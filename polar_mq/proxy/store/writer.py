@@ -25,6 +25,11 @@ commit round trip, not a commit of its own: while a batch commits, the rows of t
 meanwhile queue up and go in the next batch together (group commit). The thread then never
 lingers for more rows (`flush_interval_s`): every answer waits for its row, so a linger would be
 pure latency, and the commit in flight already gathers the next batch.
+With a spill directory the group commit is the answer journal's instead (`journal`,
+`answer_journal`, on by default): each group is appended and fsynced to a local file, which
+answers it, and the journaled rows are committed in the lingering batches every
+`flush_interval_s`, or at once when a flush or a waiting stage asks (`hurry`); a file append costs
+the writer a fraction of a statement.
 `durable_answers=False` (`POLAR_MQ_PROXY_DURABLE_ANSWERS=false`) makes `durable()` return at once:
 the old answer-first behaviour, for a deployment that prefers the latency (bench/proxy figures in
 docs/multihost.md).
@@ -47,6 +52,7 @@ from sqlalchemy import Engine
 from polar_mq.config import Settings
 from polar_mq.infra.db import create_db_engine
 from polar_mq.proxy.store.call_store import CallStore
+from polar_mq.proxy.store.journal import AnswerJournal, journal_dir
 from polar_mq.proxy.store.receipts import StoredReceipts
 from polar_mq.proxy.store.sink import CallSink, MemoryCallSink
 from polar_mq.proxy.store.spill import SpillBuffer
@@ -93,6 +99,7 @@ class DbCallWriter:
         spill_adopt_from: Sequence[Path] = (),
         receipts_url: str | None = None,
         durable_answers: bool = True,
+        answer_journal: bool = True,
     ) -> None:
         if (database_url is None) == (engine is None):
             raise ValueError("give exactly one of database_url or engine")
@@ -119,6 +126,15 @@ class DbCallWriter:
         self._lock = threading.Lock()
         self._waiters: list[_Waiter] = []
         self._durable_answers = durable_answers
+        self._journal = (
+            AnswerJournal(journal_dir(spill_dir))
+            if spill_dir is not None and durable_answers and answer_journal
+            else None
+        )
+        self._journaled: list[dict[str, Any]] = []
+        """Rows answered from the journal, not yet committed (in the journal's order)."""
+        self._journal_due = 0.0
+        """When the journaled rows are committed at the latest (monotonic)."""
         self._durable_waiters: deque[_Waiter] = deque()
         """durable() calls, in submission order (their targets never decrease)."""
         self._durable_late = 0
@@ -142,6 +158,9 @@ class DbCallWriter:
                 orphans = orphan_spill_dirs(spill)
             else:
                 orphans = orphan_spill_dirs(spill.parent, worker.index, worker.count)
+            # answer journals left by a killed process (this one's, or an orphan's: those first,
+            # so that their directories are empty when the orphans' own are taken over)
+            orphans = [*map(journal_dir, orphans), journal_dir(spill), *orphans]
         return cls(
             settings.database_url,
             batch_size=settings.log_batch_size,
@@ -153,6 +172,7 @@ class DbCallWriter:
             spill_adopt_from=orphans,
             receipts_url=settings.call_receipts_redis_url,
             durable_answers=settings.proxy_durable_answers,
+            answer_journal=settings.proxy_answer_journal,
         )
 
     async def start(self) -> None:
@@ -160,6 +180,8 @@ class DbCallWriter:
         if self._thread is None:
             if self._spill is not None:
                 self._spill.open()
+            if self._journal is not None and not self._journal.open():
+                self._journal = None
             self._thread = threading.Thread(target=self._run, name="call-writer", daemon=True)
             self._thread.start()
 
@@ -270,11 +292,12 @@ class DbCallWriter:
             "refused": store.refused if store else 0,
             "refused_kept": spill.refused_kept if spill else 0,
             "durable_late": self._durable_late,
+            "journal_rows": len(self._journaled),
         }
 
     def _ready(self, target: int) -> bool:
         backlog = self._store.backlog if self._store else (self._spill.rows if self._spill else 0)
-        return self._done >= target and backlog == 0
+        return self._done >= target and backlog == 0 and not self._journaled
 
     def _not_stored_message(self) -> str:
         s = self.stats()
@@ -286,7 +309,7 @@ class DbCallWriter:
 
     def hurry(self) -> None:
         """Commit what is queued now rather than after the batching wait (a stage waits)."""
-        if self._queue:
+        if self._queue or self._journaled:
             self._poke()
 
     def _poke(self) -> None:
@@ -312,16 +335,21 @@ class DbCallWriter:
             self._store = store
             stop = False
             while not stop:
-                batch, stop = self._collect(store.wait_hint())
+                batch, stop, woken = self._collect(self._first_wait(store))
                 if batch:
-                    store.store(batch)
+                    self._keep(store, batch)
                 self._mark_done(len(batch))
+                if self._journaled and (stop or woken or self._journal_is_due()):
+                    self._commit_journaled(store)
+                    self._mark_done(0)
                 if not stop and store.replay():
                     self._mark_done(0)
         except BaseException:  # pragma: no cover - a bug here must not hang flush() forever
             logger.exception("call writer thread crashed")
             raise
         finally:
+            if self._journal is not None:
+                self._journal.close()
             if self._spill is not None:
                 self._spill.close()
             if engine is not None and self._engine is None:
@@ -329,6 +357,43 @@ class DbCallWriter:
             if self._receipts is not None:
                 self._receipts.close()
             self._mark_done(0, release_all=True)
+
+    def _first_wait(self, store: CallStore) -> float | None:
+        """How long to wait for a first row: until the store's next probe (None: for ever), and
+        no later than the journaled rows' commit."""
+        hint = store.wait_hint()
+        if not self._journaled:
+            return hint
+        due = max(0.0, self._journal_due - time.monotonic())
+        return due if hint is None else min(hint, due)
+
+    def _keep(self, store: CallStore, batch: list[dict[str, Any]]) -> None:
+        """Make `batch` durable: in the answer journal (committed later), or stored now (the
+        database, or the spill buffer while it is down or the journal's disk fails)."""
+        journal = self._journal
+        if journal is None or store.down or not journal.append(batch):
+            store.store(batch)
+            return
+        if not self._journaled:
+            self._journal_due = time.monotonic() + self._interval
+        self._journaled.extend(batch)
+
+    def _journal_is_due(self) -> bool:
+        return len(self._journaled) >= self._batch_size or time.monotonic() >= self._journal_due
+
+    def _commit_journaled(self, store: CallStore) -> None:
+        """Commit the journaled rows and empty the journal; if the database is unreachable, the
+        journal becomes spill backlog (replayed like any spilled rows)."""
+        journal = cast(AnswerJournal, self._journal)
+        # The rows stay in `_journaled` until their commit is over: a flush() asked meanwhile
+        # must wait for them (only this thread adds to it, so nothing joins during the commit).
+        committed = store.commit_journaled(self._journaled)
+        if committed:
+            journal.clear()
+        else:
+            assert store.spill is not None  # a journal is kept only with a spill directory
+            journal.hand_over(store.spill)
+        self._journaled = []
 
     def _create_engine(self, url: str) -> Engine:
         """The writer's one connection. On PostgreSQL in autocommit: a batch is one statement
@@ -354,8 +419,9 @@ class DbCallWriter:
             ),
         )
 
-    def _collect(self, first_wait: float | None) -> tuple[list[dict[str, Any]], bool]:
-        """The next batch, and whether the writer was asked to stop after it.
+    def _collect(self, first_wait: float | None) -> tuple[list[dict[str, Any]], bool, bool]:
+        """The next batch, whether the writer was asked to stop after it, and whether a flush
+        or a waiting stage asked for what is kept to be committed now.
 
         Blocks up to `first_wait` for a first row (None: until one comes), then waits once for
         `flush_interval_s` (cut short by a flush or close) unless a batch is already queued;
@@ -370,7 +436,7 @@ class DbCallWriter:
             self._idle = False
             self._signal.clear()
             if not rows:
-                return [], False
+                return [], False, False
         if (
             not self._durable_answers  # every answer waits for its row: a linger is pure latency
             and first_wait is None
@@ -383,11 +449,11 @@ class DbCallWriter:
         while rows and len(batch) < self._batch_size:
             item = rows.popleft()
             if item is _STOP:
-                return batch, True
+                return batch, True, True
             if item is _WAKE:
-                return batch, False
+                return batch, False, True
             batch.append(item)
-        return batch, False
+        return batch, False, False
 
     def _should_give_up(self) -> bool:
         return self._give_up_at is not None and time.monotonic() >= self._give_up_at

@@ -1,0 +1,260 @@
+"""The answer journal (`proxy.store.journal`): rows made durable on local disk before the answer,
+committed in batches after it, handed to the spill buffer when the database is unreachable, and
+never taken over from a live process. The writer's cases run on real PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, func, select
+
+from polar_mq.infra.ports import free_port
+from polar_mq.models import LlmCall
+from polar_mq.proxy.store import journal as journal_module
+from polar_mq.proxy.store.journal import JOURNAL_FILE, AnswerJournal, journal_dir
+from polar_mq.proxy.store.spill import SpillBuffer
+from polar_mq.proxy.store.spill_layout import adopt_segments
+from polar_mq.proxy.store.spill_records import read_segment
+from polar_mq.proxy.store.writer import DbCallWriter
+from tests.conftest import module_database
+
+pytestmark = [pytest.mark.anyio, pytest.mark.spread]
+pg_url, pg_engine = module_database("polar_mq_answer_journal")
+LINGER_S = 30.0
+"""The writer's batching wait: a commit seen within a test's seconds was not waited for."""
+
+
+def row(seq: int = 0) -> dict[str, Any]:
+    return {
+        "id": uuid.uuid4(), "rollout_id": uuid.uuid4(), "seq": seq, "backend": "b",
+        "model": "m", "api_type": "chat", "stream": False, "policy_version": 0,
+        "status_code": 200, "complete": True, "request": {"messages": []}, "response": {},
+        "prompt_ids": list(range(50)), "completion_ids": [5, 6], "logprobs": [-0.5, -0.25],
+        "finish_reason": "stop", "latency_ms": 1.0, "ttft_ms": None,
+        "created_at": datetime.now(UTC),
+    }  # fmt: skip
+
+
+def ids_on_disk(directory: Path) -> list[str]:
+    return [str(r["id"]) for s in sorted(directory.glob("**/*.seg")) for r in read_segment(s)[0]]
+
+
+def stored(engine: Engine, rows: list[dict[str, Any]]) -> int:
+    with engine.connect() as conn:
+        query = select(func.count()).where(LlmCall.id.in_([r["id"] for r in rows]))
+        return int(conn.execute(query).scalar() or 0)
+
+
+# --- the journal alone --------------------------------------------------------------------------
+
+
+def test_a_failed_write_is_cut_back_so_later_records_stay_readable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    journal = AnswerJournal(tmp_path / "journal")
+    assert journal.open()
+    first, second, third = [row(0)], [row(1)], [row(2)]
+    assert journal.append(first)
+    real_fsync = os.fsync
+
+    def failing(fd: int) -> None:
+        raise OSError(5, "I/O error")
+
+    monkeypatch.setattr(journal_module.os, "fsync", failing)
+    assert not journal.append(second)  # not in the journal: the caller stores it another way
+    monkeypatch.setattr(journal_module.os, "fsync", real_fsync)
+    assert journal.append(third)
+    rows, _, corrupt = read_segment(journal.path)
+    assert [r["id"] for r in rows] == [first[0]["id"], third[0]["id"]] and not corrupt
+    assert journal.rows == 2
+    journal.clear()
+    assert journal.path.stat().st_size == 0 and journal.rows == 0
+    journal.close()
+    assert not journal.directory.exists()  # an empty journal leaves nothing behind
+
+
+def test_a_live_journal_is_not_taken_over_and_a_dead_one_is(tmp_path: Path) -> None:
+    spill = tmp_path / "spill"
+    journal = AnswerJournal(journal_dir(spill))
+    assert journal.open()
+    journal.append([row()])
+    other = tmp_path / "other"
+    other.mkdir()
+    assert adopt_segments(other, [journal_dir(spill)]) == 0  # locked: its owner lives
+    assert (journal_dir(spill) / JOURNAL_FILE).exists()
+    journal._close_handle()  # a killed process: its lock goes with it
+    assert journal._lock is not None
+    journal._lock.close()
+    assert adopt_segments(other, [journal_dir(spill)]) == 1
+    assert len(ids_on_disk(other)) == 1 and not journal_dir(spill).exists()
+
+
+def test_a_handed_over_journal_is_spill_backlog(tmp_path: Path) -> None:
+    buffer = SpillBuffer(tmp_path, 1 << 20)
+    buffer.open()
+    journal = AnswerJournal(journal_dir(tmp_path))
+    assert journal.open()
+    journal.append([row(0), row(1)])
+    journal.hand_over(buffer)
+    assert (buffer.rows, buffer.spilled_total, journal.rows) == (2, 2, 0)
+    read = buffer.oldest()
+    assert read is not None and len(read.rows) == 2
+    journal.append([row(2)])  # a fresh journal file
+    assert journal.rows == 1 and read.segment.path != journal.path
+    journal.close()
+    buffer.close()
+
+
+# --- the writer with its journal ----------------------------------------------------------------
+
+
+async def test_an_answer_waits_for_the_journal_not_the_commit(
+    pg_url: str, tmp_path: Path, pg_engine: Engine
+) -> None:
+    spill = tmp_path / "spill"
+    writer = DbCallWriter(pg_url, spill_dir=spill, flush_interval_s=LINGER_S)
+    await writer.start()
+    try:
+        rows = [row(i) for i in range(3)]
+        for r in rows:
+            writer.submit(r)
+        await asyncio.wait_for(writer.durable(), 10)
+        assert ids_on_disk(spill) == [str(r["id"]) for r in rows]  # fsynced before the answer
+        stats = writer.stats()
+        assert (stats["journal_rows"], stats["spilled_rows"], stats["spilled_total"]) == (3, 0, 0)
+        assert stored(pg_engine, rows) == 0  # the commit waits for the linger, or a flush
+        started = time.monotonic()
+        assert await asyncio.wait_for(writer.flush(), 10) == 3
+        assert time.monotonic() - started < LINGER_S / 3
+        assert stored(pg_engine, rows) == 3
+        assert ids_on_disk(spill) == [] and writer.stats()["journal_rows"] == 0
+    finally:
+        await writer.close()
+    assert not spill.exists()  # a clean stop leaves no file behind
+
+
+async def test_a_waiting_stage_hurries_the_commit(
+    pg_url: str, tmp_path: Path, pg_engine: Engine
+) -> None:
+    writer = DbCallWriter(pg_url, spill_dir=tmp_path / "spill", flush_interval_s=LINGER_S)
+    await writer.start()
+    try:
+        rows = [row()]
+        writer.submit(rows[0])
+        await asyncio.wait_for(writer.durable(), 10)
+        writer.hurry()  # what the call receipts' hurry channel does
+        deadline = time.monotonic() + 10
+        while stored(pg_engine, rows) == 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert stored(pg_engine, rows) == 1
+    finally:
+        await writer.close()
+
+
+async def test_the_journal_is_committed_at_the_linger_and_by_batch_size(
+    pg_url: str, tmp_path: Path, pg_engine: Engine
+) -> None:
+    writer = DbCallWriter(pg_url, spill_dir=tmp_path / "spill", flush_interval_s=0.2, batch_size=4)
+    await writer.start()
+    try:
+        rows = [row(i) for i in range(2)]
+        for r in rows:
+            writer.submit(r)
+        await asyncio.wait_for(writer.durable(), 10)
+        deadline = time.monotonic() + 10
+        while stored(pg_engine, rows) < 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert stored(pg_engine, rows) == 2  # the linger's commit, nobody asked for it
+    finally:
+        await writer.close()
+
+
+async def test_an_unreachable_database_turns_the_journal_into_spill_backlog(
+    pg_url: str, tmp_path: Path, pg_engine: Engine
+) -> None:
+    spill = tmp_path / "spill"
+    down = DbCallWriter(
+        f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/x",
+        spill_dir=spill, flush_interval_s=0.1, spill_after_s=0.2, retry_max_wait_s=0.2,
+    )  # fmt: skip
+    await down.start()
+    rows = [row(i) for i in range(2)]
+    down.submit(rows[0])
+    await asyncio.wait_for(down.durable(), 15)  # journaled: the database was not tried yet
+    deadline = time.monotonic() + 20
+    while down.stats()["spilled_rows"] < 1 and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert (down.stats()["spilled_rows"], down.stats()["journal_rows"]) == (1, 0)
+    down.submit(rows[1])  # while down: spilled directly
+    await asyncio.wait_for(down.durable(), 15)
+    await down.close()
+    assert sorted(ids_on_disk(spill)) == sorted(str(r["id"]) for r in rows)
+    up = DbCallWriter(pg_url, spill_dir=spill)
+    await up.start()
+    try:
+        await asyncio.wait_for(up.flush(), 15)
+        assert stored(pg_engine, rows) == 2
+        assert up.stats()["replayed"] == 2
+    finally:
+        await up.close()
+    assert ids_on_disk(spill) == []
+
+
+async def test_a_journal_that_cannot_write_commits_directly(
+    pg_url: str, tmp_path: Path, pg_engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def failing(fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(journal_module.os, "fsync", failing)
+    writer = DbCallWriter(pg_url, spill_dir=tmp_path / "spill", flush_interval_s=LINGER_S)
+    await writer.start()
+    try:
+        rows = [row()]
+        writer.submit(rows[0])
+        await asyncio.wait_for(writer.durable(), 10)
+        assert stored(pg_engine, rows) == 1  # committed before the answer, as without a journal
+        assert writer.stats()["journal_rows"] == 0
+    finally:
+        await writer.close()
+
+
+SLOW_INSERT = """
+CREATE OR REPLACE FUNCTION polar_test_slow_insert() RETURNS trigger AS $$
+BEGIN
+    IF NEW.model = 'slow-insert' THEN PERFORM pg_sleep(1.5); END IF;
+    RETURN NEW;
+END $$ LANGUAGE plpgsql;
+CREATE OR REPLACE TRIGGER polar_test_slow_insert BEFORE INSERT ON llm_calls
+    FOR EACH ROW EXECUTE FUNCTION polar_test_slow_insert();
+"""
+"""Only rows of model `slow-insert` wait: the module's other tests share the database."""
+
+
+async def test_a_flush_asked_during_the_commit_waits_for_it(
+    pg_url: str, tmp_path: Path, pg_engine: Engine
+) -> None:
+    """A stage's flush landing while the journaled rows are being committed (a 10 MB call took
+    13 s here) must not return before they are in the database: it once did, and the stage
+    built a trajectory without the call."""
+    with pg_engine.begin() as conn:
+        conn.exec_driver_sql(SLOW_INSERT)
+    writer = DbCallWriter(pg_url, spill_dir=tmp_path / "spill", flush_interval_s=0.05)
+    await writer.start()
+    try:
+        rows = [{**row(), "model": "slow-insert"}]
+        writer.submit(rows[0])
+        await asyncio.wait_for(writer.durable(), 10)
+        await asyncio.sleep(0.5)  # past the linger: the commit is in the trigger's sleep
+        assert stored(pg_engine, rows) == 0
+        await asyncio.wait_for(writer.flush(), 10)
+        assert stored(pg_engine, rows) == 1
+    finally:
+        await writer.close()
