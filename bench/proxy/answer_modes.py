@@ -40,6 +40,7 @@ SIDES = ("commit", "journal", "off")
 @dataclass
 class Side:
     rows: int
+    rows_per_group: float
     cpu_per_row_us: float
     wait_p50_ms: float
     wait_p90_ms: float
@@ -76,14 +77,17 @@ async def _run(side: str, url: str, callers: int, seconds: float) -> Side:
             await writer.flush()
             waits.clear()
             cpu, written = time.process_time(), writer.written
+            groups = writer.stats()["groups"]
             stop_at = time.monotonic() + seconds
             await asyncio.gather(*(caller(1000 + i) for i in range(callers)))
             await writer.flush()  # every row committed: its cost is counted
             rows = writer.written - written
             cpu_s = time.process_time() - cpu
+            groups = writer.stats()["groups"] - groups
         finally:
             await writer.close()
-    return Side(rows, cpu_s / max(1, rows) * 1e6, _pct(waits, 0.5), _pct(waits, 0.9))
+    per_group = rows / max(1, groups)
+    return Side(rows, per_group, cpu_s / max(1, rows) * 1e6, _pct(waits, 0.5), _pct(waits, 0.9))
 
 
 def main() -> None:
@@ -101,22 +105,24 @@ def main() -> None:
                 measured = asyncio.run(_run(side, url, args.callers, args.seconds))
                 results[side].append(measured)
                 print(
-                    f"round {round_ + 1} {side:8s} rows {measured.rows:6d} | CPU per row "
+                    f"round {round_ + 1} {side:8s} rows {measured.rows:6d} "
+                    f"({measured.rows_per_group:5.1f} per group) | CPU per row "
                     f"{measured.cpu_per_row_us:6.1f} us | durable() p50 {measured.wait_p50_ms:6.2f}"
                     f" ms p90 {measured.wait_p90_ms:6.2f} ms",
                     flush=True,
                 )
     base = statistics.median(s.cpu_per_row_us for s in results["commit"])
     print(f"\nmedians of {args.rounds} ({args.callers} callers, {args.seconds:g} s each)")
-    print("side     | rows/s | CPU per row | vs commit | durable() p50 / p90")
+    print("side     | rows/s | rows per group | CPU per row | vs commit | durable() p50 / p90")
     for side in SIDES:
         runs = results[side]
         cpu = statistics.median(s.cpu_per_row_us for s in runs)
         rate = statistics.median(s.rows for s in runs) / args.seconds
         p50 = statistics.median(s.wait_p50_ms for s in runs)
         p90 = statistics.median(s.wait_p90_ms for s in runs)
+        group = statistics.median(s.rows_per_group for s in runs)
         print(
-            f"{side:8s} | {rate:6.0f} | {cpu:8.1f} us | {cpu / base:9.2f} | "
+            f"{side:8s} | {rate:6.0f} | {group:14.1f} | {cpu:8.1f} us | {cpu / base:9.2f} | "
             f"{p50:.2f} / {p90:.2f} ms"
         )
 

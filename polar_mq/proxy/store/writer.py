@@ -145,6 +145,9 @@ class DbCallWriter:
         self._submitted = 0
         self._done = 0
         self._dropped = 0
+        self._groups = 0
+        """Groups of rows made durable (or stored) one at a time: rows per group is what a
+        group commit gathers, and every group costs the writer the same fixed work."""
 
     @classmethod
     def from_settings(cls, settings: Settings, worker: WorkerSlot | None = None) -> DbCallWriter:
@@ -292,6 +295,7 @@ class DbCallWriter:
             "refused": store.refused if store else 0,
             "refused_kept": spill.refused_kept if spill else 0,
             "durable_late": self._durable_late,
+            "groups": self._groups,
             "journal_rows": len(self._journaled),
         }
 
@@ -338,6 +342,7 @@ class DbCallWriter:
                 batch, stop, woken = self._collect(self._first_wait(store))
                 if batch:
                     self._keep(store, batch)
+                    self._groups += 1
                 self._mark_done(len(batch))
                 if self._journaled and (stop or woken or self._journal_is_due()):
                     self._commit_journaled(store)
