@@ -115,6 +115,22 @@ def test_a_handed_over_journal_is_spill_backlog(tmp_path: Path) -> None:
 # --- the writer with its journal ----------------------------------------------------------------
 
 
+async def journaled(writer: DbCallWriter, n: int) -> list[dict[str, Any]]:
+    """Submit `n` rows and wait until they are durable, as an answer does."""
+    rows = [row(i) for i in range(n)]
+    for r in rows:
+        writer.submit(r)
+    await asyncio.wait_for(writer.durable(), 10)
+    return rows
+
+
+async def until_stored(engine: Engine, rows: list[dict[str, Any]], within_s: float = 10) -> int:
+    deadline = time.monotonic() + within_s
+    while stored(engine, rows) < len(rows) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    return stored(engine, rows)
+
+
 async def test_an_answer_waits_for_the_journal_not_the_commit(
     pg_url: str, tmp_path: Path, pg_engine: Engine
 ) -> None:
@@ -122,10 +138,7 @@ async def test_an_answer_waits_for_the_journal_not_the_commit(
     writer = DbCallWriter(pg_url, spill_dir=spill, flush_interval_s=LINGER_S)
     await writer.start()
     try:
-        rows = [row(i) for i in range(3)]
-        for r in rows:
-            writer.submit(r)
-        await asyncio.wait_for(writer.durable(), 10)
+        rows = await journaled(writer, 3)
         assert ids_on_disk(spill) == [str(r["id"]) for r in rows]  # fsynced before the answer
         stats = writer.stats()
         assert (stats["journal_rows"], stats["spilled_rows"], stats["spilled_total"]) == (3, 0, 0)
@@ -146,32 +159,25 @@ async def test_a_waiting_stage_hurries_the_commit(
     writer = DbCallWriter(pg_url, spill_dir=tmp_path / "spill", flush_interval_s=LINGER_S)
     await writer.start()
     try:
-        rows = [row()]
-        writer.submit(rows[0])
-        await asyncio.wait_for(writer.durable(), 10)
+        rows = await journaled(writer, 1)
         writer.hurry()  # what the call receipts' hurry channel does
-        deadline = time.monotonic() + 10
-        while stored(pg_engine, rows) == 0 and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        assert stored(pg_engine, rows) == 1
+        assert await until_stored(pg_engine, rows) == 1
     finally:
         await writer.close()
 
 
-async def test_the_journal_is_committed_at_the_linger_and_by_batch_size(
-    pg_url: str, tmp_path: Path, pg_engine: Engine
+@pytest.mark.parametrize(("linger_s", "batch_size"), [(0.2, 256), (LINGER_S, 2)])
+async def test_the_journal_is_committed_at_the_linger_or_a_full_batch(
+    pg_url: str, tmp_path: Path, pg_engine: Engine, linger_s: float, batch_size: int
 ) -> None:
-    writer = DbCallWriter(pg_url, spill_dir=tmp_path / "spill", flush_interval_s=0.2, batch_size=4)
+    """Nobody asks: the rows go in when the linger is over, or as soon as a batch is full."""
+    writer = DbCallWriter(
+        pg_url, spill_dir=tmp_path / "spill", flush_interval_s=linger_s, batch_size=batch_size
+    )
     await writer.start()
     try:
-        rows = [row(i) for i in range(2)]
-        for r in rows:
-            writer.submit(r)
-        await asyncio.wait_for(writer.durable(), 10)
-        deadline = time.monotonic() + 10
-        while stored(pg_engine, rows) < 2 and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        assert stored(pg_engine, rows) == 2  # the linger's commit, nobody asked for it
+        rows = await journaled(writer, 2)
+        assert await until_stored(pg_engine, rows) == 2
     finally:
         await writer.close()
 
