@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, func, select
 
+from polar_mq.config import Settings
 from polar_mq.infra.ports import free_port
 from polar_mq.models import LlmCall
 from polar_mq.proxy.store import journal as journal_module
@@ -264,3 +265,38 @@ async def test_a_flush_asked_during_the_commit_waits_for_it(
         assert stored(pg_engine, rows) == 1
     finally:
         await writer.close()
+
+
+async def test_a_proxy_takes_over_the_journals_of_its_own_and_an_old_layout(
+    pg_url: str, tmp_path: Path, pg_engine: Engine
+) -> None:
+    """Killed with journaled rows: a single proxy's journal, and the journal of worker 3 of an
+    earlier `--workers 4` proxy beside that worker's spill segment. The single proxy that comes
+    back commits all three rows and leaves no orphan directory behind."""
+    spill = tmp_path / "spill"
+    old_worker = spill / "worker-3"
+    left: list[dict[str, Any]] = []
+    for directory in (journal_dir(spill), journal_dir(old_worker)):
+        journal = AnswerJournal(directory)
+        assert journal.open()
+        rows = [row()]
+        journal.append(rows)
+        left += rows
+        journal._close_handle()
+        assert journal._lock is not None
+        journal._lock.close()  # killed: the lock goes with the process
+    segment = SpillBuffer(old_worker, 1 << 20)
+    segment.open()
+    left.append(row())
+    segment.append(left[-1:])
+    segment.close()
+    writer = DbCallWriter.from_settings(
+        Settings(database_url=pg_url, proxy_spill_dir=spill, secret_key="s" * 32)
+    )
+    await writer.start()
+    try:
+        await asyncio.wait_for(writer.flush(), 15)
+        assert stored(pg_engine, left) == 3
+    finally:
+        await writer.close()
+    assert not old_worker.exists() and not spill.exists()
