@@ -14,35 +14,18 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from polar_mq.config.checks import DEFAULT_SECRET, security_problems
 from polar_mq.config.checks import is_loopback as is_loopback  # where the proxy takes it from
 from polar_mq.config.floor import FloorSettings
+from polar_mq.config.quota import UNLIMITED as UNLIMITED
+from polar_mq.config.quota import QuotaLimits as QuotaLimits
 from polar_mq.spec import TimeoutSpec
 
 TOKEN_GRACE_S = 120
 """An agent token outlives the agent's own time limit by this much: the kill, the proxy flush."""
-
-
-class QuotaLimits(BaseModel):
-    """One set of limits; a field left `None` inherits from the level above (or is unlimited)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    max_rollouts_per_request: int | None = Field(None, ge=1, strict=True)
-    max_rollouts_in_flight: int | None = Field(None, ge=1, strict=True)
-    max_tokens_per_rollout: int | None = Field(None, ge=1, strict=True)
-
-    def overridden_by(self, other: QuotaLimits | None) -> QuotaLimits:
-        """These limits with every limit that `other` sets taking precedence."""
-        if other is None:
-            return self
-        return self.model_copy(update=other.model_dump(exclude_none=True))
-
-
-UNLIMITED = QuotaLimits()
 
 
 class Settings(FloorSettings, BaseSettings):

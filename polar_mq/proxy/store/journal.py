@@ -37,18 +37,12 @@ from typing import Any
 
 from polar_mq.proxy.store.spill import SpillBuffer
 from polar_mq.proxy.store.spill_layout import LOCK_NAME, SUFFIX
+from polar_mq.proxy.store.spill_layout import journal_dir as journal_dir
 from polar_mq.proxy.store.spill_records import encode_rows
 
 logger = logging.getLogger(__name__)
 
-JOURNAL_DIR = "journal"
 JOURNAL_FILE = f"answers{SUFFIX}"
-
-
-def journal_dir(spill_dir: Path) -> Path:
-    """Where the journal of the proxy spilling into `spill_dir` lives (a leftover one is taken
-    over as spill backlog at start: `writer.DbCallWriter.from_settings`)."""
-    return spill_dir / JOURNAL_DIR
 
 
 class AnswerJournal:

@@ -30,6 +30,7 @@ logger = logging.getLogger(__name__)
 WORKER_PREFIX = "worker-"
 SUFFIX = ".seg"
 LOCK_NAME = "LOCK"
+JOURNAL_DIR = "journal"
 
 
 def worker_spill_dir(base: Path, index: int) -> Path:
@@ -54,6 +55,19 @@ def orphan_spill_dirs(base: Path, index: int | None = None, count: int = 1) -> l
         return [path for _, path in found]
     orphans = [path for number, path in found if number >= count and number % count == index]
     return [base, *orphans] if index == 0 else orphans
+
+
+def journal_dir(spill_dir: Path) -> Path:
+    """Where the answer journal (`journal`) of the process spilling into `spill_dir` lives."""
+    return spill_dir / JOURNAL_DIR
+
+
+def taken_over(own: Path, index: int | None = None, count: int = 1) -> list[Path]:
+    """Everything the process spilling into `own` (child `index` of `count`, or a single proxy)
+    takes over at start: the answer journals a killed process left (the orphans' first, so their
+    directories are empty when the orphans' own segments are moved) and the orphans."""
+    orphans = orphan_spill_dirs(own if index is None else own.parent, index, count)
+    return [*map(journal_dir, orphans), journal_dir(own), *orphans]
 
 
 def adopt_segments(target: Path, sources: list[Path]) -> int:

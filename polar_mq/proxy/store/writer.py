@@ -25,11 +25,8 @@ commit round trip, not a commit of its own: while a batch commits, the rows of t
 meanwhile queue up and go in the next batch together (group commit). The thread then never
 lingers for more rows (`flush_interval_s`): every answer waits for its row, so a linger would be
 pure latency, and the commit in flight already gathers the next batch.
-With a spill directory the group commit is the answer journal's instead (`journal`,
-`answer_journal`, on by default): each group is appended and fsynced to a local file, which
-answers it, and the journaled rows are committed in the lingering batches every
-`flush_interval_s`, or at once when a flush or a waiting stage asks (`hurry`); a file append costs
-the writer a fraction of a statement.
+With a spill directory the group is made durable by the answer journal instead (`journal`:
+an fsync answers it, the rows are committed in batches later; `answer_journal=False`: off).
 `durable_answers=False` (`POLAR_MQ_PROXY_DURABLE_ANSWERS=false`) makes `durable()` return at once:
 the old answer-first behaviour, for a deployment that prefers the latency (bench/proxy figures in
 docs/multihost.md).
@@ -56,7 +53,7 @@ from polar_mq.proxy.store.journal import AnswerJournal, journal_dir
 from polar_mq.proxy.store.receipts import StoredReceipts
 from polar_mq.proxy.store.sink import CallSink, MemoryCallSink
 from polar_mq.proxy.store.spill import SpillBuffer
-from polar_mq.proxy.store.spill_layout import orphan_spill_dirs
+from polar_mq.proxy.store.spill_layout import taken_over
 
 if TYPE_CHECKING:
     from polar_mq.proxy.server.worker_slot import WorkerSlot
@@ -157,13 +154,7 @@ class DbCallWriter:
         spill = settings.proxy_spill_path
         orphans: list[Path] = []
         if spill is not None:
-            if worker is None:
-                orphans = orphan_spill_dirs(spill)
-            else:
-                orphans = orphan_spill_dirs(spill.parent, worker.index, worker.count)
-            # answer journals left by a killed process (this one's, or an orphan's: those first,
-            # so that their directories are empty when the orphans' own are taken over)
-            orphans = [*map(journal_dir, orphans), journal_dir(spill), *orphans]
+            orphans = taken_over(spill, *((worker.index, worker.count) if worker else ()))
         return cls(
             settings.database_url,
             batch_size=settings.log_batch_size,
