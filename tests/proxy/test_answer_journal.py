@@ -19,9 +19,9 @@ from polar_mq.config import Settings
 from polar_mq.infra.ports import free_port
 from polar_mq.models import LlmCall
 from polar_mq.proxy.store import journal as journal_module
-from polar_mq.proxy.store.journal import JOURNAL_FILE, AnswerJournal, journal_dir
+from polar_mq.proxy.store.journal import JOURNAL_FILE, AnswerJournal
 from polar_mq.proxy.store.spill import SpillBuffer
-from polar_mq.proxy.store.spill_layout import adopt_segments
+from polar_mq.proxy.store.spill_layout import adopt_segments, journal_dir
 from polar_mq.proxy.store.spill_records import read_segment
 from polar_mq.proxy.store.writer import DbCallWriter
 from tests.conftest import module_database

@@ -116,11 +116,11 @@ class CallStore:
         `batch_size`; False if the database is unreachable (the caller makes them spill
         backlog). One attempt, no retry: nothing waits on it, the rows are safe on disk."""
         try:
-            for start in range(0, len(rows), self._batch_size):
-                self.written += self._commit(rows[start : start + self._batch_size])
-        except TRANSIENT as exc:
+            committed = self._commit_in_batches(rows)
+        except TRANSIENT as exc:  # all of them are replayed from the spill (idempotent)
             self._mark_down(exc)
             return False
+        self.written += committed
         self._mark_up()
         return True
 
@@ -131,10 +131,8 @@ class CallStore:
         read = self.spill.oldest()
         if read is None:
             return False
-        committed = 0
         try:
-            for start in range(0, len(read.rows), self._batch_size):
-                committed += self._commit(read.rows[start : start + self._batch_size])
+            committed = self._commit_in_batches(read.rows)
         except TRANSIENT as exc:  # the whole segment is replayed again later (idempotent)
             self._mark_down(exc)
             return False
@@ -146,6 +144,14 @@ class CallStore:
         return True
 
     # --- internals -----------------------------------------------------------------------------
+
+    def _commit_in_batches(self, rows: list[dict[str, Any]]) -> int:
+        """Commit `rows`, `batch_size` per statement; how many were committed. An outage is
+        raised: the caller keeps every row for a later try (those committed land once)."""
+        committed = 0
+        for start in range(0, len(rows), self._batch_size):
+            committed += self._commit(rows[start : start + self._batch_size])
+        return committed
 
     def _store_retrying(self, rows: list[dict[str, Any]]) -> None:
         try:

@@ -37,7 +37,6 @@ from typing import Any
 
 from polar_mq.proxy.store.spill import SpillBuffer
 from polar_mq.proxy.store.spill_layout import LOCK_NAME, SUFFIX
-from polar_mq.proxy.store.spill_layout import journal_dir as journal_dir
 from polar_mq.proxy.store.spill_records import encode_rows
 
 logger = logging.getLogger(__name__)

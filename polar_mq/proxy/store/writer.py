@@ -49,11 +49,11 @@ from sqlalchemy import Engine
 from polar_mq.config import Settings
 from polar_mq.infra.db import create_db_engine
 from polar_mq.proxy.store.call_store import CallStore
-from polar_mq.proxy.store.journal import AnswerJournal, journal_dir
+from polar_mq.proxy.store.journal import AnswerJournal
 from polar_mq.proxy.store.receipts import StoredReceipts
 from polar_mq.proxy.store.sink import CallSink, MemoryCallSink
 from polar_mq.proxy.store.spill import SpillBuffer
-from polar_mq.proxy.store.spill_layout import taken_over
+from polar_mq.proxy.store.spill_layout import journal_dir, taken_over
 
 if TYPE_CHECKING:
     from polar_mq.proxy.server.worker_slot import WorkerSlot
