@@ -31,6 +31,11 @@ from tests.reliability.support import (
 pytestmark = [pytest.mark.e2e, pytest.mark.reliability]
 
 SMALL_NODE = {Stage.PREPARE: 1, Stage.RUN_AGENT: 2, Stage.BUILD: 1, Stage.EVALUATE: 1}
+SIGNAL_PATH_S = 1.0
+"""How long SIGTERM may take from the test to the node's prepare worker (through the supervisor,
+whose handler forwards it) and the worker's consumer to stop, on a loaded CI host: a prepare
+message that arrived in that window still runs. A node that kept taking work would start its next
+prepare only after its 1 s prepare, and keep on."""
 
 
 def slow_prepare(seconds: float) -> dict[str, object]:
@@ -143,10 +148,13 @@ def test_a_node_leaves_by_draining(
     started = _started(db_session_factory, ids)
     on_a = [e for e in started if _node_of(e) == "node-a"]
     prepared_on_a = {str(e.rollout_id) for e in on_a if e.stage == Stage.PREPARE}
-    # nothing new started on node-a after the signal: no prepare at all, and the later stages
-    # only for the rollouts it had taken before
+    # nothing new started on node-a after the signal: no prepare once its prepare worker had
+    # the signal (at most the one message it was receiving as the signal went through the
+    # supervisor, within SIGNAL_PATH_S), and the later stages only for rollouts it had taken
     after = [e for e in on_a if e.at > signalled_at]
-    assert not [e for e in after if e.stage == Stage.PREPARE], after
+    late = [(e.at - signalled_at).total_seconds() for e in after if e.stage == Stage.PREPARE]
+    assert len(late) <= SMALL_NODE[Stage.PREPARE], f"prepares started {late} s after SIGTERM"
+    assert all(s < SIGNAL_PATH_S for s in late), f"prepares started {late} s after SIGTERM"
     assert {str(e.rollout_id) for e in after if e.stage != Stage.BUILD} <= prepared_on_a
     # what node-a held at the signal finished there
     held = prepared_on_a & unfinished

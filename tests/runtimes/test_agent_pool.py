@@ -196,7 +196,9 @@ def test_a_free_user_is_handed_out_only_once_its_leftover_processes_are_dead(
     claim kills it first; one that survives SIGKILL quarantines the uid for good."""
     from polar_mq.runtimes import agent_pool, uid_sweep
 
-    member = MEMBERS[0]  # a uid no real user has: nothing else of this node runs as it
+    # a uid of its own: no real user has it, and no other test's claim (which would kill this
+    # test's processes as leftovers, from another xdist worker) hands it out
+    member = AgentIdentity(70101, 70100, "polar-agent-sweep")
     leftover = subprocess.Popen(["sleep", "60"], user=member.uid, group=member.gid)
     try:
         assert uid_sweep.pids_of(member.uid) == [leftover.pid]
