@@ -45,6 +45,8 @@ class LoopConfig:
     entropy_target: float | None = None
     """Steer the bonus's coefficient after every step toward this mean entropy (nats per
     token, `entropy_control`); None: the coefficient stays `entropy_coef`."""
+    entropy_max: float = 0.05
+    """The largest coefficient the steering may set."""
     max_tokens: int = 16
     seed: int | None = None
     """Seeds the rollouts' sampling: each rollout gets its own seed from this one, its group
@@ -91,7 +93,9 @@ def sampling(config: LoopConfig) -> dict[str, Any]:
 def entropy_controller(config: LoopConfig) -> EntropyController | None:
     if config.entropy_target is None:
         return None
-    return EntropyController(config.entropy_target, coef=config.entropy_coef)
+    return EntropyController(
+        config.entropy_target, max_coef=config.entropy_max, coef=config.entropy_coef
+    )
 
 
 def publish(client: Client, learner: Learner, adapters: Path, version: int) -> dict[str, Any]:

@@ -56,6 +56,10 @@ def parse_args(argv: Sequence[str] | None, prog: str = "scripts/train") -> argpa
         "--entropy-target", type=float, default=None, metavar="NATS",
         help="steer the bonus's coefficient toward this mean entropy per token",
     )  # fmt: skip
+    p.add_argument(
+        "--entropy-max", type=float, default=0.05,
+        help="with --entropy-target, the largest coefficient the steering may reach",
+    )  # fmt: skip
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--seed", type=int, default=0, help="task split, LoRA init, sampling")
     p.add_argument("--learner-threads", type=int, default=1, help="torch threads")
@@ -70,6 +74,8 @@ def parse_args(argv: Sequence[str] | None, prog: str = "scripts/train") -> argpa
         p.error("--entropy-coef must not be negative")
     if args.entropy_target is not None and args.entropy_target <= 0:
         p.error("--entropy-target must be positive")
+    if args.entropy_max <= 0:
+        p.error("--entropy-max must be positive")
     if args.samples < 2:
         p.error("--samples must be at least 2 (GRPO compares the samples of a group)")
     if not 1 <= args.rank <= local_vllm.LORA_MAX_RANK:
@@ -127,6 +133,7 @@ def train_and_report(client: Client, learner: Learner, args: argparse.Namespace,
         steps=args.steps, groups_per_step=args.groups, samples_per_group=args.samples,
         max_staleness=args.max_staleness, clip=args.clip, temperature=args.temperature,
         entropy_coef=args.entropy_coef, entropy_target=args.entropy_target,
+        entropy_max=args.entropy_max,
         max_tokens=args.max_tokens, seed=args.seed,
     )  # fmt: skip
     adapters = out / "adapters"

@@ -90,6 +90,15 @@ def test_each_step_uses_the_coefficient_the_last_measured_entropy_set(tmp_path: 
     assert [r.entropy_coef for r in records] == sent  # logged as used
 
 
+def test_the_loop_keeps_the_coefficient_under_its_cap(tmp_path: Path) -> None:
+    learner = FakeLearner([0.0, 0.0, 0.0, 0.0])
+    config = LoopConfig(
+        steps=4, groups_per_step=1, samples_per_group=2, entropy_target=5.0, entropy_max=0.06
+    )
+    train(FakeClient(), learner, config, "job", tmp_path, lambda _: None)  # type: ignore[arg-type]
+    assert [s["entropy_coef"] for s in learner.steps] == pytest.approx([0.0, 0.025, 0.05, 0.06])
+
+
 def test_without_a_target_the_coefficient_stays(tmp_path: Path) -> None:
     learner = FakeLearner([0.1, 0.1, 0.1])
     config = LoopConfig(steps=3, groups_per_step=1, samples_per_group=2, entropy_coef=0.02)

@@ -34,3 +34,9 @@ def test_an_entropy_target_must_be_positive() -> None:
     refused = CliRunner().invoke(app, ["train", "--entropy-target", "0"])
     assert refused.exit_code == 2
     assert "--entropy-target must be positive" in refused.output
+
+
+def test_an_entropy_cap_must_be_positive() -> None:
+    refused = CliRunner().invoke(app, ["train", "--entropy-target", "1", "--entropy-max", "0"])
+    assert refused.exit_code == 2
+    assert "--entropy-max must be positive" in refused.output
