@@ -10,7 +10,14 @@ mapping field -> mode:
 - `off`: the agent's value is left alone.
 
 Defaults: `override` for `temperature` and `top_p`, `clamp` for `max_tokens`, `off` for `top_k`.
-A field the job's sampling does not set is never enforced. The effective policy travels in the
+A field the job's sampling does not set is never enforced.
+
+`sampling.exact: true` (a training job's: `polar_mq.training.loop`) also removes from every call
+the request fields that would make the engine sample from, and report the logprobs of, anything
+but `softmax(logits / temperature)` (`SHAPING_FIELDS`: penalties, `min_p`, `logit_bias`, guided
+decoding, beam search...), and turns a forced `tool_choice` (which vLLM decodes under a JSON
+schema) back to `auto`: the learner scores the plain tempered distribution, so any of these would
+make its importance ratios compare two different policies. The effective policy travels in the
 agent's signed rollout token (`polar_mq.capability.tokens`), so the proxy enforces it without a
 lookup.
 """
@@ -42,7 +49,19 @@ PASSED_FIELDS = frozenset(
 )  # fmt: skip
 """Sampling keys of OpenAI's API and vLLM's `SamplingParams` the proxy does not enforce:
 accepted and stored with the job (a harness may read them), never checked or applied."""
-KNOWN_KEYS = frozenset({*FIELDS, "enforce", *PASSED_FIELDS})
+SHAPING_FIELDS = frozenset(
+    {
+        "min_p", "logit_bias", "repetition_penalty", "presence_penalty", "frequency_penalty",
+        "min_tokens", "bad_words", "allowed_token_ids", "logits_processors", "vllm_xargs",
+        "best_of", "use_beam_search", "length_penalty", "response_format", "structured_outputs",
+        "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+        "guided_decoding_backend", "guided_whitespace_pattern", "regex", "ebnf", "json_schema",
+    }
+)  # fmt: skip
+"""Request fields (OpenAI's, vLLM's and SGLang's) that change which distribution the engine
+samples from and reports logprobs of, beyond temperature, top_p and top_k: `exact` removes them."""
+EXACT: Final = "exact"
+KNOWN_KEYS = frozenset({*FIELDS, "enforce", EXACT, *PASSED_FIELDS})
 """Every key a job's `sampling` may hold; any other is a typo (`temprature`), refused at submit
 rather than silently ignored."""
 DEFAULT_ENFORCE: Final[Mapping[str, str]] = {
@@ -76,9 +95,11 @@ class SamplingPolicy:
     """The enforced fields of a job (empty: nothing is enforced); hashable, so claims cache it."""
 
     rules: tuple[SamplingRule, ...] = ()
+    exact: bool = False
+    """Remove the `SHAPING_FIELDS` and a forced `tool_choice` from every call."""
 
     def __bool__(self) -> bool:
-        return bool(self.rules)
+        return bool(self.rules) or self.exact
 
     def __iter__(self) -> Iterator[SamplingRule]:
         return iter(self.rules)
@@ -88,7 +109,10 @@ class SamplingPolicy:
 
     def as_dict(self) -> dict[str, list[Any]]:
         """`{field: [mode, value]}`, e.g. for logs and tests."""
-        return {rule.field: [rule.mode, rule.value] for rule in self.rules}
+        out: dict[str, Any] = {rule.field: [rule.mode, rule.value] for rule in self.rules}
+        if self.exact:
+            out[EXACT] = True
+        return out
 
 
 def is_number(value: Any) -> bool:
@@ -169,6 +193,8 @@ def validate_sampling(sampling: Mapping[str, Any]) -> None:
     problem = unknown_key_problem(sampling)
     if problem is not None:
         raise ValueError(problem)
+    if not isinstance(sampling.get(EXACT, False), bool):
+        raise ValueError(f"exact: expected true or false, got {sampling[EXACT]!r}")
     modes = enforce_modes(sampling.get("enforce"))
     for field in FIELDS:
         value = sampling.get(field)
@@ -187,10 +213,11 @@ def sampling_policy(sampling: Mapping[str, Any] | None) -> SamplingPolicy:
     """
     if not sampling:
         return SamplingPolicy()
+    exact = sampling.get(EXACT) is True
     try:
         modes = enforce_modes(sampling.get("enforce"))
     except ValueError:
-        return SamplingPolicy()
+        return SamplingPolicy(exact=exact)
     rules = []
     for field in FIELDS:
         value = sampling.get(field)
@@ -198,4 +225,4 @@ def sampling_policy(sampling: Mapping[str, Any] | None) -> SamplingPolicy:
         if mode == OFF or value is None or value_problem(field, value) is not None:
             continue
         rules.append(SamplingRule(field, mode, value))
-    return SamplingPolicy(tuple(rules))
+    return SamplingPolicy(tuple(rules), exact)

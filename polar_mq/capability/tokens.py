@@ -18,8 +18,10 @@ Formats (purpose and attempt are inside the signed payload, so they cannot be sw
 - with a sampling policy (`polar_mq.capability.sampling`, enforced by the proxy on every call):
   `pmq_<rollout uuid hex>_<expiry>_<purpose>_<attempt or empty>_<policy>_<signature hex>`, the
   policy being the hex of the JSON `{field code: [mode code, value]}` (codes: `t` temperature,
-  `p` top_p, `k` top_k, `m` max_tokens; `o` override, `c` clamp), e.g. 60 characters for a
-  temperature override and a max_tokens clamp. Tokens without a policy keep the formats above.
+  `p` top_p, `k` top_k, `m` max_tokens; `o` override, `c` clamp; `x: ["o", 1]` for
+  `exact`), e.g. 60 characters for a temperature override and a max_tokens clamp. A proxy that
+  predates a code refuses the token rather than enforce less than the job asked. Tokens
+  without a policy keep the formats above.
 - with call receipts (`polar_mq.capability.receipts`: the proxy must count the attempt's calls in
   Redis, or refuse them): the attempt segment ends in `r` (`..._agent_2r_...`); a proxy that
   predates receipts cannot parse it and refuses the token, never serving uncounted calls.
@@ -88,6 +90,8 @@ FIELD_CODES: Final = {"temperature": "t", "top_p": "p", "top_k": "k", "max_token
 MODE_CODES: Final = {OVERRIDE: "o", CLAMP: "c"}
 _FIELDS_OF = {code: field for field, code in FIELD_CODES.items()}
 _MODES_OF = {code: mode for mode, code in MODE_CODES.items()}
+EXACT_CODE: Final = "x"
+_EXACT_RULE: Final = ["o", 1]
 
 
 def _sign(secret: str, payload: str) -> str:
@@ -96,7 +100,11 @@ def _sign(secret: str, payload: str) -> str:
 
 def encode_policy(policy: SamplingPolicy) -> str:
     """The token segment of a non-empty policy (hex: no `_`, safe in URLs and headers)."""
-    doc = {FIELD_CODES[rule.field]: [MODE_CODES[rule.mode], rule.value] for rule in policy}
+    doc: dict[str, list[Any]] = {
+        FIELD_CODES[rule.field]: [MODE_CODES[rule.mode], rule.value] for rule in policy
+    }
+    if policy.exact:
+        doc[EXACT_CODE] = _EXACT_RULE
     return orjson.dumps(doc).hex()
 
 
@@ -108,13 +116,16 @@ def decode_policy(segment: str) -> SamplingPolicy:
         raise InvalidToken("malformed rollout token") from exc
     if not isinstance(doc, dict) or not doc:
         raise InvalidToken("malformed rollout token")
+    exact = EXACT_CODE in doc
+    if exact and doc.pop(EXACT_CODE) != _EXACT_RULE:
+        raise InvalidToken("malformed rollout token")
     rules = []
     for code, rule in doc.items():
         ok = code in _FIELDS_OF and isinstance(rule, list) and len(rule) == 2
         if not ok or rule[0] not in _MODES_OF or not is_number(rule[1]):
             raise InvalidToken("malformed rollout token")
         rules.append(SamplingRule(_FIELDS_OF[code], _MODES_OF[rule[0]], rule[1]))
-    return SamplingPolicy(tuple(rules))
+    return SamplingPolicy(tuple(rules), exact)
 
 
 def issue_rollout_token(

@@ -72,10 +72,13 @@ def submit_training_job(client: Client, config: LoopConfig, tasks: list[dict[str
     return str(job.job_id)
 
 
-FULL_DISTRIBUTION: dict[str, Any] = {"top_p": 1.0, "top_k": -1, "enforce": {"top_k": "override"}}
+FULL_DISTRIBUTION: dict[str, Any] = {
+    "top_p": 1.0, "top_k": -1, "enforce": {"top_k": "override"}, "exact": True,
+}  # fmt: skip
 """Sampling from the whole tempered distribution, whatever the agent asks: the learner scores
 `log_softmax(logits / T)`, so an agent's `top_p` or `top_k` (renormalizing what the engine
-samples from and reports) would make every importance ratio compare two different policies."""
+samples from and reports), or its penalties, `min_p`, `logit_bias` or guided decoding (removed
+by `exact`), would make every importance ratio compare two different policies."""
 
 
 def sampling(config: LoopConfig) -> dict[str, Any]:

@@ -183,6 +183,18 @@ def test_a_sampling_policy_is_signed_and_round_trips(purpose: str, attempt: int 
     assert RolloutAuth(SECRET).verify(token).sampling == POLICY
 
 
+@pytest.mark.parametrize("rules", [(), POLICY.rules])
+def test_an_exact_policy_is_signed_and_round_trips(rules: tuple[SamplingRule, ...]) -> None:
+    exact = SamplingPolicy(rules, exact=True)
+    token = issue_rollout_token(SECRET, ROLLOUT, 600, attempt=2, sampling=exact)
+    claim = verify_rollout_token(SECRET, token)
+    assert claim.sampling == exact and claim.sampling.exact
+    parts = token.split("_")
+    loose = encode_policy(SamplingPolicy(rules))  # `exact` dropped: no longer what was signed
+    with pytest.raises(InvalidToken, match="signature"):
+        verify_rollout_token(SECRET, "_".join([*parts[:5], loose, parts[6]]))
+
+
 def test_tokens_without_a_policy_keep_their_format() -> None:
     for policy in (None, SamplingPolicy()):
         plain = issue_rollout_token(SECRET, ROLLOUT, 600, sampling=policy)
@@ -214,7 +226,9 @@ def test_the_policy_segment_cannot_be_changed_added_or_removed() -> None:
         "zz",
         b"[1]".hex(),
         b"{}".hex(),
-        b'{"x":["o",1]}'.hex(),
+        b'{"q":["o",1]}'.hex(),
+        b'{"x":["o",2]}'.hex(),
+        b'{"x":true}'.hex(),
         b'{"t":["x",1]}'.hex(),
         b'{"t":["o","1"]}'.hex(),
         b'{"t":["o",true]}'.hex(),

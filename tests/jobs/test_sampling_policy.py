@@ -71,6 +71,7 @@ def test_a_job_without_enforce_stores_the_same_spec_as_before() -> None:
         ({"max_tokens": 0}, "max_tokens: must be >= 1"),
         ({"top_p": 1.5}, "top_p: must be in (0, 1]"),
         ({"top_k": "5", "enforce": "clamp"}, "top_k: expected an integer to enforce"),
+        ({"exact": "yes"}, "exact: expected true or false"),
     ],
 )
 def test_bad_modes_fields_and_values_are_refused(sampling: dict[str, Any], message: str) -> None:
@@ -146,3 +147,11 @@ def test_equal_numbers_are_not_a_change() -> None:
     assert enforce(rules, {"temperature": 1.0, "max_tokens": 64}) is None
     changed = enforce(rules, {"temperature": True, "max_tokens": 64})
     assert changed is not None and changed[1] == {"temperature": [True, 1]}
+
+
+def test_exact_is_read_into_the_policy_even_without_enforced_values() -> None:
+    assert sampling_policy({"exact": True}) == SamplingPolicy(exact=True)
+    assert sampling_policy({"exact": True})  # a policy to sign into the token
+    assert not sampling_policy({"exact": False}) and not sampling_policy({"exact": "yes"})
+    assert sampling_policy({"exact": True, "enforce": "bogus"}).exact  # lenient on stored specs
+    assert job({"exact": True}).stored_spec()["sampling"] == {"exact": True}

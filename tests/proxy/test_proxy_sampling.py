@@ -153,3 +153,61 @@ async def test_gemini_generation_config_is_enforced(harness: Harness) -> None:
     assert (sent(harness)["temperature"], sent(harness)["max_tokens"]) == (0.9, 64)
     (row,) = await harness.rows()
     assert row["request"] == body and row["engine_request"]["max_tokens"] == 64
+
+
+EXACT_SAMPLING = {**JOB_SAMPLING, "exact": True}
+TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_exact_job_removes_what_shapes_the_distribution(
+    streaming_harness: Harness, stream: bool
+) -> None:
+    """A training job's learner scores softmax(logits / T): an agent's penalties, `min_p`,
+    `logit_bias`, JSON mode or forced tool call would have the engine sample from (and report
+    the logprobs of) another distribution. `exact` removes them; the stored call shows both."""
+    h = streaming_harness
+    shaping = {
+        "min_p": 0.1, "logit_bias": {"42": 100}, "repetition_penalty": 1.3,
+        "presence_penalty": 0.5, "frequency_penalty": 0.5, "min_tokens": 4,
+        "response_format": {"type": "json_object"}, "guided_regex": "[0-9]+",
+    }  # fmt: skip
+    body = {
+        "model": "m", "messages": MESSAGES, "tools": TOOLS, "tool_choice": "required",
+        "seed": 3, "stream": stream, **shaping,
+    }  # fmt: skip
+    await post(h, "/v1/chat/completions", body, EXACT_SAMPLING)
+    upstream = sent(h)
+    assert not set(shaping) & set(upstream), upstream
+    assert (upstream["tool_choice"], upstream["seed"], upstream["tools"]) == ("auto", 3, TOOLS)
+    (row,) = await h.rows()
+    assert row["request"] == body
+    assert not set(shaping) & set(row["engine_request"])
+    assert row["engine_request"]["tool_choice"] == "auto"
+    # the same job without `exact` passes them on: removing them is the job's choice
+    await post(h, "/v1/chat/completions", body)
+    assert set(shaping) <= set(sent(h)) and sent(h)["tool_choice"] == "required"
+
+
+async def test_an_exact_job_removes_them_from_every_api_family(harness: Harness) -> None:
+    config = {
+        "temperature": 0, "presencePenalty": 0.5, "frequencyPenalty": 0.5,
+        "responseMimeType": "application/json",
+    }  # fmt: skip
+    gemini = {
+        "contents": [{"role": "user", "parts": [{"text": "Hi"}]}],
+        "generationConfig": config,
+        "tools": [{"functionDeclarations": [{"name": "add"}]}],
+        "toolConfig": {"functionCallingConfig": {"mode": "ANY"}},
+    }
+    await post(harness, "/v1beta/models/policy:generateContent", gemini, EXACT_SAMPLING)
+    upstream = sent(harness)
+    assert upstream["temperature"] == 0.9 and upstream["tool_choice"] == "auto"
+    assert not {"presence_penalty", "frequency_penalty", "response_format"} & set(upstream)
+    anthropic = {
+        "model": "claude-x", "max_tokens": 100, "messages": MESSAGES,
+        "tools": [{"name": "add", "input_schema": {"type": "object"}}],
+        "tool_choice": {"type": "tool", "name": "add"},
+    }  # fmt: skip
+    await post(harness, "/v1/messages", anthropic, EXACT_SAMPLING)
+    assert sent(harness)["tool_choice"] == "auto"

@@ -120,3 +120,7 @@ def test_the_job_samples_the_whole_distribution_whatever_the_agent_asks() -> Non
     assert body["max_tokens"] == 16  # clamped to the job's
     body, _ = enforce(policy, {"messages": []}) or ({}, {})
     assert (body["top_p"], body["top_k"]) == (1.0, -1)  # added when the agent sent none
+    shaped = {"messages": [], "min_p": 0.2, "logit_bias": {"7": 5}, "repetition_penalty": 1.2}
+    body, changes = enforce(policy, shaped) or ({}, {})
+    assert not {"min_p", "logit_bias", "repetition_penalty"} & set(body)
+    assert changes["min_p"] == [0.2, None]
