@@ -60,22 +60,37 @@ def group_advantages(rewards: Sequence[float]) -> list[float] | None:
     return [(r - mean) / (std + STD_EPS) for r in rewards]
 
 
-def batch_samples(batch: Sequence[Mapping[str, Any]], version: int) -> BatchSamples:
+def usable_samples(group: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The group's samples that count: usable (no infrastructure failure) and rewarded."""
+    return [s for s in group["samples"] if s["usable"] and s["reward"] is not None]
+
+
+def has_signal(group: Mapping[str, Any]) -> bool:
+    """Whether the group's usable samples got more than one reward (a GRPO advantage)."""
+    return group_advantages([float(s["reward"]) for s in usable_samples(group)]) is not None
+
+
+def batch_samples(
+    batch: Sequence[Mapping[str, Any]], version: int, flat_samples: bool = True
+) -> BatchSamples:
     """The training samples of a batch of groups fetched with `include_trajectories`.
 
-    `version`: the trainer's policy version when it took the batch (for the staleness figure)."""
+    `version`: the trainer's policy version when it took the batch (for the staleness figure).
+    `flat_samples` False leaves the samples of groups without signal out (counted, not sent)."""
     out = BatchSamples()
     for group in batch:
         out.groups += 1
         versions = group.get("policy_versions")
         if versions:
             out.staleness.append(version - int(versions["min"]))
-        usable = [s for s in group["samples"] if s["usable"] and s["reward"] is not None]
+        usable = usable_samples(group)
         rewards = [float(s["reward"]) for s in usable]
         out.rewards.extend(rewards)
         advantages = group_advantages(rewards)
         if advantages is None:
             out.zero_variance_groups += 1
+            if not flat_samples:
+                continue
         train = advantages is not None
         for sample, advantage in zip(usable, advantages or [0.0] * len(usable), strict=True):
             for traj in sample.get("trajectories") or []:

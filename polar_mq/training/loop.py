@@ -3,7 +3,8 @@
 1. The job is submitted with `staleness: {max_staleness, batch_size}`: polar_mq generates at most
    that many steps' worth of groups ahead of the trainer's policy version.
 2. A batch of complete groups is leased (`stream_groups`, manual acks, with trajectories).
-3. GRPO advantages per group (`grpo.py`); groups without reward variance are skipped, counted.
+3. GRPO advantages per group (`grpo.py`); groups without reward variance are skipped, counted
+   (with `resample_flat`, more groups are leased in their place: `resampling`).
 4. The learner recomputes the policy's logprobs on the stored ids under the stored loss mask,
    measures them against the engine's, and steps on the clipped importance-sampled loss.
 5. The adapter is saved into `adapters/v{N}` and published as policy version N
@@ -25,6 +26,7 @@ from polar_mq.training.entropy_control import EntropyController
 from polar_mq.training.grpo import batch_samples
 from polar_mq.training.learner_client import Learner, LearnerError
 from polar_mq.training.metrics import StepRecord, mean_or
+from polar_mq.training.resampling import step_groups
 
 AGENT = "{python} -m polar_mq.training.agent"
 REWARD = {"name": "python", "callable": "polar_mq.training.tasks:reward"}
@@ -47,6 +49,9 @@ class LoopConfig:
     token, `entropy_control`); None: the coefficient stays `entropy_coef`."""
     entropy_max: float = 0.05
     """The largest coefficient the steering may set."""
+    resample_flat: int = 0
+    """Dynamic sampling (`resampling`): up to this many more groups per step, leased while fewer
+    than `groups_per_step` of the step's groups have reward variance; 0: off."""
     max_tokens: int = 16
     seed: int | None = None
     """Seeds the rollouts' sampling: each rollout gets its own seed from this one, its group
@@ -57,7 +62,8 @@ class LoopConfig:
 
 def submit_training_job(client: Client, config: LoopConfig, tasks: list[dict[str, Any]]) -> str:
     """One job holding every group the run will train on (the train split, cycled)."""
-    needed = config.steps * config.groups_per_step
+    per_step = config.groups_per_step + config.resample_flat
+    needed = config.steps * per_step
     cycled = [tasks[i % len(tasks)] for i in range(needed)]
     job = client.submit(
         cycled,
@@ -65,7 +71,7 @@ def submit_training_job(client: Client, config: LoopConfig, tasks: list[dict[str
         harness={"type": "command", "command": AGENT},
         evaluator=REWARD,
         sampling=sampling(config),
-        staleness={"max_staleness": config.max_staleness, "batch_size": config.groups_per_step},
+        staleness={"max_staleness": config.max_staleness, "batch_size": per_step},
         timeouts={"agent_s": 600},
         metadata={"trainer": "polar_mq.training"},
     )
@@ -124,14 +130,17 @@ def train(
     records: list[StepRecord] = []
     control = entropy_controller(config)
     coef = config.entropy_coef
-    batches = client.stream_groups(
+    batches = iter(client.stream_groups(
         job_id, batch_size=config.groups_per_step, consumer=config.consumer,
         lease_s=config.lease_s, ack="manual", include_trajectories=True,
-    )  # fmt: skip
+    ))  # fmt: skip
     waited_from = time.monotonic()
-    for step, batch in enumerate(batches):
+    for step in range(config.steps):
+        batch = step_groups(batches, config.groups_per_step, config.resample_flat)
+        if batch is None:
+            break
         got = time.monotonic()
-        data = batch_samples(batch, version)
+        data = batch_samples(batch, version, flat_samples=not config.resample_flat)
         figures: dict[str, Any] = {"tokens": 0, "loss": 0.0, "grad_norm": None,
                                    "clipped_tokens": 0, "mismatch_mean": None,
                                    "mismatch_max": None, "mismatch_tokens": 0,
@@ -175,6 +184,4 @@ def train(
         if control is not None:
             coef = control.update(figures["entropy_mean"])
         waited_from = time.monotonic()
-        if step + 1 >= config.steps:
-            break
     return records

@@ -47,7 +47,8 @@ class StepRecord:
             gap = f"{self.mismatch_mean:.4f}/{self.mismatch_max:.3f}"
         return (
             f"step {self.step:3d} -> v{self.version}: reward {self.mean_reward:.3f}"
-            f" | zero-var {self.zero_variance_fraction:.2f} | tokens {self.tokens_trained:5d}"
+            f" | groups {self.groups} zero-var {self.zero_variance_fraction:.2f}"
+            f" | tokens {self.tokens_trained:5d}"
             f" | stale {self.staleness_mean:.1f}/{self.staleness_max}"
             f" | |dlogp| mean/max {gap}"
             f" | entropy {'-' if self.entropy_mean is None else f'{self.entropy_mean:.3f}'}"

@@ -60,6 +60,11 @@ def parse_args(argv: Sequence[str] | None, prog: str = "scripts/train") -> argpa
         "--entropy-max", type=float, default=0.05,
         help="with --entropy-target, the largest coefficient the steering may reach",
     )  # fmt: skip
+    p.add_argument(
+        "--resample-flat", type=int, default=0, metavar="N",
+        help="dynamic sampling: lease up to N more groups per step in place of groups without "
+        "reward variance, and train on the groups with signal only",
+    )  # fmt: skip
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--seed", type=int, default=0, help="task split, LoRA init, sampling")
     p.add_argument("--learner-threads", type=int, default=1, help="torch threads")
@@ -76,6 +81,8 @@ def parse_args(argv: Sequence[str] | None, prog: str = "scripts/train") -> argpa
         p.error("--entropy-target must be positive")
     if args.entropy_max <= 0:
         p.error("--entropy-max must be positive")
+    if args.resample_flat < 0:
+        p.error("--resample-flat must not be negative")
     if args.samples < 2:
         p.error("--samples must be at least 2 (GRPO compares the samples of a group)")
     if not 1 <= args.rank <= local_vllm.LORA_MAX_RANK:
@@ -133,7 +140,7 @@ def train_and_report(client: Client, learner: Learner, args: argparse.Namespace,
         steps=args.steps, groups_per_step=args.groups, samples_per_group=args.samples,
         max_staleness=args.max_staleness, clip=args.clip, temperature=args.temperature,
         entropy_coef=args.entropy_coef, entropy_target=args.entropy_target,
-        entropy_max=args.entropy_max,
+        entropy_max=args.entropy_max, resample_flat=args.resample_flat,
         max_tokens=args.max_tokens, seed=args.seed,
     )  # fmt: skip
     adapters = out / "adapters"

@@ -40,3 +40,9 @@ def test_an_entropy_cap_must_be_positive() -> None:
     refused = CliRunner().invoke(app, ["train", "--entropy-target", "1", "--entropy-max", "0"])
     assert refused.exit_code == 2
     assert "--entropy-max must be positive" in refused.output
+
+
+def test_resampling_cannot_be_negative() -> None:
+    refused = CliRunner().invoke(app, ["train", "--resample-flat", "-1"])
+    assert refused.exit_code == 2
+    assert "--resample-flat must not be negative" in refused.output

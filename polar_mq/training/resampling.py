@@ -1,0 +1,40 @@
+"""Dynamic sampling (as DAPO does it): a step leases more groups in place of those without signal.
+
+A group whose samples all got one reward has no GRPO advantage, hence no gradient. Once the policy
+narrows, most groups are such flat groups (every sample the same sentence), and a step of two
+groups trains on none or one of them (docs/training.md). With `resample_flat` extra groups a step
+keeps leasing batches from the group stream while fewer than `groups_per_step` of its groups have
+signal, up to that many more groups; the learner then trains on the groups with signal only, and
+every group leased is acknowledged with the step.
+
+The job is sized and throttled for it (`loop.submit_training_job`): it holds
+`steps x (groups_per_step + resample_flat)` groups and its staleness batch is that many groups,
+so the engine may generate the extra groups while the learner steps (on this CPU they run on
+separate cores); those a step does not need grow stale and are withheld.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from polar_mq.training.grpo import has_signal
+
+
+def step_groups(
+    batches: Iterator[list[dict[str, Any]]], wanted: int, extra: int
+) -> list[dict[str, Any]] | None:
+    """The groups of one step: a batch, then more batches while fewer than `wanted` groups have
+    signal and fewer than `extra` more groups were leased. None once the stream has ended."""
+    first = next(batches, None)
+    if first is None:
+        return None
+    taken = list(first)
+    more_allowed = extra
+    while more_allowed > 0 and sum(has_signal(g) for g in taken) < wanted:
+        batch = next(batches, None)
+        if batch is None:
+            break
+        taken.extend(batch)
+        more_allowed -= len(batch)
+    return taken
