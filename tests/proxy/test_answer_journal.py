@@ -22,7 +22,7 @@ from polar_mq.proxy.store import journal as journal_module
 from polar_mq.proxy.store.journal import JOURNAL_FILE, AnswerJournal
 from polar_mq.proxy.store.spill import SpillBuffer
 from polar_mq.proxy.store.spill_layout import adopt_segments, journal_dir
-from polar_mq.proxy.store.spill_records import read_segment
+from polar_mq.proxy.store.spill_records import count_rows, read_segment
 from polar_mq.proxy.store.writer import DbCallWriter
 from tests.conftest import module_database
 
@@ -56,29 +56,66 @@ def stored(engine: Engine, rows: list[dict[str, Any]]) -> int:
 # --- the journal alone --------------------------------------------------------------------------
 
 
-def test_a_failed_write_is_cut_back_so_later_records_stay_readable(
+def test_a_failed_write_is_overwritten_so_later_records_stay_readable(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     journal = AnswerJournal(tmp_path / "journal")
     assert journal.open()
     first, second, third = [row(0)], [row(1)], [row(2)]
     assert journal.append(first)
-    real_fsync = os.fsync
+    real_sync = os.fdatasync
 
     def failing(fd: int) -> None:
         raise OSError(5, "I/O error")
 
-    monkeypatch.setattr(journal_module.os, "fsync", failing)
+    monkeypatch.setattr(journal_module.os, "fdatasync", failing)
     assert not journal.append(second)  # not in the journal: the caller stores it another way
-    monkeypatch.setattr(journal_module.os, "fsync", real_fsync)
+    monkeypatch.setattr(journal_module.os, "fdatasync", real_sync)
     assert journal.append(third)
     rows, _, corrupt = read_segment(journal.path)
     assert [r["id"] for r in rows] == [first[0]["id"], third[0]["id"]] and not corrupt
-    assert journal.rows == 2
+    assert journal.rows == 2 and count_rows(journal.path) == 2
     journal.clear()
-    assert journal.path.stat().st_size == 0 and journal.rows == 0
+    assert read_segment(journal.path) == ([], 0, False) and journal.rows == 0
     journal.close()
     assert not journal.directory.exists()  # an empty journal leaves nothing behind
+
+
+def test_the_file_is_recycled_and_read_only_up_to_its_end_mark(tmp_path: Path) -> None:
+    """Emptied, the file keeps its blocks and the next records overwrite them (an fdatasync
+    then flushes data only); a reader stops at the end mark, before the older rows."""
+    journal = AnswerJournal(tmp_path / "journal")
+    assert journal.open()
+    assert journal.append([row(0), row(1)]) and journal.append([row(2)])
+    size = journal.path.stat().st_size
+    journal.clear()
+    newer = [row(3)]
+    assert journal.append(newer)
+    assert journal.path.stat().st_size == size  # overwritten in place, not grown
+    rows, records, corrupt = read_segment(journal.path)
+    assert [r["id"] for r in rows] == [newer[0]["id"]] and (records, corrupt) == (1, False)
+    assert count_rows(journal.path) == 1
+    spill = tmp_path / "after-a-kill"  # a killed process's journal: the next one adopts it
+    spill.mkdir()
+    journal._close_handle()
+    assert journal._lock is not None
+    journal._lock.close()
+    assert adopt_segments(spill, [journal.directory]) == 1
+    assert ids_on_disk(spill) == [str(newer[0]["id"])]
+
+
+def test_rows_found_in_the_file_at_start_are_set_aside_never_overwritten(
+    tmp_path: Path,
+) -> None:
+    left = AnswerJournal(tmp_path / "journal")
+    assert left.open() and left.append([row(0)])
+    left._close_handle()
+    assert left._lock is not None
+    left._lock.close()
+    journal = AnswerJournal(tmp_path / "journal")  # not taken over first (never done so)
+    assert journal.open() and journal.append([row(1)])
+    assert len(ids_on_disk(journal.directory)) == 2  # both, in two segments
+    journal.close()
 
 
 def test_a_live_journal_is_not_taken_over_and_a_dead_one_is(tmp_path: Path) -> None:
@@ -220,7 +257,7 @@ async def test_a_journal_that_cannot_write_commits_directly(
     def failing(fd: int) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(journal_module.os, "fsync", failing)
+    monkeypatch.setattr(journal_module.os, "fdatasync", failing)
     writer = DbCallWriter(pg_url, spill_dir=tmp_path / "spill", flush_interval_s=LINGER_S)
     await writer.start()
     try:

@@ -166,6 +166,31 @@ async def test_durable_waits_for_the_commit_not_for_the_linger(
 
 
 @pytest.mark.anyio
+async def test_without_a_spill_directory_durable_gives_up_after_the_flush_timeout(
+    rollout_id: uuid.UUID,
+) -> None:
+    """Database down, nowhere to spill: the answer goes out after `flush_timeout_s` (never
+    held for ever), counted as late; the row stays queued, and a wait that ran out leaves no
+    waiter behind to be settled twice."""
+    down = DbCallWriter(
+        f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/x",
+        flush_timeout_s=0.3, retry_max_wait_s=0.05, close_timeout_s=0.3,
+    )  # fmt: skip
+    await down.start()
+    try:
+        down.submit(_row(rollout_id))
+        started = time.monotonic()
+        await asyncio.wait_for(down.durable(), 10)
+        assert 0.25 <= time.monotonic() - started < 5
+        assert down.stats()["durable_late"] == 1 and down.stats()["queued"] == 1
+        down.submit(_row(rollout_id))
+        await asyncio.wait_for(down.durable(), 10)
+        assert down.stats()["durable_late"] == 2
+    finally:
+        await down.close()
+
+
+@pytest.mark.anyio
 async def test_durable_is_the_spill_fsync_while_the_database_is_down(
     pg_url: str,
     tmp_path: Path,

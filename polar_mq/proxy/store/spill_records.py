@@ -18,6 +18,9 @@ import orjson
 
 HEADER = struct.Struct("<III")
 """Payload length, CRC32 (of the row count and the payload), row count."""
+END = bytes(HEADER.size)
+"""An all-zero header ends a file's records (no record has an empty payload): the answer
+journal writes it after its last record, before the older contents of its recycled file."""
 _RESTORE: dict[str, Any] = {
     "id": uuid.UUID,
     "rollout_id": uuid.UUID,
@@ -56,6 +59,8 @@ def read_segment(path: Path) -> tuple[list[dict[str, Any]], int, bool]:
         if offset + HEADER.size > len(data):
             return rows, records, True
         length, crc, count = HEADER.unpack_from(data, offset)
+        if length == crc == count == 0:  # the end mark
+            return rows, records, False
         start = offset + HEADER.size
         payload = data[start : start + length]
         if len(payload) != length or _crc(count, payload) != crc:
@@ -77,7 +82,9 @@ def count_rows(path: Path) -> int:
         offset = 0
         while offset + HEADER.size <= size:
             handle.seek(offset)
-            length, _, count = HEADER.unpack(handle.read(HEADER.size))
+            length, crc, count = HEADER.unpack(handle.read(HEADER.size))
+            if length == crc == count == 0:  # the end mark
+                break
             offset += HEADER.size + length
             if offset > size:
                 break

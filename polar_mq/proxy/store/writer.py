@@ -3,11 +3,9 @@
 `DbCallWriter` keeps a bounded queue (a full queue drops and counts, it never blocks a request),
 and one background thread with its own engine turns up to `batch_size` rows, or whatever arrived
 within `flush_interval_s`, into one multi-row `INSERT ... ON CONFLICT (id) DO NOTHING`
-(`call_insert`). The queue is a deque: `submit` appends without a lock and wakes the thread only
-when it sleeps for lack of rows; the thread then waits once per batch (the interval, cut short by
-a flush or close), not once per row, so the serving thread does not hand it the GIL per call
-. Where a batch goes when the database is down is `call_store`'s business: with a
-spill directory it lands in a local durable buffer (`spill`) and is replayed exactly once when the
+(`call_insert`). `submit` appends to a deque without a lock and wakes the thread only when it
+sleeps for lack of rows. Where a batch goes when the database is down is `call_store`'s business:
+with a spill directory it lands in a local durable buffer (`spill`), replayed exactly once when the
 database is back, also after a restart; without one it is retried in place. After each commit
 the committed rows' ids go to their attempts' call receipts (`call_receipts`), which the run-agent
 stage waits on instead of calling `flush()` through the proxy.
@@ -21,10 +19,8 @@ builds a trajectory from a partial set of calls).
 submitted so far is committed *or* fsynced to the spill buffer (which the next process replays).
 A proxy killed with -9 right after answering then still has the call: "calls an agent saw
 answered = calls stored" holds across proxy crashes, not only clean stops. It costs the call one
-commit round trip, not a commit of its own: while a batch commits, the rows of the calls answered
-meanwhile queue up and go in the next batch together (group commit). The thread then never
-lingers for more rows (`flush_interval_s`): every answer waits for its row, so a linger would be
-pure latency, and the commit in flight already gathers the next batch.
+commit round trip, not a commit of its own: the rows of the calls answered during a commit go in
+the next batch together (group commit), so the thread never lingers for more rows.
 With a spill directory the group is made durable by the answer journal instead (`journal`:
 an fsync answers it, the rows are committed in batches later; `answer_journal=False`: off).
 `durable_answers=False` (`POLAR_MQ_PROXY_DURABLE_ANSWERS=false`) makes `durable()` return at once:
@@ -234,8 +230,11 @@ class DbCallWriter:
             if self._done >= target:
                 return
             self._durable_waiters.append((target, loop, future))
+        # a timer rather than `asyncio.wait_for`, which costs twice the await itself (a waiter
+        # future and callbacks per call), on every answer
+        expiry = loop.call_later(self._flush_timeout, _expire, future)
         try:
-            await asyncio.wait_for(future, self._flush_timeout)
+            await future
         except TimeoutError:
             self._durable_late += 1
             if self._durable_late & (self._durable_late - 1) == 0:
@@ -244,6 +243,8 @@ class DbCallWriter:
                     self._durable_late,
                     self._not_stored_message(),
                 )
+        finally:
+            expiry.cancel()
 
     async def close(self) -> None:
         """Store what is queued (spilled if the database is down; lost after `close_timeout_s`
@@ -393,15 +394,12 @@ class DbCallWriter:
 
     def _create_engine(self, url: str) -> Engine:
         """The writer's one connection. On PostgreSQL in autocommit: a batch is one statement
-        (`call_insert`), atomic on its own, so the BEGIN and COMMIT round trips around it bought
-        nothing but CPU in this process and in the database, on every batch.
+        (`call_insert`), atomic on its own, so a BEGIN and COMMIT around it buy nothing.
 
-        No pre-ping: it was a `SELECT 1` round trip before every batch, and at a pipeline's
-        pace a batch is one to three calls (py-spy showed it in the proxy's profile under the
-        pipeline bench's trivial agent; docs/benchmarks.md). A connection that died meanwhile
-        fails the insert before anything is sent; the pool invalidates it and the store's retry
-        (`call_store`)
-        sends the batch again on a fresh one (`ON CONFLICT DO NOTHING` either way)."""
+        No pre-ping (a `SELECT 1` round trip before every batch of one to three calls, seen in
+        py-spy profiles): a connection that died meanwhile fails the insert before anything is
+        sent, and the store's retry sends the batch again on a fresh one (`ON CONFLICT DO
+        NOTHING` either way)."""
         postgres = url.startswith("postgresql")
         return create_db_engine(
             url,
@@ -479,6 +477,12 @@ class DbCallWriter:
         for (_, loop, future), error in ready:
             with contextlib.suppress(RuntimeError):  # that loop is closed: nobody waits
                 loop.call_soon_threadsafe(_resolve, future, error)
+
+
+def _expire(future: asyncio.Future[None]) -> None:
+    """A durable() wait that ran out (its waiter entry is settled later, a no-op then)."""
+    if not future.done():
+        future.set_exception(TimeoutError())
 
 
 def _resolve_all(futures: list[asyncio.Future[None]]) -> None:
