@@ -19,6 +19,7 @@ from polar_mq.config import Settings
 from polar_mq.infra.ports import free_port
 from polar_mq.models import LlmCall
 from polar_mq.proxy.store import journal as journal_module
+from polar_mq.proxy.store import spill as spill_module
 from polar_mq.proxy.store.journal import JOURNAL_FILE, AnswerJournal
 from polar_mq.proxy.store.spill import SpillBuffer
 from polar_mq.proxy.store.spill_layout import adopt_segments, journal_dir
@@ -150,6 +151,31 @@ def test_a_handed_over_journal_is_spill_backlog(tmp_path: Path) -> None:
     buffer.close()
 
 
+def test_a_hand_over_that_cannot_move_the_file_keeps_the_journal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The database and the disk failing at once: the rows stay journaled (and the file where
+    a takeover finds it), never half handed over; a later hand-over moves them."""
+    buffer = SpillBuffer(tmp_path, 1 << 20)
+    buffer.open()
+    journal = AnswerJournal(journal_dir(tmp_path))
+    assert journal.open() and journal.append([row(0), row(1)])
+
+    def failing(source: Any, target: Any) -> None:
+        raise OSError(5, "I/O error")
+
+    monkeypatch.setattr(spill_module.os, "rename", failing)
+    assert not journal.hand_over(buffer)
+    assert (journal.rows, buffer.rows, buffer.spilled_total) == (2, 0, 0)
+    assert len(ids_on_disk(journal.directory)) == 2
+    assert journal.append([row(2)])  # still writable, after its records
+    monkeypatch.undo()
+    assert journal.hand_over(buffer)
+    assert (journal.rows, buffer.rows) == (0, 3)
+    journal.close()
+    buffer.close()
+
+
 # --- the writer with its journal ----------------------------------------------------------------
 
 
@@ -233,9 +259,12 @@ async def test_an_unreachable_database_turns_the_journal_into_spill_backlog(
     down.submit(rows[0])
     await asyncio.wait_for(down.durable(), 15)  # journaled: the database was not tried yet
     deadline = time.monotonic() + 20
-    while down.stats()["spilled_rows"] < 1 and time.monotonic() < deadline:
+    handed = (1, 0)  # the spill buffer counts the row a moment before the journal forgets it
+    while time.monotonic() < deadline:
+        if (down.stats()["spilled_rows"], down.stats()["journal_rows"]) == handed:
+            break
         await asyncio.sleep(0.05)
-    assert (down.stats()["spilled_rows"], down.stats()["journal_rows"]) == (1, 0)
+    assert (down.stats()["spilled_rows"], down.stats()["journal_rows"]) == handed
     down.submit(rows[1])  # while down: spilled directly
     await asyncio.wait_for(down.durable(), 15)
     await down.close()

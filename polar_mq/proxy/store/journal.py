@@ -113,17 +113,24 @@ class AnswerJournal:
         self._size = 0
         self.rows = 0
 
-    def hand_over(self, spill: SpillBuffer) -> None:
+    def hand_over(self, spill: SpillBuffer) -> bool:
         """Make the journal's rows spill backlog (the database is unreachable): the file, cut to
-        its records, becomes one of the buffer's sealed segments."""
+        its records, becomes one of the buffer's sealed segments. False if it could not be moved
+        (logged): the rows stay journaled, for the next commit or hand-over to take."""
         rows = self.rows
+        if not rows:
+            return True
         if self._fd is not None:
             with contextlib.suppress(OSError):  # uncut, a reader still stops at the end mark
                 os.ftruncate(self._fd, self._size)
-        self._close_handle()
-        self.rows, self._size = 0, 0
-        if rows and self.path.exists():
+        try:
             spill.take_segment(self.path, rows)
+        except OSError as exc:
+            logger.error("answer journal not handed to the spill buffer (%s): kept", exc)
+            return False
+        self._close_handle()  # the file is the buffer's now: the next record starts a new one
+        self.rows, self._size = 0, 0
+        return True
 
     def close(self) -> None:
         """Release the file and the lock; an empty journal leaves nothing behind (a non-empty

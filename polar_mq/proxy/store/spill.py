@@ -191,11 +191,15 @@ class SpillBuffer:
         """Adopt a file of records written elsewhere (the answer journal's, `journal`) as a
         sealed segment: moved in with one `rename`, its rows counted as spilled."""
         target = self.directory / f"{self._next:012d}{SUFFIX}"
+        size = path.stat().st_size
+        os.rename(path, target)  # raises with nothing changed
         self._next += 1
-        os.rename(path, target)
-        fsync_dir(self.directory)
-        self._sealed.append(Segment(target, target.stat().st_size, rows))
+        self._sealed.append(Segment(target, size, rows))
         self.spilled_total += rows
+        try:
+            fsync_dir(self.directory)
+        except OSError as exc:  # moved and counted: only a power loss could undo the rename
+            logger.error("spill directory %s not synced after a hand-over (%s)", target, exc)
 
     def seal(self) -> None:
         """Close the segment being appended to, so that it can be replayed."""

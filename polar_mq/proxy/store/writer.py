@@ -126,8 +126,7 @@ class DbCallWriter:
         )
         self._journaled: list[dict[str, Any]] = []
         """Rows answered from the journal, not yet committed (in the journal's order)."""
-        self._journal_due = 0.0
-        """When the journaled rows are committed at the latest (monotonic)."""
+        self._journal_due = 0.0  # when the journaled rows are committed at the latest
         self._durable_waiters: deque[_Waiter] = deque()
         """durable() calls, in submission order (their targets never decrease)."""
         self._durable_late = 0
@@ -379,8 +378,8 @@ class DbCallWriter:
         return len(self._journaled) >= self._batch_size or time.monotonic() >= self._journal_due
 
     def _commit_journaled(self, store: CallStore) -> None:
-        """Commit the journaled rows and empty the journal; if the database is unreachable, the
-        journal becomes spill backlog (replayed like any spilled rows)."""
+        """Commit the journaled rows and empty the journal; the database unreachable, the journal
+        becomes spill backlog (replayed like any spilled rows), or stays if it cannot move."""
         journal = cast(AnswerJournal, self._journal)
         # The rows stay in `_journaled` until their commit is over: a flush() asked meanwhile
         # must wait for them (only this thread adds to it, so nothing joins during the commit).
@@ -389,7 +388,9 @@ class DbCallWriter:
             journal.clear()
         else:
             assert store.spill is not None  # a journal is kept only with a spill directory
-            journal.hand_over(store.spill)
+            if not journal.hand_over(store.spill):  # kept: tried again at the next interval
+                self._journal_due = time.monotonic() + self._interval
+                return
         self._journaled = []
 
     def _create_engine(self, url: str) -> Engine:
