@@ -71,13 +71,15 @@ def has_signal(group: Mapping[str, Any]) -> bool:
 
 
 def batch_samples(
-    batch: Sequence[Mapping[str, Any]], version: int, flat_samples: bool = True
+    batch: Sequence[Mapping[str, Any]], version: int, flat_limit: int | None = None
 ) -> BatchSamples:
     """The training samples of a batch of groups fetched with `include_trajectories`.
 
     `version`: the trainer's policy version when it took the batch (for the staleness figure).
-    `flat_samples` False leaves the samples of groups without signal out (counted, not sent)."""
+    `flat_limit`: the samples of at most that many groups without signal go to the learner (for
+    the entropy bonus and the mismatch figure); the others are counted, not sent. None: all."""
     out = BatchSamples()
+    flat_left = len(batch) if flat_limit is None else flat_limit
     for group in batch:
         out.groups += 1
         versions = group.get("policy_versions")
@@ -89,8 +91,9 @@ def batch_samples(
         advantages = group_advantages(rewards)
         if advantages is None:
             out.zero_variance_groups += 1
-            if not flat_samples:
+            if flat_left <= 0:
                 continue
+            flat_left -= 1
         train = advantages is not None
         for sample, advantage in zip(usable, advantages or [0.0] * len(usable), strict=True):
             for traj in sample.get("trajectories") or []:

@@ -26,7 +26,7 @@ from polar_mq.training.entropy_control import EntropyController
 from polar_mq.training.grpo import batch_samples
 from polar_mq.training.learner_client import Learner, LearnerError
 from polar_mq.training.metrics import StepRecord, mean_or
-from polar_mq.training.resampling import step_groups
+from polar_mq.training.resampling import flat_fill, step_groups
 
 AGENT = "{python} -m polar_mq.training.agent"
 REWARD = {"name": "python", "callable": "polar_mq.training.tasks:reward"}
@@ -140,7 +140,8 @@ def train(
         if batch is None:
             break
         got = time.monotonic()
-        data = batch_samples(batch, version, flat_samples=not config.resample_flat)
+        flat = flat_fill(batch, config.groups_per_step, config.resample_flat)
+        data = batch_samples(batch, version, flat)
         figures: dict[str, Any] = {"tokens": 0, "loss": 0.0, "grad_norm": None,
                                    "clipped_tokens": 0, "mismatch_mean": None,
                                    "mismatch_max": None, "mismatch_tokens": 0,

@@ -4,8 +4,11 @@ A group whose samples all got one reward has no GRPO advantage, hence no gradien
 narrows, most groups are such flat groups (every sample the same sentence), and a step of two
 groups trains on none or one of them (docs/training.md). With `resample_flat` extra groups a step
 keeps leasing batches from the group stream while fewer than `groups_per_step` of its groups have
-signal, up to that many more groups; the learner then trains on the groups with signal only, and
-every group leased is acknowledged with the step.
+signal, up to that many more groups; every group leased is acknowledged with the step. The
+learner trains on the groups with signal, and gets flat groups only to make up `groups_per_step`
+(`flat_fill`): their samples carry the entropy bonus, which is wanted exactly where the policy
+narrowed, and keep every step's learner work that of `groups_per_step` groups. (Sending none let
+a step whose leased groups were all flat train nothing at all, bonus included.)
 
 The job is sized and throttled for it (`loop.submit_training_job`): it holds
 `steps x (groups_per_step + resample_flat)` groups and its staleness batch is that many groups,
@@ -38,3 +41,11 @@ def step_groups(
         taken.extend(batch)
         more_allowed -= len(batch)
     return taken
+
+
+def flat_fill(groups: list[dict[str, Any]], wanted: int, extra: int) -> int | None:
+    """How many flat groups of a step go to the learner: all without resampling (`extra` 0:
+    None), else those that make up `wanted` with the groups that have signal."""
+    if not extra:
+        return None
+    return max(0, wanted - sum(has_signal(g) for g in groups))

@@ -10,7 +10,7 @@ from typing import Any
 
 from polar_mq.training.loop import LoopConfig, submit_training_job, train
 from polar_mq.training.metrics import StepRecord
-from polar_mq.training.resampling import step_groups
+from polar_mq.training.resampling import flat_fill, step_groups
 
 TRAJ = {"prompt_ids": [1], "response_ids": [5, 6], "loss_mask": [1, 1], "logprobs": [-1.0, -1.0]}
 
@@ -96,16 +96,26 @@ class Client:
 
 
 def test_the_loop_trains_on_the_groups_with_signal_and_acks_every_group(tmp_path: Path) -> None:
-    client = Client(FLAT, FLAT, SIGNAL, FLAT, SIGNAL, SIGNAL)
+    client = Client(FLAT, FLAT, SIGNAL, FLAT, SIGNAL, SIGNAL, FLAT, FLAT, FLAT, FLAT)
     learner = Learner()
-    config = LoopConfig(steps=2, groups_per_step=2, samples_per_group=2, resample_flat=2)
+    config = LoopConfig(steps=3, groups_per_step=2, samples_per_group=2, resample_flat=2)
     records: list[StepRecord] = []
     train(client, learner, config, "job", tmp_path, records.append)  # type: ignore[arg-type]
-    assert client.acked == [["g0", "g1", "g2", "g3"], ["g4", "g5"]]
-    assert [r.groups for r in records] == [4, 2]
-    assert [r.zero_variance_fraction for r in records] == [0.75, 0.0]
-    assert [len(samples) for samples in learner.sent] == [2, 4]  # the flat groups' stay out
-    assert all(s["train"] for samples in learner.sent for s in samples)
+    assert client.acked == [["g0", "g1", "g2", "g3"], ["g4", "g5"], ["g6", "g7", "g8", "g9"]]
+    assert [r.groups for r in records] == [4, 2, 4]
+    assert [r.zero_variance_fraction for r in records] == [0.75, 0.0, 1.0]
+    # the learner gets two groups' samples a step: those with signal, flat ones to make up two
+    # (scored for the entropy bonus, never trained on)
+    assert [[s["train"] for s in samples] for samples in learner.sent] == [
+        [False, False, True, True], [True] * 4, [False] * 4,
+    ]  # fmt: skip
+
+
+def test_flat_groups_make_up_the_learners_share_only_when_resampling() -> None:
+    groups = [group("a", FLAT), group("b", SIGNAL), group("c", FLAT), group("d", FLAT)]
+    assert flat_fill(groups, wanted=2, extra=2) == 1
+    assert flat_fill(groups, wanted=1, extra=2) == 0
+    assert flat_fill(groups, wanted=2, extra=0) is None  # off: every flat group, as before
 
 
 def test_without_resampling_flat_groups_are_scored_not_trained(tmp_path: Path) -> None:
