@@ -107,8 +107,8 @@ class SamplingPolicy:
     def get(self, field: str) -> SamplingRule | None:
         return next((rule for rule in self.rules if rule.field == field), None)
 
-    def as_dict(self) -> dict[str, list[Any]]:
-        """`{field: [mode, value]}`, e.g. for logs and tests."""
+    def as_dict(self) -> dict[str, Any]:
+        """`{field: [mode, value]}` (and `exact: True`), e.g. for logs and tests."""
         out: dict[str, Any] = {rule.field: [rule.mode, rule.value] for rule in self.rules}
         if self.exact:
             out[EXACT] = True
