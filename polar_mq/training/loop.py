@@ -63,7 +63,9 @@ class LoopConfig:
 def submit_training_job(client: Client, config: LoopConfig, tasks: list[dict[str, Any]]) -> str:
     """One job holding every group the run will train on (the train split, cycled)."""
     per_step = config.groups_per_step + config.resample_flat
-    needed = config.steps * per_step
+    # with resampling, groups generated ahead and not needed grow stale and are withheld: they
+    # use up the job as much as the ones trained on (a run held 4 a step and ended at step 128)
+    needed = config.steps * per_step * (2 if config.resample_flat else 1)
     cycled = [tasks[i % len(tasks)] for i in range(needed)]
     job = client.submit(
         cycled,

@@ -10,10 +10,11 @@ learner trains on the groups with signal, and gets flat groups only to make up `
 narrowed, and keep every step's learner work that of `groups_per_step` groups. (Sending none let
 a step whose leased groups were all flat train nothing at all, bonus included.)
 
-The job is sized and throttled for it (`loop.submit_training_job`): it holds
-`steps x (groups_per_step + resample_flat)` groups and its staleness batch is that many groups,
-so the engine may generate the extra groups while the learner steps (on this CPU they run on
-separate cores); those a step does not need grow stale and are withheld.
+The job is sized and throttled for it (`loop.submit_training_job`): its staleness batch is
+`groups_per_step + resample_flat` groups, so the engine may generate the extra groups while the
+learner steps (on this CPU they run on separate cores); those a step does not need grow stale and
+are withheld, which uses the job up as much as training does, so it holds twice
+`steps x (groups_per_step + resample_flat)` groups.
 """
 
 from __future__ import annotations
