@@ -96,7 +96,12 @@ def test_real_vllm_tokens_are_captured_exactly(
                     json={"model": local_vllm.SERVED_MODEL, "tokens": call.completion_ids},
                 ).json()["prompt"]
                 content = choice["message"]["content"] or ""
-                assert text.removesuffix(END_OF_TURN) == content
+                text = text.removesuffix(END_OF_TURN)
+                if choice["finish_reason"] == "length":
+                    # cut inside a multi-byte character: /detokenize shows its bytes as U+FFFD,
+                    # the engine's text holds them back (nothing of it was shown to the agent)
+                    text = text.removesuffix("\ufffd")
+                assert text == content
             samples = session.scalars(
                 select(TrajectorySample).where(TrajectorySample.rollout_id == rollout.id)
             ).all()
