@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from polar_mq.client import Client
+from polar_mq.training.grpo import usable_samples
 from polar_mq.training.loop import AGENT, REWARD
 from polar_mq.training.metrics import mean_or
 
@@ -29,10 +30,9 @@ def evaluate(client: Client, tasks: list[dict[str, Any]], max_tokens: int) -> di
     rewards: list[float] = []
     replies: list[dict[str, Any]] = []
     for group in client.results(job_id, complete_only=False):
-        for sample in group["samples"]:
-            if sample["usable"] and sample["reward"] is not None:
-                rewards.append(float(sample["reward"]))
-                replies.append({"task": group["task"]["instruction"], "reward": sample["reward"]})
+        for sample in usable_samples(group):
+            rewards.append(float(sample["reward"]))
+            replies.append({"task": group["task"]["instruction"], "reward": sample["reward"]})
     return {
         "mean_reward": mean_or(rewards),
         "n": len(rewards),

@@ -34,12 +34,14 @@ def step_groups(
     if first is None:
         return None
     taken = list(first)
+    signal = sum(map(has_signal, taken))
     more_allowed = extra
-    while more_allowed > 0 and sum(has_signal(g) for g in taken) < wanted:
+    while more_allowed > 0 and signal < wanted:
         batch = next(batches, None)
         if batch is None:
             break
         taken.extend(batch)
+        signal += sum(map(has_signal, batch))
         more_allowed -= len(batch)
     return taken
 
