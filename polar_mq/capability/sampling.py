@@ -56,10 +56,13 @@ SHAPING_FIELDS = frozenset(
         "best_of", "use_beam_search", "length_penalty", "response_format", "structured_outputs",
         "guided_json", "guided_regex", "guided_choice", "guided_grammar",
         "guided_decoding_backend", "guided_whitespace_pattern", "regex", "ebnf", "json_schema",
+        "extra_body",
     }
 )  # fmt: skip
 """Request fields (OpenAI's, vLLM's and SGLang's) that change which distribution the engine
-samples from and reports logprobs of, beyond temperature, top_p and top_k: `exact` removes them."""
+samples from and reports logprobs of, beyond temperature, top_p and top_k: `exact` removes them.
+`extra_body` is the OpenAI SDK's argument, sent as a literal key only by a raw HTTP agent: vLLM
+ignores it, but a server that unpacks it would apply the fields it hides, so it goes too."""
 EXACT: Final = "exact"
 KNOWN_KEYS = frozenset({*FIELDS, "enforce", EXACT, *PASSED_FIELDS})
 """Every key a job's `sampling` may hold; any other is a typo (`temprature`), refused at submit

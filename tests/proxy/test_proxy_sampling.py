@@ -171,6 +171,7 @@ async def test_an_exact_job_removes_what_shapes_the_distribution(
         "min_p": 0.1, "logit_bias": {"42": 100}, "repetition_penalty": 1.3,
         "presence_penalty": 0.5, "frequency_penalty": 0.5, "min_tokens": 4,
         "response_format": {"type": "json_object"}, "guided_regex": "[0-9]+",
+        "extra_body": {"min_p": 0.1},
     }  # fmt: skip
     body = {
         "model": "m", "messages": MESSAGES, "tools": TOOLS, "tool_choice": "required",
