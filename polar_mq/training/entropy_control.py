@@ -9,8 +9,12 @@ noise (docs/training.md has both runs).
 
 So the coefficient is a controller's output, as the temperature of soft actor-critic is: after
 each step it moves by `gain` times the gap between `target` and the entropy the step measured,
-kept within `[0, max_coef]`. Above the target the bonus fades to nothing and GRPO alone acts;
-below it, the bonus grows until the sampling widens again.
+kept within `[min_coef, max_coef]`. Above the target the bonus fades (to nothing with no floor)
+and GRPO alone acts; below it, the bonus grows until the sampling widens again.
+
+The floor is for the start: the untrained policy samples far above any useful target, so a
+coefficient free to fall reaches 0 within a few steps and has to climb back from there, at `gain`
+per nat per step, once the policy narrows; a floor keeps a bonus acting through the narrowing.
 """
 
 from __future__ import annotations
@@ -25,18 +29,23 @@ class EntropyController:
     gain: float = 0.005
     """Coefficient change per step per nat of gap."""
     max_coef: float = 0.05
+    min_coef: float = 0.0
     coef: float = 0.0
     """The coefficient the next step uses."""
 
     def __post_init__(self) -> None:
         if self.target <= 0 or self.gain <= 0 or self.max_coef <= 0:
             raise ValueError("target, gain and max_coef must be positive")
-        self.coef = min(self.max_coef, max(0.0, self.coef))
+        if not 0 <= self.min_coef <= self.max_coef:
+            raise ValueError("min_coef must be within [0, max_coef]")
+        self.coef = self._bounded(self.coef)
+
+    def _bounded(self, coef: float) -> float:
+        return min(self.max_coef, max(self.min_coef, coef))
 
     def update(self, entropy: float | None) -> float:
         """Move the coefficient after a step that measured `entropy` (None: it scored no
         token, and the coefficient stays); the coefficient for the next step."""
         if entropy is not None:
-            moved = self.coef + self.gain * (self.target - entropy)
-            self.coef = min(self.max_coef, max(0.0, moved))
+            self.coef = self._bounded(self.coef + self.gain * (self.target - entropy))
         return self.coef

@@ -49,6 +49,8 @@ class LoopConfig:
     token, `entropy_control`); None: the coefficient stays `entropy_coef`."""
     entropy_max: float = 0.05
     """The largest coefficient the steering may set."""
+    entropy_min: float = 0.0
+    """The smallest coefficient the steering may set (`entropy_control`: why a floor)."""
     resample_flat: int = 0
     """Dynamic sampling (`resampling`): up to this many more groups per step, leased while fewer
     than `groups_per_step` of the step's groups have reward variance; 0: off."""
@@ -105,7 +107,10 @@ def entropy_controller(config: LoopConfig) -> EntropyController | None:
     if config.entropy_target is None:
         return None
     return EntropyController(
-        config.entropy_target, max_coef=config.entropy_max, coef=config.entropy_coef
+        config.entropy_target,
+        max_coef=config.entropy_max,
+        min_coef=config.entropy_min,
+        coef=config.entropy_coef,
     )
 
 
@@ -131,7 +136,7 @@ def train(
     version = int(client.policy()["version"])
     records: list[StepRecord] = []
     control = entropy_controller(config)
-    coef = config.entropy_coef
+    coef = config.entropy_coef if control is None else control.coef  # the start, bounded
     batches = iter(client.stream_groups(
         job_id, batch_size=config.groups_per_step, consumer=config.consumer,
         lease_s=config.lease_s, ack="manual", include_trajectories=True,

@@ -61,6 +61,10 @@ def parse_args(argv: Sequence[str] | None, prog: str = "scripts/train") -> argpa
         help="with --entropy-target, the largest coefficient the steering may reach",
     )  # fmt: skip
     p.add_argument(
+        "--entropy-min", type=float, default=0.0,
+        help="with --entropy-target, the smallest coefficient the steering may set",
+    )  # fmt: skip
+    p.add_argument(
         "--resample-flat", type=int, default=0, metavar="N",
         help="dynamic sampling: lease up to N more groups per step in place of groups without "
         "reward variance, and train on the groups with signal only",
@@ -81,6 +85,8 @@ def parse_args(argv: Sequence[str] | None, prog: str = "scripts/train") -> argpa
         p.error("--entropy-target must be positive")
     if args.entropy_max <= 0:
         p.error("--entropy-max must be positive")
+    if not 0 <= args.entropy_min <= args.entropy_max:
+        p.error("--entropy-min must be within [0, --entropy-max]")
     if args.resample_flat < 0:
         p.error("--resample-flat must not be negative")
     if args.samples < 2:
@@ -140,8 +146,8 @@ def train_and_report(client: Client, learner: Learner, args: argparse.Namespace,
         steps=args.steps, groups_per_step=args.groups, samples_per_group=args.samples,
         max_staleness=args.max_staleness, clip=args.clip, temperature=args.temperature,
         entropy_coef=args.entropy_coef, entropy_target=args.entropy_target,
-        entropy_max=args.entropy_max, resample_flat=args.resample_flat,
-        max_tokens=args.max_tokens, seed=args.seed,
+        entropy_max=args.entropy_max, entropy_min=args.entropy_min,
+        resample_flat=args.resample_flat, max_tokens=args.max_tokens, seed=args.seed,
     )  # fmt: skip
     adapters = out / "adapters"
     first = int(client.policy()["version"]) + 1

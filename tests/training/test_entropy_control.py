@@ -32,6 +32,18 @@ def test_the_coefficient_is_capped() -> None:
     assert control.update(0.0) == 0.05
 
 
+def test_a_floor_keeps_the_bonus_acting_while_the_entropy_is_above_the_target() -> None:
+    control = EntropyController(target=1.0, gain=0.01, max_coef=0.1, min_coef=0.03, coef=0.0)
+    assert control.coef == 0.03  # a start below the floor is raised to it
+    assert control.update(3.0) == 0.03  # two nats over: without the floor it would be 0
+    assert control.update(0.0) == pytest.approx(0.04)  # below the target it climbs from there
+
+
+def test_a_floor_above_the_cap_is_refused() -> None:
+    with pytest.raises(ValueError, match="min_coef"):
+        EntropyController(target=1.0, max_coef=0.05, min_coef=0.06)
+
+
 @pytest.mark.parametrize("field", ["target", "gain", "max_coef"])
 def test_a_controller_needs_positive_settings(field: str) -> None:
     with pytest.raises(ValueError, match="positive"):
@@ -97,6 +109,15 @@ def test_the_loop_keeps_the_coefficient_under_its_cap(tmp_path: Path) -> None:
     )
     train(FakeClient(), learner, config, "job", tmp_path, lambda _: None)  # type: ignore[arg-type]
     assert [s["entropy_coef"] for s in learner.steps] == pytest.approx([0.0, 0.025, 0.05, 0.06])
+
+
+def test_the_loop_keeps_the_coefficient_at_its_floor(tmp_path: Path) -> None:
+    learner = FakeLearner([3.0, 3.0, 0.0])
+    config = LoopConfig(
+        steps=3, groups_per_step=1, samples_per_group=2, entropy_target=1.0, entropy_min=0.02
+    )
+    train(FakeClient(), learner, config, "job", tmp_path, lambda _: None)  # type: ignore[arg-type]
+    assert [s["entropy_coef"] for s in learner.steps] == pytest.approx([0.02, 0.02, 0.02])
 
 
 def test_without_a_target_the_coefficient_stays(tmp_path: Path) -> None:

@@ -24,6 +24,7 @@ def test_polar_mq_train_hands_every_flag_to_the_trainer() -> None:
         (["--entropy-coef", "-0.1"], "--entropy-coef must not be negative"),
         (["--entropy-target", "0"], "--entropy-target must be positive"),
         (["--entropy-target", "1", "--entropy-max", "0"], "--entropy-max must be positive"),
+        (["--entropy-min", "0.2"], "--entropy-min must be within [0, --entropy-max]"),
         (["--resample-flat", "-1"], "--resample-flat must not be negative"),
     ],
 )
