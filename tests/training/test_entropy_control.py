@@ -32,11 +32,16 @@ def test_the_coefficient_is_capped() -> None:
     assert control.update(0.0) == 0.05
 
 
-def test_a_floor_keeps_the_bonus_acting_while_the_entropy_is_above_the_target() -> None:
-    control = EntropyController(target=1.0, gain=0.01, max_coef=0.1, min_coef=0.03, coef=0.0)
-    assert control.coef == 0.03  # a start below the floor is raised to it
-    assert control.update(3.0) == 0.03  # two nats over: without the floor it would be 0
-    assert control.update(0.0) == pytest.approx(0.04)  # below the target it climbs from there
+def test_the_floor_holds_below_the_target_only() -> None:
+    """Above the target the bonus must fade to nothing: on an all-flat step it is the whole
+    gradient, a full AdamW step whatever the coefficient. Below it, the coefficient starts at
+    the floor instead of climbing from 0."""
+    control = EntropyController(target=1.0, gain=0.01, max_coef=0.1, min_coef=0.03, coef=0.02)
+    assert control.update(2.5) == pytest.approx(0.005)  # 1.5 nats over: it falls, floor or not
+    assert control.update(3.0) == 0.0
+    assert control.update(0.5) == 0.03  # below: raised to the floor at once (0.005 without it)
+    assert control.update(0.0) == pytest.approx(0.04)  # and climbs from there
+    assert control.update(1.5) == pytest.approx(0.035)  # above again: free to fall past it
 
 
 def test_a_floor_above_the_cap_is_refused() -> None:
@@ -111,13 +116,14 @@ def test_the_loop_keeps_the_coefficient_under_its_cap(tmp_path: Path) -> None:
     assert [s["entropy_coef"] for s in learner.steps] == pytest.approx([0.0, 0.025, 0.05, 0.06])
 
 
-def test_the_loop_keeps_the_coefficient_at_its_floor(tmp_path: Path) -> None:
-    learner = FakeLearner([3.0, 3.0, 0.0])
+def test_the_loop_raises_the_coefficient_to_its_floor_below_the_target(tmp_path: Path) -> None:
+    learner = FakeLearner([3.0, 0.5, 0.5])
     config = LoopConfig(
         steps=3, groups_per_step=1, samples_per_group=2, entropy_target=1.0, entropy_min=0.02
     )
     train(FakeClient(), learner, config, "job", tmp_path, lambda _: None)  # type: ignore[arg-type]
-    assert [s["entropy_coef"] for s in learner.steps] == pytest.approx([0.02, 0.02, 0.02])
+    sent = [s["entropy_coef"] for s in learner.steps]
+    assert sent == pytest.approx([0.0, 0.0, 0.02])  # above the target: 0; then the floor
 
 
 def test_without_a_target_the_coefficient_stays(tmp_path: Path) -> None:
