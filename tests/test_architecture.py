@@ -41,11 +41,6 @@ CHAINS = [
     ["api", "ui", "cli"],
 ]
 """Each package of a chain never reaches (directly or not) one after it in the same chain."""
-KNOWN_MODULE_CYCLES = [
-]  # fmt: skip
-"""Module cycles that exist today, each to go (issue 36). A new cycle fails; so does a known one
-that changed or went, so that this list only ever shrinks to what is true."""
-
 Edges = dict[str, dict[str, set[str]]]
 """package -> imported package -> files (relative to the repository) that import it."""
 
@@ -248,22 +243,13 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
     assert _cycles(edges) == [{"a", "b", "c"}]
 
 
-def test_no_new_import_cycle_between_modules() -> None:
-    """Issue 36: no module cycle in polar_mq. The ones of today are KNOWN_MODULE_CYCLES; any
-    other fails, and a known one that shrank or went must be taken off the list."""
+def test_no_import_cycle_between_modules() -> None:
+    """Issue 36: no module cycle in polar_mq, TYPE_CHECKING imports included."""
     edges = module_edges()
-    found = _cycles(edges)
-    known = [frozenset(c) for c in KNOWN_MODULE_CYCLES]
-    new = [c for c in found if frozenset(c) not in known]
-    changed = [set(c) for c in known if c not in [frozenset(f) for f in found]]
     lines = []
-    for cycle in new:
+    for cycle in _cycles(edges):
         inner = {m: sorted(edges[m] & cycle) for m in sorted(cycle)}
-        lines.append("new module cycle:\n" + "\n".join(f"  {m} -> {t}" for m, t in inner.items()))
-    for cycle in changed:
-        lines.append(
-            f"known cycle no longer as listed (update KNOWN_MODULE_CYCLES): {sorted(cycle)}"
-        )
+        lines.append("module cycle:\n" + "\n".join(f"  {m} -> {t}" for m, t in inner.items()))
     if lines:
         pytest.fail("\n".join(lines), pytrace=False)
 
