@@ -6,9 +6,8 @@ Each seed is one `bash scripts/train` run (`polar_mq.training.run`: a throwaway 
 bundled vLLM with LoRA, the peft learner) into `bench/results/train_cpu/seed-N/` (run.json,
 reward_curve.png, adapters, logs). The table at the end holds, per seed, the held-out reward
 before and after, the step-0 trainer-engine logprob mismatch and the seconds per step; the same
-figures go to `bench/results/train_cpu/summary.json`. 150 steps by default (the trainer's own
-default is 100, for a first try); the figures measured per seed and setting, and which reach
-issue 33's +0.2, are in docs/training.md.
+figures go to `bench/results/train_cpu/summary.json`. 150 steps by default, as the trainer's; the
+figures measured per seed and setting, and which reach issue 33's +0.2, are in docs/training.md.
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ def parse_args(argv: Sequence[str] | None, prog: str = "scripts/train") -> argpa
         prog=prog, description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )  # fmt: skip
-    p.add_argument("--steps", type=int, default=100, help="optimizer steps (policy versions)")
+    p.add_argument("--steps", type=int, default=150, help="optimizer steps (policy versions)")
     p.add_argument("--groups", type=int, default=2, help="groups (tasks) per step")
     p.add_argument("--samples", type=int, default=8, help="samples per group (GRPO group size)")
     p.add_argument("--max-staleness", type=int, default=1, help="versions a group may lag")
@@ -53,15 +53,16 @@ def parse_args(argv: Sequence[str] | None, prog: str = "scripts/train") -> argpa
         "its starting value",
     )  # fmt: skip
     p.add_argument(
-        "--entropy-target", type=float, default=None, metavar="NATS",
-        help="steer the bonus's coefficient toward this mean entropy per token",
+        "--entropy-target", type=float, default=1.0, metavar="NATS",
+        help="steer the bonus's coefficient toward this mean entropy per token (0: a fixed "
+        "--entropy-coef)",
     )  # fmt: skip
     p.add_argument(
-        "--entropy-max", type=float, default=0.05,
+        "--entropy-max", type=float, default=0.1,
         help="with --entropy-target, the largest coefficient the steering may reach",
     )  # fmt: skip
     p.add_argument(
-        "--entropy-min", type=float, default=0.0,
+        "--entropy-min", type=float, default=0.05,
         help="with --entropy-target, the smallest coefficient the steering may set",
     )  # fmt: skip
     p.add_argument(
@@ -81,8 +82,8 @@ def parse_args(argv: Sequence[str] | None, prog: str = "scripts/train") -> argpa
             p.error(f"--{name.replace('_', '-')} must be at least 1")
     if args.entropy_coef < 0:
         p.error("--entropy-coef must not be negative")
-    if args.entropy_target is not None and args.entropy_target <= 0:
-        p.error("--entropy-target must be positive")
+    if args.entropy_target < 0:
+        p.error("--entropy-target must not be negative (0: off)")
     if args.entropy_max <= 0:
         p.error("--entropy-max must be positive")
     if not 0 <= args.entropy_min <= args.entropy_max:
@@ -145,7 +146,7 @@ def train_and_report(client: Client, learner: Learner, args: argparse.Namespace,
     config = LoopConfig(
         steps=args.steps, groups_per_step=args.groups, samples_per_group=args.samples,
         max_staleness=args.max_staleness, clip=args.clip, temperature=args.temperature,
-        entropy_coef=args.entropy_coef, entropy_target=args.entropy_target,
+        entropy_coef=args.entropy_coef, entropy_target=args.entropy_target or None,
         entropy_max=args.entropy_max, entropy_min=args.entropy_min,
         resample_flat=args.resample_flat, max_tokens=args.max_tokens, seed=args.seed,
     )  # fmt: skip

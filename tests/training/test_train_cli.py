@@ -22,7 +22,7 @@ def test_polar_mq_train_hands_every_flag_to_the_trainer() -> None:
         (["--samples", "1"], "--samples must be at least 2"),
         (["--temperature", "0"], "--temperature must be positive"),
         (["--entropy-coef", "-0.1"], "--entropy-coef must not be negative"),
-        (["--entropy-target", "0"], "--entropy-target must be positive"),
+        (["--entropy-target", "-1"], "--entropy-target must not be negative"),
         (["--entropy-target", "1", "--entropy-max", "0"], "--entropy-max must be positive"),
         (["--entropy-min", "0.2"], "--entropy-min must be within [0, --entropy-max]"),
         (["--resample-flat", "-1"], "--resample-flat must not be negative"),
