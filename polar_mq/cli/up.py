@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from sqlalchemy.engine import make_url
 
 from polar_mq.cli.common import fail
 from polar_mq.cli.up_store import Store, services_store, stack_key
@@ -73,6 +72,9 @@ def _say(text: str = "") -> None:
 
 
 def _banner(settings: Settings, store: Store, key: str, flower: int | None, engine: str) -> None:
+    # imported here: sqlalchemy costs every `polar-mq` command ~0.1 s of start-up otherwise
+    from sqlalchemy.engine import make_url
+
     api = f"http://{settings.api_host}:{settings.api_port}"
     _say("polar-mq is up")
     _say(f"  API        {api}   (OpenAPI docs: {api}/docs)")
