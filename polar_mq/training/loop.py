@@ -50,7 +50,8 @@ class LoopConfig:
     entropy_max: float = 0.05
     """The largest coefficient the steering may set."""
     entropy_min: float = 0.0
-    """The smallest coefficient the steering may set (`entropy_control`: why a floor)."""
+    """The coefficient's floor while the entropy is below the target (`entropy_control`: why
+    there only)."""
     resample_flat: int = 0
     """Dynamic sampling (`resampling`): up to this many more groups per step, leased while fewer
     than `groups_per_step` of the step's groups have reward variance; 0: off."""

@@ -63,7 +63,7 @@ def parse_args(argv: Sequence[str] | None, prog: str = "scripts/train") -> argpa
     )  # fmt: skip
     p.add_argument(
         "--entropy-min", type=float, default=0.05,
-        help="with --entropy-target, the smallest coefficient the steering may set",
+        help="with --entropy-target, the coefficient's floor while the entropy is below it",
     )  # fmt: skip
     p.add_argument(
         "--resample-flat", type=int, default=0, metavar="N",
