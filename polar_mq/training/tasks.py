@@ -3,10 +3,11 @@
 Short factual questions whose answer is one word (capitals, opposites, sums), asked with
 "Answer with one word." SmolLM2-135M-Instruct often knows the fact but answers in a sentence
 ("The capital of Peru is Lima."), and sampled it often rambles. The reward is 0 unless the
-answer word appears; then half, plus the other half for brevity in proportion (all of it for the
-word alone, nothing from `WORDS_TO_ZERO` words on). The model is right often enough that most
-groups hold replies of different lengths, so GRPO has a signal, and the gain to learn is a
-format the base model misses (stop after the answer), not a fact it does not know.
+answer word appears and no other task's answer does; then half, plus the other half for brevity
+in proportion (all of it for the word alone, nothing from `WORDS_TO_ZERO` words on). The model
+is right often enough that most groups hold replies of different lengths, so GRPO has a signal,
+and the gain to learn is a format the base model misses (stop after the answer), not a fact it
+does not know.
 
 `reward` is the job's evaluator (`{"name": "python", "callable":
 "polar_mq.training.tasks:reward"}`): it runs in the workers, on the agent's last message.
@@ -96,13 +97,27 @@ def split(seed: int, eval_fraction: float = 0.25) -> tuple[Tasks, Tasks]:
     return tasks[n_eval:], tasks[:n_eval]
 
 
-def score(text: str | None, answer: str) -> float:
+def _words(text: str | None) -> list[str]:
+    return [w.lower() for w in _WORD.findall(text or "")]
+
+
+ANSWERS = frozenset(w for task in all_tasks() for w in _words(str(task["answer"])))
+"""Every task's answer word: a reply naming two of them hedges, and hedging is not knowing."""
+
+
+def score(text: str | None, answer: str, question: str = "") -> float:
     """0 without the answer word; with it, 0.5 plus up to 0.5 the shorter the reply.
 
     Brevity earns nothing on its own: a constant one-word reply scores only where it happens to
-    be the answer, so the reward cannot be gamed by the format alone."""
-    words = _WORD.findall(text or "")
-    if answer.lower() not in (w.lower() for w in words):
+    be the answer. Nor does a shotgun ("Lima, Santiago, Havana"): a reply that also names another
+    task's answer scores 0, so listing candidates cannot buy the hit rate of knowing. Words of
+    the `question` are exempt (the opposites share words: 'old' is asked and answered), and
+    words that answer no task cannot raise the hit rate, so they cost only brevity."""
+    words = _words(text)
+    wanted = answer.lower()
+    if wanted not in words:
+        return 0.0
+    if (ANSWERS - {wanted} - set(_words(question))) & set(words):
         return 0.0
     brevity = max(0.0, 1.0 - (len(words) - 1) / (WORDS_TO_ZERO - 1))
     return 0.5 + 0.5 * brevity
@@ -113,5 +128,5 @@ def reward(ctx: EvalContext) -> EvalResult:
     from polar_mq.evaluators.base import EvalResult
 
     answer = str(ctx.task["answer"])
-    value = score(ctx.final_text, answer)
+    value = score(ctx.final_text, answer, str(ctx.task.get("instruction", "")))
     return EvalResult(value, {"answer": answer, "reply": (ctx.final_text or "")[:200]})

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from polar_mq.training.grpo import STD_EPS, batch_samples, group_advantages
-from polar_mq.training.tasks import all_tasks, score, split
+from polar_mq.training.tasks import ANSWERS, all_tasks, score, split
 
 
 def test_advantages_are_group_normalised() -> None:
@@ -71,6 +71,26 @@ def test_brevity_alone_earns_nothing() -> None:
     for constant in ("Yes", "Paris", "1"):
         mean = sum(score(constant, str(t["answer"])) for t in tasks) / len(tasks)
         assert mean < 0.05, constant
+
+
+def test_a_shotgun_of_candidates_earns_nothing() -> None:
+    """Listing candidates cannot buy the hit rate of knowing: a reply naming the answer and
+    another task's answer scores 0, on every task; question words are exempt."""
+    tasks = all_tasks()
+    for task in tasks:
+        answer, question = str(task["answer"]), str(task["instruction"])
+        other = next(str(t["answer"]) for t in tasks if str(t["answer"]) != answer)
+        assert score(f"{answer} or {other}", answer, question) == 0.0, question
+        assert score(f"{other}, {answer}", answer, question) == 0.0, question
+        assert score(answer, answer, question) == 1.0, question  # committing to one still pays
+    every_answer = " ".join(sorted(ANSWERS))
+    assert all(score(every_answer, str(t["answer"]), str(t["instruction"])) == 0 for t in tasks)
+    # the opposites share words: the asked word is not a second guess
+    assert score("The opposite of old is new.", "new", "What is the opposite of 'old'?") > 0.5
+    # words that answer no task cannot raise the hit rate: they cost brevity only
+    peru = "What is the capital of Peru?"
+    assert score("Lima, Cusco", "Lima", peru) == score("Lima, Peru", "Lima", peru)
+    assert score("Lima, Cusco", "Lima", peru) == pytest.approx(0.5 + 0.5 * 5 / 6)
 
 
 def test_the_eval_split_is_held_out_and_seeded() -> None:
