@@ -5,12 +5,13 @@
 The proxy's `DbCallWriter` in this process against a fresh database, fed by `--callers`
 closed-loop callers, each submitting a call row (a small chat call: 300 prompt and 32 completion
 tokens), waiting for `durable()` as the request path does, then pausing 20-60 ms (an agent's think
-time) before the next. Three sides, alternated `--rounds` times (this machine is noisy: medians,
+time) before the next. Four sides, alternated `--rounds` times (this machine is noisy: medians,
 and ratios to the `commit` side measured in the same run):
 
 - `commit`: each answer waits for its row's database commit (group commit), no journal;
-- `journal`: each answer waits for its row's fsync to the answer journal; rows are committed in
-  batches every `log_flush_interval_s` (the default with a spill directory);
+- `journal`: each answer waits for its row's fdatasync to the answer journal; rows are committed
+  in batches every `log_flush_interval_s` (the default with a spill directory);
+- `write`: the journal written without an fdatasync (`POLAR_MQ_PROXY_JOURNAL_SYNC=write`);
 - `off`: answers do not wait (`durable_answers=False`), rows committed in batches.
 
 Per side: rows stored, CPU of this process per row (the serving loop and the writer thread: all
@@ -35,7 +36,7 @@ from bench.pipeline.infra import fresh_database
 from bench.proxy.durable import DEFAULT_PG, _pct, _row
 from polar_mq.proxy.store.writer import DbCallWriter
 
-SIDES = ("commit", "journal", "off")
+SIDES = ("commit", "journal", "write", "off")
 
 
 @dataclass
@@ -52,6 +53,8 @@ class Side:
 def _writer(side: str, url: str, spill: Path) -> DbCallWriter:
     if side == "commit":
         return DbCallWriter(url, spill_dir=spill, answer_journal=False)
+    if side == "write":
+        return DbCallWriter(url, spill_dir=spill, journal_sync=False)
     if side == "journal":
         return DbCallWriter(url, spill_dir=spill)
     return DbCallWriter(url, spill_dir=spill, durable_answers=False)

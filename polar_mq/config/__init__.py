@@ -228,6 +228,13 @@ class Settings(FloorSettings, BaseSettings):
         "a killed proxy's journal is replayed by the next one. false: each answer waits for its "
         "row's database commit",
     )
+    proxy_journal_sync: Literal["fdatasync", "write"] = Field(
+        "fdatasync",
+        description="what an answer waits for in the answer journal: 'fdatasync' (its row is "
+        "on the disk: a crash of the proxy's host spares it) or 'write' (its row is in the "
+        "kernel's page cache: a proxy killed with -9 spares it, a host crash loses the rows of "
+        "the last flush interval, which the call receipts then find missing)",
+    )
     proxy_flush_timeout_s: float = Field(
         20.0,
         gt=0,

@@ -20,7 +20,7 @@ from polar_mq.infra.ports import free_port
 from polar_mq.models import LlmCall
 from polar_mq.proxy.store import journal as journal_module
 from polar_mq.proxy.store import spill as spill_module
-from polar_mq.proxy.store.journal import JOURNAL_FILE, AnswerJournal
+from polar_mq.proxy.store.journal import JOURNAL_FILES, AnswerJournal
 from polar_mq.proxy.store.spill import SpillBuffer
 from polar_mq.proxy.store.spill_layout import adopt_segments, journal_dir
 from polar_mq.proxy.store.spill_records import count_rows, read_segment
@@ -42,6 +42,14 @@ def row(seq: int = 0) -> dict[str, Any]:
         "finish_reason": "stop", "latency_ms": 1.0, "ttft_ms": None,
         "created_at": datetime.now(UTC),
     }  # fmt: skip
+
+
+def killed(journal: AnswerJournal) -> None:
+    """What a kill -9 does to a journal: its files and lock are closed as they are."""
+    for file in journal._files:
+        file.close_handle()
+    assert journal._lock is not None
+    journal._lock.close()
 
 
 def ids_on_disk(directory: Path) -> list[str]:
@@ -73,11 +81,13 @@ def test_a_failed_write_is_overwritten_so_later_records_stay_readable(
     assert not journal.append(second)  # not in the journal: the caller stores it another way
     monkeypatch.setattr(journal_module.os, "fdatasync", real_sync)
     assert journal.append(third)
-    rows, _, corrupt = read_segment(journal.path)
+    path = journal.path
+    rows, _, corrupt = read_segment(path)
     assert [r["id"] for r in rows] == [first[0]["id"], third[0]["id"]] and not corrupt
-    assert journal.rows == 2 and count_rows(journal.path) == 2
-    journal.clear()
-    assert read_segment(journal.path) == ([], 0, False) and journal.rows == 0
+    assert journal.rows == 2 and count_rows(path) == 2
+    journal.rotate()
+    journal.clear_retired()
+    assert read_segment(path) == ([], 0, False) and journal.rows == 0
     journal.close()
     assert not journal.directory.exists()  # an empty journal leaves nothing behind
 
@@ -88,21 +98,25 @@ def test_the_file_is_recycled_and_read_only_up_to_its_end_mark(tmp_path: Path) -
     journal = AnswerJournal(tmp_path / "journal")
     assert journal.open()
     assert journal.append([row(0), row(1)]) and journal.append([row(2)])
-    size = journal.path.stat().st_size
-    journal.clear()
+    first = journal.path
+    size = first.stat().st_size
+    journal.rotate()  # a commit takes the first file's rows; records go to the other meanwhile
+    between = [row(9)]
+    assert journal.append(between) and journal.path != first
+    journal.clear_retired()
+    journal.rotate()  # the next commit: the first file is active again
+    assert journal.path == first
     newer = [row(3)]
     assert journal.append(newer)
-    assert journal.path.stat().st_size == size  # overwritten in place, not grown
-    rows, records, corrupt = read_segment(journal.path)
+    assert first.stat().st_size == size  # overwritten in place, not grown
+    rows, records, corrupt = read_segment(first)
     assert [r["id"] for r in rows] == [newer[0]["id"]] and (records, corrupt) == (1, False)
-    assert count_rows(journal.path) == 1
+    assert count_rows(first) == 1 and journal.rows == 2
     spill = tmp_path / "after-a-kill"  # a killed process's journal: the next one adopts it
     spill.mkdir()
-    journal._close_handle()
-    assert journal._lock is not None
-    journal._lock.close()
-    assert adopt_segments(spill, [journal.directory]) == 1
-    assert ids_on_disk(spill) == [str(newer[0]["id"])]
+    killed(journal)
+    assert adopt_segments(spill, [journal.directory]) == 2  # both files: neither is committed
+    assert sorted(ids_on_disk(spill)) == sorted(str(r[0]["id"]) for r in (between, newer))
 
 
 def test_rows_found_in_the_file_at_start_are_set_aside_never_overwritten(
@@ -110,9 +124,7 @@ def test_rows_found_in_the_file_at_start_are_set_aside_never_overwritten(
 ) -> None:
     left = AnswerJournal(tmp_path / "journal")
     assert left.open() and left.append([row(0)])
-    left._close_handle()
-    assert left._lock is not None
-    left._lock.close()
+    killed(left)
     journal = AnswerJournal(tmp_path / "journal")  # not taken over first (never done so)
     assert journal.open() and journal.append([row(1)])
     assert len(ids_on_disk(journal.directory)) == 2  # both, in two segments
@@ -127,10 +139,8 @@ def test_a_live_journal_is_not_taken_over_and_a_dead_one_is(tmp_path: Path) -> N
     other = tmp_path / "other"
     other.mkdir()
     assert adopt_segments(other, [journal_dir(spill)]) == 0  # locked: its owner lives
-    assert (journal_dir(spill) / JOURNAL_FILE).exists()
-    journal._close_handle()  # a killed process: its lock goes with it
-    assert journal._lock is not None
-    journal._lock.close()
+    assert (journal_dir(spill) / JOURNAL_FILES[0]).exists()
+    killed(journal)  # a killed process: its lock goes with it
     assert adopt_segments(other, [journal_dir(spill)]) == 1
     assert len(ids_on_disk(other)) == 1 and not journal_dir(spill).exists()
 
@@ -141,12 +151,15 @@ def test_a_handed_over_journal_is_spill_backlog(tmp_path: Path) -> None:
     journal = AnswerJournal(journal_dir(tmp_path))
     assert journal.open()
     journal.append([row(0), row(1)])
-    journal.hand_over(buffer)
-    assert (buffer.rows, buffer.spilled_total, journal.rows) == (2, 2, 0)
+    journal.rotate()
+    journal.append([row(5)])  # arrived during the commit: stays journaled
+    assert journal.hand_over_retired(buffer)
+    assert (buffer.rows, buffer.spilled_total, journal.rows) == (2, 2, 1)
     read = buffer.oldest()
     assert read is not None and len(read.rows) == 2
-    journal.append([row(2)])  # a fresh journal file
-    assert journal.rows == 1 and read.segment.path != journal.path
+    journal.rotate()
+    journal.append([row(2)])  # a fresh file where the handed-over one was
+    assert journal.rows == 2 and read.segment.path != journal.path
     journal.close()
     buffer.close()
 
@@ -160,20 +173,53 @@ def test_a_hand_over_that_cannot_move_the_file_keeps_the_journal(
     buffer.open()
     journal = AnswerJournal(journal_dir(tmp_path))
     assert journal.open() and journal.append([row(0), row(1)])
+    journal.rotate()
 
     def failing(source: Any, target: Any) -> None:
         raise OSError(5, "I/O error")
 
     monkeypatch.setattr(spill_module.os, "rename", failing)
-    assert not journal.hand_over(buffer)
+    assert not journal.hand_over_retired(buffer)
     assert (journal.rows, buffer.rows, buffer.spilled_total) == (2, 0, 0)
     assert len(ids_on_disk(journal.directory)) == 2
-    assert journal.append([row(2)])  # still writable, after its records
+    assert journal.append([row(2)])  # the active file still takes records
+    with pytest.raises(RuntimeError):
+        journal.rotate()  # one file retired at a time: its rows are not forgotten
     monkeypatch.undo()
-    assert journal.hand_over(buffer)
-    assert (journal.rows, buffer.rows) == (0, 3)
+    assert journal.hand_over_retired(buffer)
+    assert (journal.rows, buffer.rows) == (1, 2)
     journal.close()
     buffer.close()
+
+
+def test_a_written_journal_syncs_only_what_outlives_its_use(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`sync=False` ("write"): records go to the page cache (a kill of the process spares them)
+    with no fdatasync per answer; a file handed to the spill buffer, or left at close for the
+    next process, is synced first, since it is the rows' only copy from then on."""
+    synced: list[int] = []
+    real_sync = os.fdatasync
+
+    def counting(fd: int) -> None:
+        synced.append(fd)
+        real_sync(fd)
+
+    monkeypatch.setattr(journal_module.os, "fdatasync", counting)
+    buffer = SpillBuffer(tmp_path, 1 << 20)
+    buffer.open()
+    journal = AnswerJournal(journal_dir(tmp_path), sync=False)
+    assert journal.open()
+    for i in range(5):
+        assert journal.append([row(i)])
+    assert synced == [] and len(ids_on_disk(journal.directory)) == 5
+    journal.rotate()
+    assert journal.append([row(5)])
+    assert journal.hand_over_retired(buffer) and len(synced) == 1
+    journal.close()  # one row left: synced for the next process, which takes it over
+    assert len(synced) == 2 and len(ids_on_disk(journal.directory)) == 1
+    buffer.close()
+    assert AnswerJournal(tmp_path / "other")._files[0].sync  # the default: each record synced
 
 
 # --- the writer with its journal ----------------------------------------------------------------
@@ -280,6 +326,33 @@ async def test_an_unreachable_database_turns_the_journal_into_spill_backlog(
     assert ids_on_disk(spill) == []
 
 
+async def test_journaled_rows_are_never_dropped_for_the_spill_bound(tmp_path: Path) -> None:
+    """Rows journaled before the outage is seen were answered: handed over, they are kept
+    whole even past `spill_max_bytes` (the bytes were on the disk already), and count toward
+    it, so the rows that come next, spilled directly, are the ones dropped."""
+    spill = tmp_path / "spill"
+    down = DbCallWriter(
+        f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/x",
+        spill_dir=spill, spill_max_bytes=5_000, flush_interval_s=0.05, spill_after_s=0.2,
+        retry_max_wait_s=5.0,
+    )  # fmt: skip
+    await down.start()
+    try:
+        answered = await journaled(down, 40)
+        deadline = time.monotonic() + 20
+        while down.stats()["journal_rows"] and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        stats = down.stats()
+        assert (stats["journal_rows"], stats["spilled_rows"]) == (0, 40)
+        assert stats["spill_bytes"] > 5_000 and stats["dropped_overflow"] == 0
+        assert sorted(ids_on_disk(spill)) == sorted(str(r["id"]) for r in answered)
+        down.submit(row())  # the database known down: spilled directly, and the bound is full
+        await asyncio.wait_for(down.durable(), 10)
+        assert down.stats()["dropped_overflow"] == 1
+    finally:
+        await down.close()
+
+
 async def test_a_journal_that_cannot_write_commits_directly(
     pg_url: str, tmp_path: Path, pg_engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -333,6 +406,80 @@ async def test_a_flush_asked_during_the_commit_waits_for_it(
         await writer.close()
 
 
+async def test_answers_are_journaled_while_a_commit_runs(
+    pg_url: str, tmp_path: Path, pg_engine: Engine
+) -> None:
+    """A commit runs beside the journaling: a call answered while the journal's rows are being
+    committed waits for its own fsync, not for that commit (it once waited: every answer of the
+    proxy stalled at each commit)."""
+    with pg_engine.begin() as conn:
+        conn.exec_driver_sql(SLOW_INSERT)
+    spill = tmp_path / "spill"
+    writer = DbCallWriter(pg_url, spill_dir=spill, flush_interval_s=0.05)
+    await writer.start()
+    try:
+        slow = [{**row(), "model": "slow-insert"}]
+        writer.submit(slow[0])
+        await asyncio.wait_for(writer.durable(), 10)
+        await asyncio.sleep(0.3)  # past the linger: the commit is in the trigger's 1.5 s sleep
+        assert stored(pg_engine, slow) == 0
+        started = time.monotonic()
+        during = await journaled(writer, 2)
+        assert time.monotonic() - started < 0.75  # answered before the running commit ended
+        assert stored(pg_engine, slow + during) == 0
+        assert {str(r["id"]) for r in slow + during} == set(ids_on_disk(spill))  # both files
+        assert writer.stats()["journal_rows"] == 3
+        await asyncio.wait_for(writer.flush(), 10)
+        assert stored(pg_engine, slow + during) == 3 and ids_on_disk(spill) == []
+    finally:
+        await writer.close()
+
+
+SLOW_COMMIT = """
+CREATE OR REPLACE FUNCTION polar_test_slow_commit() RETURNS trigger AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM added WHERE model = 'slow-commit') THEN
+        PERFORM pg_sleep(0.05);
+    END IF;
+    RETURN NULL;
+END $$ LANGUAGE plpgsql;
+CREATE OR REPLACE TRIGGER polar_test_slow_commit AFTER INSERT ON llm_calls
+    REFERENCING NEW TABLE AS added FOR EACH STATEMENT EXECUTE FUNCTION polar_test_slow_commit();
+"""
+"""Every statement holding a row of model `slow-commit` takes 50 ms more."""
+
+
+async def test_a_flush_returns_under_steady_load(
+    pg_url: str, tmp_path: Path, pg_engine: Engine
+) -> None:
+    """Rows keep arriving during every commit, so the journal is never empty when one ends: a
+    flush waits for the rows submitted before it, not for an empty journal (never, here)."""
+    with pg_engine.begin() as conn:
+        conn.exec_driver_sql(SLOW_COMMIT)
+    writer = DbCallWriter(pg_url, spill_dir=tmp_path / "spill", flush_interval_s=0.02)
+    await writer.start()
+    load_on = True
+
+    async def load() -> None:
+        while load_on:
+            writer.submit({**row(), "model": "slow-commit"})
+            await asyncio.wait_for(writer.durable(), 10)
+            await asyncio.sleep(0.002)
+
+    task = asyncio.create_task(load())
+    try:
+        await asyncio.sleep(0.3)
+        before = await journaled(writer, 3)
+        for _ in range(3):
+            await asyncio.wait_for(writer.flush(), 10)
+            assert stored(pg_engine, before) == 3
+            assert writer.stats()["journal_rows"] > 0  # the load goes on
+    finally:
+        load_on = False
+        await task
+        await writer.close()
+
+
 async def test_a_proxy_takes_over_the_journals_of_its_own_and_an_old_layout(
     pg_url: str, tmp_path: Path, pg_engine: Engine
 ) -> None:
@@ -348,9 +495,7 @@ async def test_a_proxy_takes_over_the_journals_of_its_own_and_an_old_layout(
         rows = [row()]
         journal.append(rows)
         left += rows
-        journal._close_handle()
-        assert journal._lock is not None
-        journal._lock.close()  # killed: the lock goes with the process
+        killed(journal)  # killed: the lock goes with the process
     segment = SpillBuffer(old_worker, 1 << 20)
     segment.open()
     left.append(row())

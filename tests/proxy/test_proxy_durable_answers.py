@@ -5,10 +5,11 @@ A real proxy process (`polar-mq proxy`, started by `polar_mq.stack.devstack`) in
 vLLM process logs to the session's PostgreSQL, with a long batching linger (1 s) so that a row
 that waited for it would still be in memory when the kill lands. The agent makes one call
 (JSON, then streamed); the moment its answer is complete the proxy's process group gets SIGKILL,
-nothing drains. With the answer journal (the default) the row is in the journal file on disk,
-and the next proxy on that spill directory commits it; without it (`proxy_answer_journal=False`)
-it is committed before the answer leaves. Before durable answers the row sat in the writer's
-queue and died with the process.
+nothing drains. With the answer journal (the default) the row is in a journal file
+(fdatasynced, or with `proxy_journal_sync="write"` in the kernel's page cache, which a kill of the
+process spares), and the next proxy on that spill directory commits it; without it
+(`proxy_answer_journal=False`) it is committed before the answer leaves. Before durable answers
+the row sat in the writer's queue and died with the process.
 
 The spill half (the database unreachable: the row is fsynced to the spill directory before the
 answer leaves, and the next process replays it) is a unit of the writer, below, as are the
@@ -62,7 +63,8 @@ def _stored(factory: sessionmaker[Session], rollout_id: uuid.UUID) -> list[LlmCa
         return list(session.scalars(select(LlmCall).where(LlmCall.rollout_id == rollout_id)))
 
 
-def _settings(pg_url: str, tmp_path: Path, upstream: int, journal: bool) -> Settings:
+def _settings(pg_url: str, tmp_path: Path, upstream: int, mode: str) -> Settings:
+    """`mode`: the journal with each sync kind ("fdatasync", "write"), or none ("commit")."""
     return Settings(
         database_url=pg_url,
         upstream_url=f"http://127.0.0.1:{upstream}",
@@ -71,7 +73,8 @@ def _settings(pg_url: str, tmp_path: Path, upstream: int, journal: bool) -> Sett
         secret_key=SECRET,
         proxy_spill_dir=tmp_path / "spill",
         log_flush_interval_s=LINGER_S,
-        proxy_answer_journal=journal,
+        proxy_answer_journal=mode != "commit",
+        proxy_journal_sync="write" if mode == "write" else "fdatasync",
     )
 
 
@@ -111,7 +114,7 @@ def _restart_proxy(settings: Settings, tmp_path: Path, stored: Callable[[], bool
 
 @pytest.mark.e2e
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("journal", [True, False], ids=["journal", "commit"])
+@pytest.mark.parametrize("mode", ["fdatasync", "write", "commit"])
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
 def test_a_call_answered_just_before_a_kill_9_is_stored(
     pg_url: str,
@@ -119,14 +122,14 @@ def test_a_call_answered_just_before_a_kill_9_is_stored(
     db_session_factory: sessionmaker[Session],
     rollout_id: uuid.UUID,
     stream: bool,
-    journal: bool,
+    mode: str,
 ) -> None:
     body = {"model": "agent", "messages": [{"role": "user", "content": "hi"}], "stream": stream}
-    settings = _settings(pg_url, tmp_path, free_port(), journal)
+    settings = _settings(pg_url, tmp_path, free_port(), mode)
     answer = _answer_then_kill(settings, tmp_path, rollout_id, body)
     if stream:
         assert answer.rstrip().endswith(b"data: [DONE]")
-    if journal:  # on disk when the answer left; in the database once a proxy runs again
+    if mode != "commit":  # in the journal when the answer left; stored once a proxy runs again
         assert len(_journaled_ids(tmp_path / "spill")) == 1
         _restart_proxy(settings, tmp_path, lambda: bool(_stored(db_session_factory, rollout_id)))
         assert _journaled_ids(tmp_path / "spill") == []  # committed, then removed

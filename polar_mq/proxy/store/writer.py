@@ -22,7 +22,8 @@ answered = calls stored" holds across proxy crashes, not only clean stops. It co
 commit round trip, not a commit of its own: the rows of the calls answered during a commit go in
 the next batch together (group commit), so the thread never lingers for more rows.
 With a spill directory the group is made durable by the answer journal instead (`journal`:
-an fsync answers it, the rows are committed in batches later; `answer_journal=False`: off).
+an fsync answers it, the rows are committed in batches later, on a thread of their own so that
+no answer waits for a commit: `journal_commits`; `answer_journal=False`: off).
 `durable_answers=False` (`POLAR_MQ_PROXY_DURABLE_ANSWERS=false`) makes `durable()` return at once:
 the old answer-first behaviour, for a deployment that prefers the latency (bench/proxy figures in
 docs/multihost.md).
@@ -46,10 +47,12 @@ from polar_mq.config import Settings
 from polar_mq.infra.db import create_db_engine
 from polar_mq.proxy.store.call_store import CallStore
 from polar_mq.proxy.store.journal import AnswerJournal
+from polar_mq.proxy.store.journal_commits import JournaledCommits
 from polar_mq.proxy.store.receipts import StoredReceipts
 from polar_mq.proxy.store.sink import CallSink, MemoryCallSink
 from polar_mq.proxy.store.spill import SpillBuffer
 from polar_mq.proxy.store.spill_layout import journal_dir, taken_over
+from polar_mq.proxy.store.waiters import FlushWaiter, expire, resolve, resolve_all
 
 if TYPE_CHECKING:
     from polar_mq.proxy.server.worker_slot import WorkerSlot
@@ -62,8 +65,7 @@ _WAKE = object()
 _STOP = object()
 _ENDS = (_WAKE, _STOP)
 _Waiter = tuple[int, asyncio.AbstractEventLoop, "asyncio.Future[None]"]
-"""A flush() waiting for the writer to have stored that many rows (or a durable() waiting for
-that many to be committed or spilled)."""
+"""A durable() waiting for that many rows to be committed, journaled or spilled."""
 PG_CONNECT_ARGS = {"connect_timeout": 5, "keepalives_idle": 5, "keepalives_interval": 2}
 """An unreachable database must fail a write in seconds (then rows spill), never hang it."""
 
@@ -93,6 +95,7 @@ class DbCallWriter:
         receipts_url: str | None = None,
         durable_answers: bool = True,
         answer_journal: bool = True,
+        journal_sync: bool = True,
     ) -> None:
         if (database_url is None) == (engine is None):
             raise ValueError("give exactly one of database_url or engine")
@@ -117,16 +120,15 @@ class DbCallWriter:
         flush or close always."""
         self._idle = False
         self._lock = threading.Lock()
-        self._waiters: list[_Waiter] = []
+        self._waiters: list[FlushWaiter] = []
         self._durable_answers = durable_answers
         self._journal = (
-            AnswerJournal(journal_dir(spill_dir))
+            AnswerJournal(journal_dir(spill_dir), sync=journal_sync)
             if spill_dir is not None and durable_answers and answer_journal
             else None
         )
-        self._journaled: list[dict[str, Any]] = []
-        """Rows answered from the journal, not yet committed (in the journal's order)."""
-        self._journal_due = 0.0  # when the journaled rows are committed at the latest
+        self._commits: JournaledCommits | None = None
+        """The journal's rows and their commits, once the journal is open (`start`)."""
         self._durable_waiters: deque[_Waiter] = deque()
         """durable() calls, in submission order (their targets never decrease)."""
         self._durable_late = 0
@@ -162,6 +164,7 @@ class DbCallWriter:
             receipts_url=settings.call_receipts_redis_url,
             durable_answers=settings.proxy_durable_answers,
             answer_journal=settings.proxy_answer_journal,
+            journal_sync=settings.proxy_journal_sync == "fdatasync",
         )
 
     async def start(self) -> None:
@@ -169,8 +172,13 @@ class DbCallWriter:
         if self._thread is None:
             if self._spill is not None:
                 self._spill.open()
-            if self._journal is not None and not self._journal.open():
-                self._journal = None
+            if self._journal is not None and self._journal.open():
+                self._commits = JournaledCommits(
+                    self._journal,
+                    interval_s=self._interval,
+                    batch_size=self._batch_size,
+                    wake=self._signal.set,
+                )
             self._thread = threading.Thread(target=self._run, name="call-writer", daemon=True)
             self._thread.start()
 
@@ -193,9 +201,9 @@ class DbCallWriter:
         target = self._submitted
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
-        waiter = (target, loop, future)
+        waiter = FlushWaiter(target, loop, future)
         with self._lock:
-            if self._ready(target):
+            if self._ready(waiter):
                 return self.written
             self._waiters.append(waiter)
         if self._thread is None or not self._thread.is_alive():
@@ -231,7 +239,7 @@ class DbCallWriter:
             self._durable_waiters.append((target, loop, future))
         # a timer rather than `asyncio.wait_for`, which costs twice the await itself (a waiter
         # future and callbacks per call), on every answer
-        expiry = loop.call_later(self._flush_timeout, _expire, future)
+        expiry = loop.call_later(self._flush_timeout, expire, future)
         try:
             await future
         except TimeoutError:
@@ -287,12 +295,20 @@ class DbCallWriter:
             "refused_kept": spill.refused_kept if spill else 0,
             "durable_late": self._durable_late,
             "groups": self._groups,
-            "journal_rows": len(self._journaled),
+            "journal_rows": self._commits.rows if self._commits else 0,
         }
 
-    def _ready(self, target: int) -> bool:
+    def _ready(self, waiter: FlushWaiter) -> bool:
+        if self._done < waiter.target:
+            return False
+        commits = self._commits
+        if commits is not None:
+            if waiter.journal_mark is None:  # the target rows are kept: journaled by now if ever
+                waiter.journal_mark = commits.journaled_total
+            if commits.settled_total < waiter.journal_mark:
+                return False
         backlog = self._store.backlog if self._store else (self._spill.rows if self._spill else 0)
-        return self._done >= target and backlog == 0 and not self._journaled
+        return backlog == 0
 
     def _not_stored_message(self) -> str:
         s = self.stats()
@@ -304,7 +320,7 @@ class DbCallWriter:
 
     def hurry(self) -> None:
         """Commit what is queued now rather than after the batching wait (a stage waits)."""
-        if self._queue or self._journaled:
+        if self._queue or (self._commits is not None and self._commits.rows):
             self._poke()
 
     def _poke(self) -> None:
@@ -335,15 +351,23 @@ class DbCallWriter:
                     self._keep(store, batch)
                     self._groups += 1
                 self._mark_done(len(batch))
-                if self._journaled and (stop or woken or self._journal_is_due()):
-                    self._commit_journaled(store)
+                commits = self._commits
+                if commits is not None:
+                    if woken:
+                        commits.hurry()
+                    if commits.advance(store):
+                        self._mark_done(0)
+                if not stop and not (commits is not None and commits.busy) and store.replay():
                     self._mark_done(0)
-                if not stop and store.replay():
-                    self._mark_done(0)
+            if self._commits is not None:
+                self._commits.finish(store)
+                self._mark_done(0)
         except BaseException:  # pragma: no cover - a bug here must not hang flush() forever
             logger.exception("call writer thread crashed")
             raise
         finally:
+            if self._commits is not None:
+                self._commits.close()
             if self._journal is not None:
                 self._journal.close()
             if self._spill is not None:
@@ -356,42 +380,26 @@ class DbCallWriter:
 
     def _first_wait(self, store: CallStore) -> float | None:
         """How long to wait for a first row: until the store's next probe (None: for ever), and
-        no later than the journaled rows' commit."""
+        no later than the journaled rows' commit. While a commit runs, until it ends (it wakes
+        the thread): the store is the commit's until then."""
+        commits = self._commits
+        if commits is not None and commits.busy:
+            return None
         hint = store.wait_hint()
-        if not self._journaled:
+        due = commits.wait_s() if commits is not None else None
+        if due is None:
             return hint
-        due = max(0.0, self._journal_due - time.monotonic())
         return due if hint is None else min(hint, due)
 
     def _keep(self, store: CallStore, batch: list[dict[str, Any]]) -> None:
         """Make `batch` durable: in the answer journal (committed later), or stored now (the
         database, or the spill buffer while it is down or the journal's disk fails)."""
-        journal = self._journal
-        if journal is None or store.down or not journal.append(batch):
-            store.store(batch)
+        commits = self._commits
+        if commits is not None and not store.down and commits.keep(batch):
             return
-        if not self._journaled:
-            self._journal_due = time.monotonic() + self._interval
-        self._journaled.extend(batch)
-
-    def _journal_is_due(self) -> bool:
-        return len(self._journaled) >= self._batch_size or time.monotonic() >= self._journal_due
-
-    def _commit_journaled(self, store: CallStore) -> None:
-        """Commit the journaled rows and empty the journal; the database unreachable, the journal
-        becomes spill backlog (replayed like any spilled rows), or stays if it cannot move."""
-        journal = cast(AnswerJournal, self._journal)
-        # The rows stay in `_journaled` until their commit is over: a flush() asked meanwhile
-        # must wait for them (only this thread adds to it, so nothing joins during the commit).
-        committed = store.commit_journaled(self._journaled)
-        if committed:
-            journal.clear()
-        else:
-            assert store.spill is not None  # a journal is kept only with a spill directory
-            if not journal.hand_over(store.spill):  # kept: tried again at the next interval
-                self._journal_due = time.monotonic() + self._interval
-                return
-        self._journaled = []
+        if commits is not None:  # the store is the running commit's: wait for it to end
+            commits.settle(store, wait=True)
+        store.store(batch)
 
     def _create_engine(self, url: str) -> Engine:
         """The writer's one connection. On PostgreSQL in autocommit: a batch is one statement
@@ -462,10 +470,10 @@ class DbCallWriter:
             while durable and (release_all or durable[0][0] <= self._done):
                 _, loop, future = durable.popleft()
                 settled.append(future)
-            ready: list[tuple[_Waiter, BaseException | None]] = []
-            waiting: list[_Waiter] = []
+            ready: list[tuple[FlushWaiter, BaseException | None]] = []
+            waiting: list[FlushWaiter] = []
             for waiter in self._waiters:
-                if self._ready(waiter[0]):
+                if self._ready(waiter):
                     ready.append((waiter, None))
                 elif release_all:
                     ready.append((waiter, CallsNotStored(self._not_stored_message())))
@@ -474,27 +482,7 @@ class DbCallWriter:
             self._waiters = waiting
         if settled and loop is not None:  # one wake-up of the serving loop for the whole batch
             with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(_resolve_all, settled)
-        for (_, loop, future), error in ready:
+                loop.call_soon_threadsafe(resolve_all, settled)
+        for waiter, error in ready:
             with contextlib.suppress(RuntimeError):  # that loop is closed: nobody waits
-                loop.call_soon_threadsafe(_resolve, future, error)
-
-
-def _expire(future: asyncio.Future[None]) -> None:
-    """A durable() wait that ran out (its waiter entry is settled later, a no-op then)."""
-    if not future.done():
-        future.set_exception(TimeoutError())
-
-
-def _resolve_all(futures: list[asyncio.Future[None]]) -> None:
-    for future in futures:
-        if not future.done():
-            future.set_result(None)
-
-
-def _resolve(future: asyncio.Future[None], error: BaseException | None) -> None:
-    if not future.done():
-        if error is None:
-            future.set_result(None)
-        else:
-            future.set_exception(error)
+                waiter.loop.call_soon_threadsafe(resolve, waiter.future, error)
