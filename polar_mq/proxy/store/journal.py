@@ -136,8 +136,10 @@ class AnswerJournal:
         """Make the retired file's rows spill backlog (the database is unreachable): cut to its
         records, it becomes one of the buffer's sealed segments. False if it could not be moved
         (logged): it stays retired, for the next commit or hand-over to take."""
-        if self.retired is None or not self.retired.hand_over(spill):
-            return self.retired is None
+        if self.retired is None:
+            return True
+        if not self.retired.hand_over(spill):
+            return False
         self.retired = None
         return True
 
