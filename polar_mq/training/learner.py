@@ -27,6 +27,7 @@ from polar_mq.training.torch_ops import (
     clipped_fraction,
     grouped_response_logprobs,
     grpo_loss,
+    kl_to_reference,
     mismatch,
     response_logprobs,
 )
@@ -78,6 +79,7 @@ class Policy:
         clip = float(request.get("clip", 0.2))
         temperature = float(request.get("temperature", 1.0))  # the rollouts' (`torch_ops`)
         entropy_coef = float(request.get("entropy_coef", 0.0))
+        kl_coef = float(request.get("kl_coef", 0.0))
         samples = request["samples"]
         total = sum(sum(s["loss_mask"]) for s in samples if s.get("train", True))
         masked = sum(sum(s["loss_mask"]) for s in samples)
@@ -85,7 +87,7 @@ class Policy:
         graded = [bool(total) and s.get("train", True) for s in samples]
         needs_grad = [bonus or g for g in graded]
         self.optimizer.zero_grad(set_to_none=True)
-        pairs, entropies, loss_sum, clipped = [], [], 0.0, 0
+        pairs, entropies, kls, loss_sum, clipped = [], [], [], 0.0, 0
         scored_only = [s for s, g in zip(samples, needs_grad, strict=True) if not g]
         with torch.no_grad():
             scores = self.logprobs_of(scored_only, temperature)
@@ -94,10 +96,12 @@ class Policy:
                 pairs.append((scored.logprobs, old, mask))
                 entropies.append(scored.entropy[mask.bool()])
         stepped = [(s, g) for s, g, n in zip(samples, graded, needs_grad, strict=True) if n]
+        anchored = sum(sum(s["loss_mask"]) for s, _ in stepped) if kl_coef > 0 else 0
         for chunk in chunks(stepped, self.micro_batch):  # one backward per micro-batch
             loss = torch.zeros(())
             scores = self.logprobs_of([sample for sample, _ in chunk], temperature)
-            for (sample, trains), scored in zip(chunk, scores, strict=True):
+            refs = self.reference_logprobs([s for s, _ in chunk], temperature, bool(anchored))
+            for (sample, trains), scored, ref in zip(chunk, scores, refs, strict=True):
                 old, mask = self.arrays(sample)
                 new = scored.logprobs
                 pairs.append((new.detach(), old, mask))
@@ -108,6 +112,10 @@ class Policy:
                     clipped += clipped_fraction(new, old, mask, clip)
                 if bonus:
                     loss = loss - entropy_coef * (scored.entropy * mask).sum() / masked
+                if ref is not None:
+                    kl = kl_to_reference(new, ref, mask)
+                    kls.append(float(kl.detach()))
+                    loss = loss + kl_coef * kl / anchored
             loss.backward()
             loss_sum += float(loss.detach())
         norm = None
@@ -126,7 +134,17 @@ class Policy:
             "mismatch_max": gap.max if gap.tokens else None,
             "mismatch_tokens": gap.tokens,
             "entropy_mean": float(every.mean()) if every.numel() else None,
+            "kl_mean": sum(kls) / anchored if anchored else None,
         }
+
+    def reference_logprobs(
+        self, samples: list[dict[str, Any]], temperature: float, wanted: bool
+    ) -> list[torch.Tensor | None]:
+        """The base model's logprobs of the samples (the adapter off, no gradient), or Nones."""
+        if not wanted:
+            return [None] * len(samples)
+        with torch.no_grad(), self.model.disable_adapter():
+            return [scored.logprobs for scored in self.logprobs_of(samples, temperature)]
 
     def logprobs_of(self, samples: list[dict[str, Any]], temperature: float) -> list[Scored]:
         """The samples scored at `temperature`, one forward pass per micro-batch."""

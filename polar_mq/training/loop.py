@@ -52,6 +52,9 @@ class LoopConfig:
     entropy_min: float = 0.0
     """The coefficient's floor while the entropy is below the target (`entropy_control`: why
     there only)."""
+    kl_coef: float = 0.0
+    """The weight of the policy's KL to the base weights in the learner's loss
+    (`learner.Policy.step`); 0: no anchor."""
     resample_flat: int = 0
     """Dynamic sampling (`resampling`): up to this many more groups per step, leased while fewer
     than `groups_per_step` of the step's groups have reward variance; 0: off."""
@@ -153,12 +156,12 @@ def train(
         figures: dict[str, Any] = {"tokens": 0, "loss": 0.0, "grad_norm": None,
                                    "clipped_tokens": 0, "mismatch_mean": None,
                                    "mismatch_max": None, "mismatch_tokens": 0,
-                                   "entropy_mean": None}  # fmt: skip
+                                   "entropy_mean": None, "kl_mean": None}  # fmt: skip
         if data.samples:
             samples = [s.as_json() for s in data.samples]
             answer = learner.call(
                 "step", samples=samples, clip=config.clip, temperature=config.temperature,
-                entropy_coef=coef,
+                entropy_coef=coef, kl_coef=config.kl_coef,
             )  # fmt: skip
             figures.update(answer)
         trained = time.monotonic()
@@ -184,6 +187,7 @@ def train(
             clipped_tokens=int(figures["clipped_tokens"]),
             entropy_mean=figures["entropy_mean"],
             entropy_coef=coef,
+            kl_mean=figures["kl_mean"],
             wait_s=round(got - waited_from, 2),
             train_s=round(trained - got, 2),
             publish_s=round(done - trained, 2),

@@ -35,6 +35,9 @@ class StepRecord:
     before the step: falls as the policy narrows (and groups lose their variance)."""
     entropy_coef: float
     """The entropy bonus's coefficient this step used (steered by `--entropy-target`)."""
+    kl_mean: float | None
+    """The policy's KL to the base weights per stepped loss-mask token, before the step (with
+    `--kl-coef` only)."""
     wait_s: float
     """Waiting for the batch (rollouts not ready yet)."""
     train_s: float
@@ -53,7 +56,9 @@ class StepRecord:
             f" | |dlogp| mean/max {gap}"
             f" | entropy {'-' if self.entropy_mean is None else f'{self.entropy_mean:.3f}'}"
             f" coef {self.entropy_coef:.4f}"
-            f" | wait {self.wait_s:5.1f}s train {self.train_s:5.1f}s publish {self.publish_s:4.1f}s"
+            + ("" if self.kl_mean is None else f" kl {self.kl_mean:.4f}")
+            + f" | wait {self.wait_s:5.1f}s train {self.train_s:5.1f}s"
+            f" publish {self.publish_s:4.1f}s"
         )
 
 

@@ -66,6 +66,10 @@ def parse_args(argv: Sequence[str] | None, prog: str = "scripts/train") -> argpa
         help="with --entropy-target, the coefficient's floor while the entropy is below it",
     )  # fmt: skip
     p.add_argument(
+        "--kl-coef", type=float, default=0.0,
+        help="weight of the policy's KL to the base weights in the loss (0: no anchor)",
+    )  # fmt: skip
+    p.add_argument(
         "--resample-flat", type=int, default=0, metavar="N",
         help="dynamic sampling: lease up to N more groups per step in place of groups without "
         "reward variance, and train on the groups with signal only",
@@ -88,6 +92,8 @@ def parse_args(argv: Sequence[str] | None, prog: str = "scripts/train") -> argpa
         p.error("--entropy-max must be positive")
     if not 0 <= args.entropy_min <= args.entropy_max:
         p.error("--entropy-min must be within [0, --entropy-max]")
+    if args.kl_coef < 0:
+        p.error("--kl-coef must not be negative")
     if args.resample_flat < 0:
         p.error("--resample-flat must not be negative")
     if args.samples < 2:
@@ -147,7 +153,7 @@ def train_and_report(client: Client, learner: Learner, args: argparse.Namespace,
         steps=args.steps, groups_per_step=args.groups, samples_per_group=args.samples,
         max_staleness=args.max_staleness, clip=args.clip, temperature=args.temperature,
         entropy_coef=args.entropy_coef, entropy_target=args.entropy_target or None,
-        entropy_max=args.entropy_max, entropy_min=args.entropy_min,
+        entropy_max=args.entropy_max, entropy_min=args.entropy_min, kl_coef=args.kl_coef,
         resample_flat=args.resample_flat, max_tokens=args.max_tokens, seed=args.seed,
     )  # fmt: skip
     adapters = out / "adapters"

@@ -194,3 +194,11 @@ def clipped_fraction(new: torch.Tensor, old: torch.Tensor, mask: torch.Tensor, c
     ratio = torch.exp(new.detach() - old)
     outside = (ratio < 1.0 - clip) | (ratio > 1.0 + clip)
     return int((outside & mask.bool()).sum())
+
+
+def kl_to_reference(new: torch.Tensor, ref: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """KL(policy || reference) at a sample's trained tokens, summed: Schulman's k3 estimator
+    `exp(ref - new) - (ref - new) - 1`, non-negative per token and unbiased for tokens the
+    policy sampled; its gradient pulls the policy's logprobs back toward the reference's."""
+    gap = ref - new
+    return ((torch.exp(gap) - gap - 1.0) * mask).sum()

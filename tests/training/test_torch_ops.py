@@ -103,3 +103,12 @@ def test_the_entropy_bonus_widens_where_a_group_had_no_signal(figures: dict[str,
     # with it, a step on them alone raises the entropy where they were sampled
     assert entropy["bonus_grad_norm"] is not None and entropy["bonus_grad_norm"] > 0, entropy
     assert entropy["raised"] > 0.01, entropy
+
+
+def test_the_kl_anchor_holds_the_policy_near_the_base_weights(figures: dict[str, Any]) -> None:
+    kl = figures["kl"]
+    assert kl["step0_logged"] == pytest.approx(0.0, abs=1e-6), kl  # the zero-B adapter
+    assert kl["logged_vs_direct"] < 1e-4, kl
+    assert kl["plain_logged"] is None, kl  # no anchor asked: no figure
+    assert kl["plain"] > 0.01, kl  # the steps moved the policy off the base
+    assert kl["anchored"] < 0.1 * kl["plain"], kl

@@ -20,6 +20,7 @@ from polar_mq.training.torch_ops import (
     batch_response_logprobs,
     grouped_response_logprobs,
     grpo_loss,
+    kl_to_reference,
     mismatch,
     response_logprobs,
 )
@@ -194,6 +195,54 @@ def entropy_figures(model_dir: str) -> dict[str, object]:
     }
 
 
+def kl_figures(model_dir: str) -> dict[str, object]:
+    """The KL anchor: zero at step 0 (the adapter adds nothing), the logged figure equal to the
+    KL computed directly, and a policy stepped with `kl_coef` 1 stays nearer the base
+    weights than one stepped on the same samples without it."""
+    pairs = [(list(range(100, 130)), [5, 6, 7]), (list(range(100, 130)), [8, 9, 10])]
+
+    def make() -> Policy:
+        return Policy({"model_dir": model_dir, "seed": 0, "threads": 1, "rank": 8, "lr": 1e-3})
+
+    def kl_to_base(policy: Policy) -> float:
+        with torch.no_grad():
+            new = grouped_response_logprobs(policy.model, pairs, 2)
+            with policy.model.disable_adapter():
+                ref = grouped_response_logprobs(policy.model, pairs, 2)
+        total = sum(
+            float(kl_to_reference(n.logprobs, r.logprobs, torch.ones(len(n.logprobs))))
+            for n, r in zip(new, ref, strict=True)
+        )
+        return total / sum(len(r) for _, r in pairs)
+
+    def steps(kl_coef: float) -> tuple[Policy, list[dict[str, object]]]:
+        policy = make()
+        with torch.no_grad():
+            old = [x.logprobs.tolist() for x in grouped_response_logprobs(policy.model, pairs, 2)]
+        samples = [{"prompt_ids": p, "response_ids": r, "loss_mask": [1] * len(r),
+                    "logprobs": o, "advantage": a, "train": True}
+                   for (p, r), o, a in zip(pairs, old, (1.0, -1.0), strict=True)]  # fmt: skip
+        answers = []
+        for _ in range(4):
+            before = kl_to_base(policy)
+            answer = policy.step({"samples": samples, "clip": 10.0, "kl_coef": kl_coef})
+            answers.append({**answer, "direct": before})
+        return policy, answers
+
+    plain, plain_steps = steps(0.0)
+    anchored, anchored_steps = steps(1.0)
+    return {
+        "step0_logged": anchored_steps[0]["kl_mean"],
+        "logged_vs_direct": max(
+            abs(float(a["kl_mean"]) - float(a["direct"]))
+            for a in anchored_steps  # type: ignore[arg-type]
+        ),
+        "plain_logged": plain_steps[-1]["kl_mean"],
+        "plain": kl_to_base(plain),
+        "anchored": kl_to_base(anchored),
+    }
+
+
 if __name__ == "__main__":
     print(
         json.dumps(
@@ -203,6 +252,7 @@ if __name__ == "__main__":
                 "shared": shared_prompt_figures(sys.argv[1]),
                 "tempered": tempered_figures(sys.argv[1]),
                 "entropy": entropy_figures(sys.argv[1]),
+                "kl": kl_figures(sys.argv[1]),
             }
         )
     )
