@@ -4,10 +4,10 @@ Short factual questions whose answer is one word (capitals, opposites, sums), as
 "Answer with one word." SmolLM2-135M-Instruct often knows the fact but answers in a sentence
 ("The capital of Peru is Lima."), and sampled it often rambles. The reward is 0 unless the
 answer word appears and no other task's answer does; then half, plus the other half for brevity
-in proportion to the letters and digits beyond the answer's own (all of it for the word alone,
-nothing from `LETTERS_TO_ZERO` on). The model is right often enough that most groups hold
-replies of different lengths, so GRPO has a signal, and the gain to learn is a format the base
-model misses (stop after the answer), not a fact it does not know.
+in proportion (all of it for the word alone, nothing from `WORDS_TO_ZERO` words on). The model
+is right often enough that most groups hold replies of different lengths, so GRPO has a signal,
+and the gain to learn is a format the base model misses (stop after the answer), not a fact it
+does not know.
 
 `reward` is the job's evaluator (`{"name": "python", "callable":
 "polar_mq.training.tasks:reward"}`): it runs in the workers, on the agent's last message.
@@ -47,8 +47,8 @@ OPPOSITES = {
     "long": "short", "clean": "dirty", "heavy": "light", "near": "far", "push": "pull",
     "buy": "sell", "first": "last",
 }  # fmt: skip
-LETTERS_TO_ZERO = 30
-"""A reply with this many letters and digits beyond the answer's own gets no brevity credit."""
+WORDS_TO_ZERO = 7
+"""A reply of this many words or more gets no brevity credit."""
 _WORD = re.compile(r"[A-Za-z0-9]+")
 
 
@@ -108,12 +108,6 @@ ANSWERS = frozenset(w for task in all_tasks() for w in _words(str(task["answer"]
 def score(text: str | None, answer: str, question: str = "") -> float:
     """0 without the answer word; with it, 0.5 plus up to 0.5 the shorter the reply.
 
-    Brevity counts letters and digits, not words: two right sentences of one word count
-    ("The capital of Peru is Lima." and "Peru's capital is Lima.") still differ, so a group of
-    right sentences keeps a GRPO signal toward the shorter one, where counting words made most
-    such groups flat (docs/training.md). Spaces and punctuation are free ("Lima." is the word
-    alone).
-
     Brevity earns nothing on its own: a constant one-word reply scores only where it happens to
     be the answer. Nor does a shotgun ("Lima, Santiago, Havana"): a reply that also names another
     task's answer scores 0, so listing candidates cannot buy the hit rate of knowing. Words of
@@ -125,8 +119,7 @@ def score(text: str | None, answer: str, question: str = "") -> float:
         return 0.0
     if (ANSWERS - {wanted} - set(_words(question))) & set(words):
         return 0.0
-    extra = sum(map(len, words)) - len(wanted)
-    brevity = max(0.0, 1.0 - extra / LETTERS_TO_ZERO)
+    brevity = max(0.0, 1.0 - (len(words) - 1) / (WORDS_TO_ZERO - 1))
     return 0.5 + 0.5 * brevity
 
 

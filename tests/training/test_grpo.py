@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from polar_mq.training.grpo import STD_EPS, batch_samples, group_advantages
-from polar_mq.training.tasks import ANSWERS, LETTERS_TO_ZERO, all_tasks, score, split
+from polar_mq.training.tasks import ANSWERS, all_tasks, score, split
 
 
 def test_advantages_are_group_normalised() -> None:
@@ -57,28 +57,11 @@ def test_a_batch_skips_flat_groups_and_unusable_samples() -> None:
 
 def test_the_reward_pays_the_answer_and_brevity() -> None:
     assert score("Lima.", "Lima") == 1.0
-    # 22 letters, 18 beyond the answer's 4: 12 of 30 letters' worth of brevity left
-    assert score("The capital of Peru is Lima.", "Lima") == pytest.approx(0.5 + 0.5 * 12 / 30)
+    assert score("The capital of Peru is Lima.", "Lima") == pytest.approx(0.5 + 0.5 / 6)
     assert score("The capital of Peru is the city of Lima, Peru.", "Lima") == 0.5
     assert score("It is a city in the mountains of Peru", "Lima") == 0.0
     assert score(None, "Lima") == 0.0 and score("...", "Lima") == 0.0
     assert score("limabean", "Lima") == 0.0  # a whole word, not a substring
-
-
-def test_brevity_is_counted_in_letters() -> None:
-    """Right replies of one word count still differ (the signal a plateau of sentences keeps);
-    spaces and punctuation are free."""
-    longer, shorter = "The capital is Lima.", "The city is Lima."
-    assert len(longer.split()) == len(shorter.split())
-    assert (
-        score(shorter, "Lima")
-        > score(longer, "Lima")
-        > score("The capital of Peru is Lima.", "Lima")
-    )
-    assert score(" Lima !", "Lima") == score("'Lima'.", "Lima") == score("Lima", "Lima") == 1.0
-    # no credit past LETTERS_TO_ZERO letters beyond the answer, however many words
-    assert score("Lima" + " x" * LETTERS_TO_ZERO, "Lima") == 0.5
-    assert score("Lima" + " x" * (LETTERS_TO_ZERO - 1), "Lima") > 0.5
 
 
 def test_brevity_alone_earns_nothing() -> None:
@@ -106,8 +89,8 @@ def test_a_shotgun_of_candidates_earns_nothing() -> None:
     assert score("The opposite of old is new.", "new", "What is the opposite of 'old'?") > 0.5
     # words that answer no task cannot raise the hit rate: they cost brevity only
     peru = "What is the capital of Peru?"
-    assert score("Lima, Cusco", "Lima", peru) == score("Lima, Andes", "Lima", peru)
-    assert score("Lima, Cusco", "Lima", peru) == pytest.approx(0.5 + 0.5 * 25 / 30)
+    assert score("Lima, Cusco", "Lima", peru) == score("Lima, Peru", "Lima", peru)
+    assert score("Lima, Cusco", "Lima", peru) == pytest.approx(0.5 + 0.5 * 5 / 6)
 
 
 def test_the_eval_split_is_held_out_and_seeded() -> None:
