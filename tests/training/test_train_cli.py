@@ -26,6 +26,7 @@ def test_polar_mq_train_hands_every_flag_to_the_trainer() -> None:
         (["--entropy-target", "1", "--entropy-max", "0"], "--entropy-max must be positive"),
         (["--entropy-min", "0.2"], "--entropy-min must be within [0, --entropy-max]"),
         (["--resample-flat", "-1"], "--resample-flat must not be negative"),
+        (["--kl-coef", "-0.1"], "--kl-coef must not be negative"),
     ],
 )
 def test_bad_flags_get_the_trainers_message_not_a_traceback(flags: list[str], message: str) -> None:

@@ -63,7 +63,7 @@ def test_a_short_grpo_run_trains_publishes_and_matches_the_engine(
 ) -> None:
     config = LoopConfig(
         steps=STEPS, groups_per_step=2, samples_per_group=2, max_tokens=16, seed=11,
-        temperature=TEMPERATURE,
+        temperature=TEMPERATURE, kl_coef=0.1,
     )  # fmt: skip
     tasks = [t for t in all_tasks() if t["answer"] in ("Paris", "Tokyo")]  # facts it knows
     adapters = tmp_path / "adapters"
@@ -127,3 +127,7 @@ def test_a_short_grpo_run_trains_publishes_and_matches_the_engine(
     # so the max only has to stay below what an off-by-one gives on every token.
     assert step0.mismatch_mean < 0.1 and step0.mismatch_max < 1.0, step0
     print(f"step 0 mismatch: mean {step0.mismatch_mean:.4f} max {step0.mismatch_max:.4f}")
+    # the KL anchor: the reference is the LoRA-off model, which step 0's zero-B policy equals
+    kls = [r.kl_mean for r in records if r.kl_mean is not None]
+    assert all(math.isfinite(k) and k >= 0 for k in kls), records
+    assert step0.kl_mean is None or step0.kl_mean < 1e-6, step0
