@@ -66,7 +66,7 @@ def parse_args(argv: Sequence[str] | None, prog: str = "scripts/train") -> argpa
         help="with --entropy-target, the coefficient's floor while the entropy is below it",
     )  # fmt: skip
     p.add_argument(
-        "--kl-coef", type=float, default=0.0,
+        "--kl-coef", type=float, default=0.1,
         help="weight of the policy's KL to the base weights in the loss (0: no anchor)",
     )  # fmt: skip
     p.add_argument(
