@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import time
 import uuid
 from datetime import UTC, datetime
@@ -241,11 +242,14 @@ async def until_stored(engine: Engine, rows: list[dict[str, Any]], within_s: flo
     return stored(engine, rows)
 
 
+@pytest.mark.parametrize("journal_sync", [True, False], ids=["fdatasync", "write"])
 async def test_an_answer_waits_for_the_journal_not_the_commit(
-    pg_url: str, tmp_path: Path, pg_engine: Engine
+    pg_url: str, tmp_path: Path, pg_engine: Engine, journal_sync: bool
 ) -> None:
     spill = tmp_path / "spill"
-    writer = DbCallWriter(pg_url, spill_dir=spill, flush_interval_s=LINGER_S)
+    writer = DbCallWriter(
+        pg_url, spill_dir=spill, flush_interval_s=LINGER_S, journal_sync=journal_sync
+    )
     await writer.start()
     try:
         rows = await journaled(writer, 3)
@@ -372,6 +376,78 @@ async def test_a_journal_that_cannot_write_commits_directly(
         await writer.close()
 
 
+async def test_a_written_journal_takes_the_row_on_the_serving_loop(
+    pg_url: str, tmp_path: Path, pg_engine: Engine
+) -> None:
+    """`write` mode: `submit` itself writes the row to the journal, so it is on the page cache
+    when `submit` returns and the answer has nothing to wait for; the writer thread only
+    commits. Ten rows journaled one by one are ten records, committed by one flush."""
+    spill = tmp_path / "spill"
+    writer = DbCallWriter(pg_url, spill_dir=spill, flush_interval_s=LINGER_S, journal_sync=False)
+    await writer.start()
+    try:
+        first = await journaled(writer, 1)  # the writer's store is up from here on
+        groups = writer.stats()["groups"]
+        journal = writer._journal
+        assert journal is not None
+        appended_on: list[str] = []
+        append = journal.append
+
+        def watched(rows: list[dict[str, Any]]) -> bool:
+            appended_on.append(threading.current_thread().name)
+            return append(rows)
+
+        journal.append = watched  # type: ignore[method-assign]
+        rows = [row(i) for i in range(10)]
+        for r in rows:
+            writer.submit(r)
+            assert writer.pending == 0
+        assert appended_on == [threading.current_thread().name] * 10
+        assert sorted(ids_on_disk(spill)) == sorted(str(r["id"]) for r in first + rows)
+        assert writer.stats()["groups"] == groups + 10
+        waited = writer.durable()  # a coroutine that returns at once: nothing is pending
+        await asyncio.wait_for(waited, 0.5)
+        assert stored(pg_engine, first + rows) == 0  # the commit waits for the linger, or a flush
+        assert await asyncio.wait_for(writer.flush(), 10) == 11
+        assert stored(pg_engine, first + rows) == 11 and ids_on_disk(spill) == []
+    finally:
+        await writer.close()
+    assert not spill.exists()
+
+
+@pytest.mark.parametrize("journal_sync", [True, False], ids=["fdatasync", "write"])
+async def test_a_journal_whose_disk_fails_leaves_rows_to_the_writer_thread(
+    pg_url: str,
+    tmp_path: Path,
+    pg_engine: Engine,
+    monkeypatch: pytest.MonkeyPatch,
+    journal_sync: bool,
+) -> None:
+    """A journal write that fails (disk full) in either mode: the answer waits for the row's
+    commit, as without a journal, and later rows are not lost either."""
+    writer = DbCallWriter(
+        pg_url, spill_dir=tmp_path / "spill", flush_interval_s=LINGER_S, journal_sync=journal_sync
+    )
+    await writer.start()
+    try:
+        before = await journaled(writer, 1)  # the store is up: `write` journals on the loop
+
+        def failing(*args: Any) -> int:
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr(journal_module.os, "pwrite", failing)
+        rows = [row(i) for i in range(3)]
+        for r in rows:
+            writer.submit(r)
+        await asyncio.wait_for(writer.durable(), 10)
+        assert stored(pg_engine, rows) == 3  # committed before the answer
+        monkeypatch.undo()
+        assert await asyncio.wait_for(writer.flush(), 10) == 4
+        assert stored(pg_engine, before) == 1 and writer.stats()["journal_rows"] == 0
+    finally:
+        await writer.close()
+
+
 SLOW_INSERT = """
 CREATE OR REPLACE FUNCTION polar_test_slow_insert() RETURNS trigger AS $$
 BEGIN
@@ -384,15 +460,18 @@ CREATE OR REPLACE TRIGGER polar_test_slow_insert BEFORE INSERT ON llm_calls
 """Only rows of model `slow-insert` wait: the module's other tests share the database."""
 
 
+@pytest.mark.parametrize("journal_sync", [True, False], ids=["fdatasync", "write"])
 async def test_a_flush_asked_during_the_commit_waits_for_it(
-    pg_url: str, tmp_path: Path, pg_engine: Engine
+    pg_url: str, tmp_path: Path, pg_engine: Engine, journal_sync: bool
 ) -> None:
     """A stage's flush landing while the journaled rows are being committed (a 10 MB call took
     13 s here) must not return before they are in the database: it once did, and the stage
     built a trajectory without the call."""
     with pg_engine.begin() as conn:
         conn.exec_driver_sql(SLOW_INSERT)
-    writer = DbCallWriter(pg_url, spill_dir=tmp_path / "spill", flush_interval_s=0.05)
+    writer = DbCallWriter(
+        pg_url, spill_dir=tmp_path / "spill", flush_interval_s=0.05, journal_sync=journal_sync
+    )
     await writer.start()
     try:
         rows = [{**row(), "model": "slow-insert"}]
@@ -406,8 +485,9 @@ async def test_a_flush_asked_during_the_commit_waits_for_it(
         await writer.close()
 
 
+@pytest.mark.parametrize("journal_sync", [True, False], ids=["fdatasync", "write"])
 async def test_answers_are_journaled_while_a_commit_runs(
-    pg_url: str, tmp_path: Path, pg_engine: Engine
+    pg_url: str, tmp_path: Path, pg_engine: Engine, journal_sync: bool
 ) -> None:
     """A commit runs beside the journaling: a call answered while the journal's rows are being
     committed waits for its own fsync, not for that commit (it once waited: every answer of the
@@ -415,7 +495,7 @@ async def test_answers_are_journaled_while_a_commit_runs(
     with pg_engine.begin() as conn:
         conn.exec_driver_sql(SLOW_INSERT)
     spill = tmp_path / "spill"
-    writer = DbCallWriter(pg_url, spill_dir=spill, flush_interval_s=0.05)
+    writer = DbCallWriter(pg_url, spill_dir=spill, flush_interval_s=0.05, journal_sync=journal_sync)
     await writer.start()
     try:
         slow = [{**row(), "model": "slow-insert"}]
@@ -449,14 +529,17 @@ CREATE OR REPLACE TRIGGER polar_test_slow_commit AFTER INSERT ON llm_calls
 """Every statement holding a row of model `slow-commit` takes 50 ms more."""
 
 
+@pytest.mark.parametrize("journal_sync", [True, False], ids=["fdatasync", "write"])
 async def test_a_flush_returns_under_steady_load(
-    pg_url: str, tmp_path: Path, pg_engine: Engine
+    pg_url: str, tmp_path: Path, pg_engine: Engine, journal_sync: bool
 ) -> None:
     """Rows keep arriving during every commit, so the journal is never empty when one ends: a
     flush waits for the rows submitted before it, not for an empty journal (never, here)."""
     with pg_engine.begin() as conn:
         conn.exec_driver_sql(SLOW_COMMIT)
-    writer = DbCallWriter(pg_url, spill_dir=tmp_path / "spill", flush_interval_s=0.02)
+    writer = DbCallWriter(
+        pg_url, spill_dir=tmp_path / "spill", flush_interval_s=0.02, journal_sync=journal_sync
+    )
     await writer.start()
     load_on = True
 

@@ -37,7 +37,8 @@ for longer (handed to the spill buffer, or left at close) is synced in either mo
 Journaled rows are not spilled rows: the spill gauges and the call order's floor
 (`seq_floor`) count the outage backlog only. The journal's rows belong to attempts whose
 counters this process holds, as the rows queued for a commit did before it existed.
-Not thread-safe: used on the writer thread only (`rows` reads plain counters).
+Not thread-safe: `append` and `rotate` run under `journal_commits.JournaledCommits`' lock (the
+serving loop appends in `write` mode), the rest on the writer thread (`rows` reads plain counters).
 """
 
 from __future__ import annotations

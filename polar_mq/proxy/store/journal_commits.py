@@ -12,11 +12,18 @@ While a commit runs, the writer thread touches neither the database nor the spil
 the commit to end (`settle(wait=True)`) before it is stored directly, and the spill replay waits
 too (`busy`). The commit thread's end wakes the writer thread (`wake`), which settles it: the
 retired file is emptied, or handed to the spill buffer when the database was unreachable.
+
+With a journal written without fdatasync (`POLAR_MQ_PROXY_JOURNAL_SYNC=write`) the serving loop
+journals each row itself as it is submitted (`keep` from the loop, `writer.DbCallWriter.submit`):
+a `pwrite` is cheaper than handing the row to the writer thread and waiting for its turn. So
+`keep` and the rotation of the journal's files hold a lock: a row is in the active file and in
+`journaled`, or in the retired file and in `committing`, never in one and not the other.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -33,7 +40,8 @@ Row = dict[str, Any]
 class JournaledCommits:
     """The journal's rows, and their commits on a thread of their own (module docstring).
 
-    Used from the writer thread; `rows` and the totals may be read from others."""
+    Used from the writer thread, and `keep` from the serving loop too; `rows` and the totals may
+    be read from others."""
 
     def __init__(
         self,
@@ -59,6 +67,8 @@ class JournaledCommits:
         self._due = 0.0
         """When the pending rows are committed at the latest."""
         self._running: Future[bool] | None = None
+        self._lock = threading.Lock()
+        """Held by `keep` and the rotation (module docstring)."""
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="call-commit")
 
     @property
@@ -71,15 +81,23 @@ class JournaledCommits:
         """A commit is running: the writer thread must leave the store alone."""
         return self._running is not None
 
-    def keep(self, rows: list[Row]) -> bool:
-        """Journal `rows` (durable when True); False: the disk failed, the caller stores them."""
-        if not self.journal.append(rows):
-            return False
-        if not self.journaled:
-            self._due = time.monotonic() + self._interval
-        self.journaled.extend(rows)
-        self.journaled_total += len(rows)
-        return True
+    def keep(self, rows: list[Row]) -> int:
+        """Journal `rows`: the rows now waiting in the active file for a commit, `rows` among
+        them (durable); 0: the disk failed, the caller stores them."""
+        with self._lock:
+            if not self.journal.append(rows):
+                return 0
+            journaled = self.journaled
+            if not journaled:
+                self._due = time.monotonic() + self._interval
+            journaled.extend(rows)
+            self.journaled_total += len(rows)
+            return len(journaled)
+
+    def wants_commit(self, journaled: int, added: int) -> bool:
+        """Whether the writer thread is to be woken after `keep` returned `journaled` for
+        `added` rows: they are the first of a linger (whose end it must time) or fill a batch."""
+        return journaled == added or journaled - added < self._batch_size <= journaled
 
     def hurry(self) -> None:
         """Commit the pending rows as soon as no commit runs (a flush or a waiting stage)."""
@@ -139,11 +157,12 @@ class JournaledCommits:
     def _start(self, store: CallStore) -> None:
         """Commit the retired file's rows (again), or retire the active file and commit its."""
         if not self.committing:
-            # `committing` is set before `journaled` is emptied: a flush on another thread reads
-            # `rows` meanwhile and must never see the rows in neither list
-            self.committing = self.journaled
-            self.journaled = []
-            self.journal.rotate()
+            with self._lock:  # the serving loop may be journaling a row (module docstring)
+                # `committing` is set before `journaled` is emptied: a flush on another thread
+                # reads `rows` meanwhile and must never see the rows in neither list
+                self.committing = self.journaled
+                self.journaled = []
+                self.journal.rotate()
         self._running = self._pool.submit(store.commit_journaled, self.committing)
         self._running.add_done_callback(self._ended)
 

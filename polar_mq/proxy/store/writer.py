@@ -23,7 +23,9 @@ commit round trip, not a commit of its own: the rows of the calls answered durin
 the next batch together (group commit), so the thread never lingers for more rows.
 With a spill directory the group is made durable by the answer journal instead (`journal`:
 an fsync answers it, the rows are committed in batches later, on a thread of their own so that
-no answer waits for a commit: `journal_commits`; `answer_journal=False`: off).
+no answer waits for a commit: `journal_commits`; `answer_journal=False`: off). A journal written
+without fdatasync (`journal_sync=False`) is written by `submit` itself, on the serving loop:
+the row is durable when `submit` returns, and `durable()` has nothing to wait for.
 `durable_answers=False` (`POLAR_MQ_PROXY_DURABLE_ANSWERS=false`) makes `durable()` return at once:
 the old answer-first behaviour, for a deployment that prefers the latency (bench/proxy figures in
 docs/multihost.md).
@@ -129,6 +131,10 @@ class DbCallWriter:
         )
         self._commits: JournaledCommits | None = None
         """The journal's rows and their commits, once the journal is open (`start`)."""
+        self._journal_inline = not journal_sync
+        """`submit` journals rows itself (module docstring), once the journal is open."""
+        self._inline: JournaledCommits | None = None
+        """The commits `submit` journals into: set by `start` when `_journal_inline`."""
         self._durable_waiters: deque[_Waiter] = deque()
         """durable() calls, in submission order (their targets never decrease)."""
         self._durable_late = 0
@@ -142,6 +148,8 @@ class DbCallWriter:
         self._groups = 0
         """Groups of rows made durable (or stored) one at a time: rows per group is what a
         group commit gathers, and every group costs the writer the same fixed work."""
+        self._groups_inline = 0
+        """Rows journaled by `submit` (each a group of its own), counted on the serving loop."""
 
     @classmethod
     def from_settings(cls, settings: Settings, worker: WorkerSlot | None = None) -> DbCallWriter:
@@ -179,6 +187,8 @@ class DbCallWriter:
                     batch_size=self._batch_size,
                     wake=self._signal.set,
                 )
+                if self._journal_inline:
+                    self._inline = self._commits
             self._thread = threading.Thread(target=self._run, name="call-writer", daemon=True)
             self._thread.start()
 
@@ -191,10 +201,32 @@ class DbCallWriter:
             if self._dropped & (self._dropped - 1) == 0:  # log at 1, 2, 4, 8, ... drops
                 logger.error("call log queue full: %d calls dropped so far", self._dropped)
             return
+        inline = self._inline
+        if inline is not None and self._journal_now(inline, row):
+            return
         self._queue.append(row)
         self._submitted += 1
         if self._idle:
             self._signal.set()
+
+    def _journal_now(self, commits: JournaledCommits, row: dict[str, Any]) -> bool:
+        """Journal `row` on the caller's thread (`write` mode, module docstring); False: the
+        writer thread takes it as usual. Only while no row waits for that thread, so rows are
+        durable in the order they were submitted (a `durable()` waits for a count of them), and
+        while the database is up (while down, rows go to the spill buffer, as queued rows do)."""
+        store = self._store
+        if store is None or store.down or self._done != self._submitted:
+            return False
+        journaled = commits.keep([row])
+        if not journaled:
+            return False  # logged by the journal; the writer thread stores it another way
+        with self._lock:
+            self._submitted += 1
+            self._done += 1
+        self._groups_inline += 1
+        if commits.wants_commit(journaled, 1):
+            self._signal.set()
+        return True
 
     async def flush(self) -> int:
         """Wait until the rows submitted so far are committed; `CallsNotStored` on timeout."""
@@ -294,7 +326,7 @@ class DbCallWriter:
             "refused": store.refused if store else 0,
             "refused_kept": spill.refused_kept if spill else 0,
             "durable_late": self._durable_late,
-            "groups": self._groups,
+            "groups": self._groups + self._groups_inline,
             "journal_rows": self._commits.rows if self._commits else 0,
         }
 
