@@ -229,11 +229,13 @@ class Settings(FloorSettings, BaseSettings):
         "row's database commit",
     )
     proxy_journal_sync: Literal["fdatasync", "write"] = Field(
-        "fdatasync",
-        description="what an answer waits for in the answer journal: 'fdatasync' (its row is "
-        "on the disk: a crash of the proxy's host spares it) or 'write' (its row is in the "
-        "kernel's page cache: a proxy killed with -9 spares it, a host crash loses the rows of "
-        "the last flush interval, which the call receipts then find missing)",
+        "write",
+        description="what an answer waits for in the answer journal: 'write' (its row is in "
+        "the kernel's page cache, written by the serving loop itself: a proxy killed with -9 "
+        "spares it; a crash of its host loses the rows of the last flush interval, as the "
+        "host's loss would, and the call receipts then find them missing) or 'fdatasync' (its "
+        "row is on the disk: a host that crashes and comes back spares it too, for more CPU "
+        "and latency per call: docs/benchmarks.md)",
     )
     proxy_flush_timeout_s: float = Field(
         20.0,
