@@ -21,7 +21,8 @@ from polar_mq.infra.db import create_db_engine, make_session_factory, unit_of_wo
 from polar_mq.jobs.schemas import JobCreate
 from polar_mq.jobs.service import create_job
 from polar_mq.proxy.store.call_insert import CallInserter
-from polar_mq.proxy.store.writer import PG_CONNECT_ARGS, DbCallWriter
+from polar_mq.proxy.store.writer import DbCallWriter
+from polar_mq.proxy.store.writer_engine import PG_CONNECT_ARGS
 
 DEFAULT_PG = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 

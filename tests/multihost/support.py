@@ -9,6 +9,7 @@ the reliability suite's `agent_script.py`, logging every call they saw answered.
 from __future__ import annotations
 
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,9 +27,12 @@ from polar_mq.models import Rollout
 from polar_mq.stack.devstack import LocalStack
 from polar_mq.testing import ledger
 from polar_mq.testing.netns_bed import NetnsBed
+from polar_mq.workers.janitor import local_runtime_ids
 from tests.e2e.stack import e2e_settings
 from tests.reliability.support import AGENT, FAST_RECOVERY
 
+RELEASE_WAIT_S = 15.0
+"""How long after the rollouts end a node may take to remove their runtimes."""
 NODE = {Stage.PREPARE: 2, Stage.RUN_AGENT: 2, Stage.BUILD: 1, Stage.EVALUATE: 1}
 
 
@@ -52,7 +56,14 @@ class MultiHost:
         return [str(r) for r in job.rollout_ids]
 
     def ledger(self, factory: sessionmaker[Session], ids: list[str]) -> ledger.Ledger:
+        """The ledger once the nodes have had `RELEASE_WAIT_S` to remove the runtimes of the
+        attempts that ended: a node removes one right after the rollout's terminal state is
+        committed (`workers.runner`), so a check the moment the last rollout ends can see it
+        (it once did). A runtime never removed still fails the ledger."""
         roots = [h.runtime_root for h in self.bed.hosts.values()]
+        deadline = time.monotonic() + RELEASE_WAIT_S
+        while any(local_runtime_ids(r) for r in roots) and time.monotonic() < deadline:
+            time.sleep(0.2)
         return ledger.check(factory, ids, self.call_log, roots)
 
 

@@ -14,7 +14,7 @@ from polar_mq.models import LlmCall
 from polar_mq.proxy.rollout_states import db_state_reader
 from polar_mq.proxy.server.app import _reads_engine
 from polar_mq.proxy.store.call_insert import CallInserter
-from polar_mq.proxy.store.writer import DbCallWriter
+from polar_mq.proxy.store.writer_engine import create_writer_engine
 from tests.proxy.test_proxy_writer import call_row
 
 
@@ -36,7 +36,7 @@ def test_the_proxy_reads_in_autocommit(pg_url: str) -> None:
 
 
 def test_the_call_writer_inserts_a_batch_in_autocommit(pg_url: str) -> None:
-    engine = DbCallWriter(pg_url)._create_engine(pg_url)
+    engine = create_writer_engine(pg_url)
     try:
         _no_transaction_after_a_statement(engine)
         rollout = uuid.uuid4()

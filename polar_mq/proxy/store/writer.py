@@ -46,7 +46,6 @@ from typing import TYPE_CHECKING, Any, cast
 from sqlalchemy import Engine
 
 from polar_mq.config import Settings
-from polar_mq.infra.db import create_db_engine
 from polar_mq.proxy.store.call_store import CallStore
 from polar_mq.proxy.store.journal import AnswerJournal
 from polar_mq.proxy.store.journal_commits import JournaledCommits
@@ -55,6 +54,7 @@ from polar_mq.proxy.store.sink import CallSink, MemoryCallSink
 from polar_mq.proxy.store.spill import SpillBuffer
 from polar_mq.proxy.store.spill_layout import journal_dir, taken_over
 from polar_mq.proxy.store.waiters import FlushWaiter, expire, resolve, resolve_all
+from polar_mq.proxy.store.writer_engine import create_writer_engine
 
 if TYPE_CHECKING:
     from polar_mq.proxy.server.worker_slot import WorkerSlot
@@ -68,8 +68,6 @@ _STOP = object()
 _ENDS = (_WAKE, _STOP)
 _Waiter = tuple[int, asyncio.AbstractEventLoop, "asyncio.Future[None]"]
 """A durable() waiting for that many rows to be committed, journaled or spilled."""
-PG_CONNECT_ARGS = {"connect_timeout": 5, "keepalives_idle": 5, "keepalives_interval": 2}
-"""An unreachable database must fail a write in seconds (then rows spill), never hang it."""
 
 
 class CallsNotStored(RuntimeError):
@@ -365,7 +363,7 @@ class DbCallWriter:
     def _run(self) -> None:
         engine: Engine | None = None
         try:
-            engine = self._engine or self._create_engine(cast(str, self._url))
+            engine = self._engine or create_writer_engine(cast(str, self._url))
             store = CallStore(
                 engine,
                 self._spill,
@@ -432,27 +430,6 @@ class DbCallWriter:
         if commits is not None:  # the store is the running commit's: wait for it to end
             commits.settle(store, wait=True)
         store.store(batch)
-
-    def _create_engine(self, url: str) -> Engine:
-        """The writer's one connection. On PostgreSQL in autocommit: a batch is one statement
-        (`call_insert`), atomic on its own, so a BEGIN and COMMIT around it buy nothing.
-
-        No pre-ping (a `SELECT 1` round trip before every batch of one to three calls, seen in
-        py-spy profiles): a connection that died meanwhile fails the insert before anything is
-        sent, and the store's retry sends the batch again on a fresh one (`ON CONFLICT DO
-        NOTHING` either way)."""
-        postgres = url.startswith("postgresql")
-        return create_db_engine(
-            url,
-            pool_size=1,
-            max_overflow=0,
-            pool_pre_ping=False,
-            **(
-                {"connect_args": PG_CONNECT_ARGS, "isolation_level": "AUTOCOMMIT"}
-                if postgres
-                else {}
-            ),
-        )
 
     def _collect(self, first_wait: float | None) -> tuple[list[dict[str, Any]], bool, bool]:
         """The next batch, whether the writer was asked to stop after it, and whether a flush
