@@ -94,10 +94,10 @@ class JournaledCommits:
             self.journaled_total += len(rows)
             return len(journaled)
 
-    def wants_commit(self, journaled: int, added: int) -> bool:
-        """Whether the writer thread is to be woken after `keep` returned `journaled` for
-        `added` rows: they are the first of a linger (whose end it must time) or fill a batch."""
-        return journaled == added or journaled - added < self._batch_size <= journaled
+    def wants_commit(self, journaled: int) -> bool:
+        """Whether the writer thread is to be woken after `keep` returned `journaled` for one
+        row: it is the first of a linger (whose end the thread must time) or fills a batch."""
+        return journaled == 1 or journaled == self._batch_size
 
     def hurry(self) -> None:
         """Commit the pending rows as soon as no commit runs (a flush or a waiting stage)."""

@@ -222,7 +222,7 @@ class DbCallWriter:
             self._submitted += 1
             self._done += 1
         self._groups_inline += 1
-        if commits.wants_commit(journaled, 1):
+        if commits.wants_commit(journaled):
             self._signal.set()
         return True
 
