@@ -16,6 +16,7 @@ different policies (the untempered one is what vLLM's default `raw_logprobs` rep
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -196,9 +197,27 @@ def clipped_fraction(new: torch.Tensor, old: torch.Tensor, mask: torch.Tensor, c
     return int((outside & mask.bool()).sum())
 
 
+KL_SLOPE_BOUND = 10.0
+"""The most one token's KL term moves with its logprob: k3's slope at a gap of ln(11) nats."""
+_KL_KNEE = math.log1p(KL_SLOPE_BOUND)
+
+
 def kl_to_reference(new: torch.Tensor, ref: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """KL(policy || reference) at a sample's trained tokens, summed: Schulman's k3 estimator
     `exp(ref - new) - (ref - new) - 1`, non-negative per token and unbiased for tokens the
-    policy sampled; its gradient pulls the policy's logprobs back toward the reference's."""
+    policy sampled; its gradient pulls the policy's logprobs back toward the reference's.
+
+    Past the knee (the policy `ln(1 + KL_SLOPE_BOUND)` nats under the reference) a token's term
+    follows k3's tangent instead: still growing, still pulling the token back, at a bounded rate.
+    Unbounded, k3 and its slope grow as `exp(ref - new)`: one stale sample whose token the
+    policy has since pushed far under the reference gives a term in the thousands, its gradient
+    swamps the step's (clipping the norm keeps only its direction), and the step lurches back
+    toward the reference on that token alone. Clamping the term's value instead (verl's
+    `low_var_kl` holds it at 10) would drop exactly those tokens' pull: the anchor would let go
+    of the tokens that left the base the farthest.
+    """
     gap = ref - new
-    return ((torch.exp(gap) - gap - 1.0) * mask).sum()
+    inside = torch.clamp(gap, max=_KL_KNEE)
+    k3 = torch.exp(inside) - inside - 1.0
+    tangent = KL_SLOPE_BOUND * torch.clamp(gap - _KL_KNEE, min=0.0)
+    return ((k3 + tangent) * mask).sum()

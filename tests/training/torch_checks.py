@@ -40,6 +40,11 @@ def loss_figures() -> dict[str, object]:
     trained = torch.tensor([1.0, 0.0, 1.0])
     gap = mismatch([(torch.tensor([0.0, 5.0, -1.0]), torch.zeros(3), trained)])
     out["mismatch_masked"] = [gap.mean, gap.max, gap.tokens]
+    # k3 at gaps 0, 1 and 30 nats (the policy far under the reference), one masked token
+    new = torch.tensor([0.0, -1.0, -30.0, -30.0], requires_grad=True)
+    kl = kl_to_reference(new, torch.zeros(4), torch.tensor([1.0, 1.0, 1.0, 0.0]))
+    kl.backward()
+    out["kl_bounded"] = [float(kl), *[float(g) for g in new.grad]]
     return out
 
 
