@@ -14,14 +14,14 @@ import subprocess
 import time
 import uuid
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import psutil
 
 from polar_mq.runtimes.base import ExecRequest, ExecResult, ResourceLimits
 from polar_mq.runtimes.identity import AgentIdentity
-from polar_mq.runtimes.kill_group import join_in_child
+from polar_mq.runtimes.kill_group import join_in_child, joining_argv
 from polar_mq.runtimes.process_kit import (
     EXEC_TAG,
     RUNTIME_TAG,
@@ -33,6 +33,7 @@ from polar_mq.runtimes.process_kit import (
     tagged_processes,
     wait_gone,
 )
+from polar_mq.runtimes.status_pipe import status_channel
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +58,21 @@ class HostLaunch:
 
 def run_on_host(argv: list[str], request: ExecRequest, launch: HostLaunch) -> ExecResult:
     """Run `argv` (the request's, or a sandbox around it) with the request's env, clocks, log."""
+    procs = launch.cgroup_procs
+    if procs is None or not _only_joins(launch):
+        return _run(argv, request, launch)
+    with status_channel() as status:  # the join is all the child needs: a shell does it
+        joined = replace(launch, cgroup_procs=None)
+        result = _run(joining_argv(procs, argv), request, joined, stdin=status.fd)
+        failure = status.failure()
+    if failure is not None:  # the platform's failure: never scored as the agent's exit
+        raise RuntimeError(f"runtime {launch.runtime_id}: {failure}")
+    return result
+
+
+def _run(
+    argv: list[str], request: ExecRequest, launch: HostLaunch, stdin: int = subprocess.DEVNULL
+) -> ExecResult:
     exec_id = uuid.uuid4().hex
     full_env = {**launch.base_env, **request.env, RUNTIME_TAG: launch.runtime_id}
     full_env[EXEC_TAG] = exec_id
@@ -68,7 +84,7 @@ def run_on_host(argv: list[str], request: ExecRequest, launch: HostLaunch) -> Ex
     try:
         proc = subprocess.Popen(
             argv,
-            stdin=subprocess.DEVNULL,
+            stdin=stdin,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             cwd=launch.cwd,
@@ -107,6 +123,12 @@ def run_on_host(argv: list[str], request: ExecRequest, launch: HostLaunch) -> Ex
         inactive=reason == "inactive",
         duration_s=time.monotonic() - started,
     )
+
+
+def _only_joins(launch: HostLaunch) -> bool:
+    """The child would do nothing before exec but join its kill group."""
+    no_limits = launch.limits is None or rlimit_setter(launch.limits) is None
+    return launch.cgroup_procs is not None and launch.user is None and no_limits
 
 
 def child_setup(launch: HostLaunch) -> Callable[[], None] | None:

@@ -3,7 +3,8 @@
 The environment tag misses a process that re-executed itself with `env -i`; a double fork with
 `setsid`, a renamed argv or closed descriptors do not matter either: the kernel puts every child in
 its parent's cgroup and an unprivileged process cannot leave it (the group's files are root's).
-Each command joins the group in the child before it becomes the agent (`join_in_child`), and the
+Each command joins the group before it becomes the agent (`joining_argv`, or `join_in_child`
+in a forked child that also switches users), and the
 stop writes `cgroup.kill` (Linux 5.14+; else SIGKILL to each member until the group is empty).
 
 Only the core v2 files are used (no controller), so the unified hierarchy of a hybrid node
@@ -66,6 +67,24 @@ def procs_file(group: Path | None) -> str | None:
         return None
     procs = group / "cgroup.procs"
     return str(procs) if procs.exists() else None
+
+
+JOIN_SCRIPT = (
+    'if ! echo 0 2>/dev/null >"$0"; then echo "cannot join the kill group $0" >&0; exit 126; fi;'
+    ' exec "$@" </dev/null'
+)
+"""`sh -c JOIN_SCRIPT PROCS ARGV...` with a status pipe's writing end as stdin: join, then exec
+ARGV on an empty stdin (dash cannot name a descriptor above 9, stdin it can)."""
+
+
+def joining_argv(procs: str, argv: list[str]) -> list[str]:
+    """`argv` behind a shell that joins the group first, for a command that needs nothing else
+    done before exec. The worker then spawns it without a Python `preexec_fn`, which would make
+    `subprocess` fork the whole worker (copying its page tables, then faulting on every page it
+    writes while the child lives) instead of `vfork` it; the shell costs the child one small
+    exec. A failed join is reported on the shell's stdin (`status_pipe`), never run as the
+    agent, and the agent never holds that pipe."""
+    return ["/bin/sh", "-c", JOIN_SCRIPT, procs, *argv]
 
 
 def join_in_child(procs: str) -> None:

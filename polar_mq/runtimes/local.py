@@ -34,7 +34,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from polar_mq.config import get_settings
-from polar_mq.runtimes import kill_group, private_view, uid_sweep
+from polar_mq.runtimes import kill_group, private_view, status_pipe, uid_sweep
 from polar_mq.runtimes.agent_pool import POOL_PREFIX, AgentPool
 from polar_mq.runtimes.base import ExecRequest, ExecResult, ResourceLimits, Runtime
 from polar_mq.runtimes.host_exec import (
@@ -212,7 +212,7 @@ class LocalRuntime(DirBacked, Runtime):
     ) -> ExecResult:
         """Through `mount_view`, which builds the view as root, then becomes the agent."""
         view = private_view.plan_view(get_settings(), self.root, self.path, agent)
-        with private_view.status_channel() as status:
+        with status_pipe.status_channel() as status:
             argv = view.argv(request.argv, status.fd, agent, launch.cwd)
             launch = replace(launch, user=None, pass_fds=(status.fd,))
             result = run_on_host(argv, request, launch)

@@ -36,8 +36,7 @@ import stat
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -231,47 +230,3 @@ def report_node(settings: Settings) -> None:
         log.info("local agents run in a private mount view hiding %s", ", ".join(plan.hide))
     else:
         say_once(shared_view_message(reason))
-
-
-@contextmanager
-def status_channel() -> Iterator[StatusPipe]:
-    """The pipe the helper reports a failed setup on (see `mount_view`)."""
-    read_fd, write_fd = os.pipe()
-    pipe = StatusPipe(read_fd, write_fd)
-    try:
-        yield pipe
-    finally:
-        pipe.close()
-
-
-class StatusPipe:
-    """Read after the command: empty when the view was built (the end closed at exec)."""
-
-    def __init__(self, read_fd: int, write_fd: int) -> None:
-        self.read_fd = read_fd
-        self.write_fd: int | None = write_fd
-
-    @property
-    def fd(self) -> int:
-        assert self.write_fd is not None
-        return self.write_fd
-
-    def failure(self) -> str | None:
-        """The helper's error, None when it reached the command."""
-        self._close_write()
-        data = b"".join(_read_all(self.read_fd))
-        return data.decode(errors="replace") or None
-
-    def _close_write(self) -> None:
-        if self.write_fd is not None:
-            os.close(self.write_fd)
-            self.write_fd = None
-
-    def close(self) -> None:
-        self._close_write()
-        os.close(self.read_fd)
-
-
-def _read_all(fd: int) -> Iterable[bytes]:
-    while chunk := os.read(fd, 4096):
-        yield chunk
