@@ -38,10 +38,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sqlalchemy import func, select
+from sqlalchemy import Connection, func, select
+from sqlalchemy.exc import DBAPIError
 
 from polar_mq.config import Settings
 from polar_mq.infra.db import create_db_engine
+from polar_mq.infra.raw_sql import first_row
 from polar_mq.lifecycle.stages import Stage
 from polar_mq.models import Rollout, RolloutStatus
 from polar_mq.workers.launcher import DEFAULT_CONCURRENCY
@@ -131,14 +133,21 @@ class AdmissionGate:
 
 def prepared_on_node(settings: Settings) -> Callable[[], int]:
     """A counter of the node's rollouts in status `prepared`: an index range of the status index
-    (`ix_rollouts_status_lease`: only the pool's prepared rollouts), on a connection of its own."""
+    (`ix_rollouts_status_lease`: only the pool's prepared rollouts), on a connection of its own.
+
+    The connection is held between counts (in autocommit on PostgreSQL: one round trip per
+    count) and the statement runs on the driver's cursor (`raw_sql.first_row`): while prepares
+    flow the node counts every `RECOUNT_GAP_S`, and a checkout with its ping, the reset on
+    return and SQLAlchemy's execute around a one-row count were most of its cost. A connection
+    the server closed is replaced at once, within the count; any other failure drops it.
+    """
     url = settings.database_url
     if url.startswith("sqlite"):
         engine = create_db_engine(url)
     else:
         timeout_ms = int(COUNT_TIMEOUT_S * 1000)
         engine = create_db_engine(
-            url, pool_size=1, max_overflow=0,
+            url, pool_size=1, max_overflow=0, isolation_level="AUTOCOMMIT",
             connect_args={
                 "connect_timeout": max(1, int(COUNT_TIMEOUT_S)),
                 "options": f"-c statement_timeout={timeout_ms}",
@@ -152,10 +161,24 @@ def prepared_on_node(settings: Settings) -> Callable[[], int]:
         .select_from(Rollout)
         .where(Rollout.status == RolloutStatus.PREPARED, Rollout.node == settings.node_name)
     )
+    held: list[Connection] = []
 
     def count() -> int:
-        with engine.connect() as conn:
-            return int(conn.scalar(query) or 0)
+        for retry in (False, True):
+            if not held:
+                held.append(engine.connect())
+            conn = held[0]
+            try:
+                row = first_row(conn, query, {})
+                conn.rollback()  # ends SQLite's read snapshot; nothing to send in autocommit
+                return int(row[0]) if row else 0
+            except BaseException as error:
+                held.clear()
+                conn.close()
+                lost = isinstance(error, DBAPIError) and error.connection_invalidated
+                if retry or not lost:  # a server that closed an idle connection: connect again
+                    raise
+        raise AssertionError("unreachable")
 
     return count
 

@@ -8,7 +8,7 @@ import time
 import uuid
 
 import pytest
-from sqlalchemy import update
+from sqlalchemy import text, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from polar_mq.config import Settings
@@ -192,6 +192,31 @@ def test_the_count_is_this_nodes_prepared_rollouts(
         _rollout(db_session_factory, status, node)
     count = prepared_on_node(Settings(database_url=pg_url, node_name="n1"))
     assert count() == 2
+    # the held connection sees what committed since (no snapshot kept between counts)
+    _rollout(db_session_factory, RolloutStatus.PREPARED, "n1")
+    assert count() == 3
+
+
+def test_a_count_whose_connection_the_server_closed_connects_again(
+    pg_url: str, db_session_factory: sessionmaker[Session]
+) -> None:
+    _rollout(db_session_factory, RolloutStatus.PREPARED, "n1")
+
+    def counting_backends() -> set[int]:
+        with db_session_factory() as session:
+            return set(session.scalars(
+                text("SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                     "AND pid <> pg_backend_pid() AND query LIKE 'SELECT count(*)%'")
+            ))  # fmt: skip
+
+    others = counting_backends()  # earlier tests' counters
+    count = prepared_on_node(Settings(database_url=pg_url, node_name="n1"))
+    assert count() == 1
+    (mine,) = counting_backends() - others  # held between counts
+    with db_session_factory() as session:
+        session.execute(text("SELECT pg_terminate_backend(:p)"), {"p": mine})
+    assert count() == 1  # connected again
+    assert counting_backends() - others - {mine}
 
 
 def test_an_unreachable_database_is_a_failed_count_soon() -> None:
