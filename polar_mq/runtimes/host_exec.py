@@ -126,9 +126,10 @@ def _run(
 
 
 def _only_joins(launch: HostLaunch) -> bool:
-    """The child would do nothing before exec but join its kill group."""
-    no_limits = launch.limits is None or rlimit_setter(launch.limits) is None
-    return launch.cgroup_procs is not None and launch.user is None and no_limits
+    """The child would do nothing before exec but join its kill group (`ResourceLimits()` sets
+    no limit: `rlimit_setter` plans nothing for it)."""
+    no_limits = launch.limits is None or launch.limits == ResourceLimits()
+    return launch.user is None and no_limits
 
 
 def child_setup(launch: HostLaunch) -> Callable[[], None] | None:

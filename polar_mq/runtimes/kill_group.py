@@ -4,8 +4,8 @@ The environment tag misses a process that re-executed itself with `env -i`; a do
 `setsid`, a renamed argv or closed descriptors do not matter either: the kernel puts every child in
 its parent's cgroup and an unprivileged process cannot leave it (the group's files are root's).
 Each command joins the group before it becomes the agent (`joining_argv`, or `join_in_child`
-in a forked child that also switches users), and the
-stop writes `cgroup.kill` (Linux 5.14+; else SIGKILL to each member until the group is empty).
+in a forked child that also applies rlimits or switches users), and the stop writes `cgroup.kill`
+(Linux 5.14+; else SIGKILL to each member until the group is empty).
 
 Only the core v2 files are used (no controller), so the unified hierarchy of a hybrid node
 (`/sys/fs/cgroup/unified`) serves as well as a pure v2 one. Where there is none, or the worker may

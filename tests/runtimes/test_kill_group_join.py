@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,7 @@ def spawns(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     return seen
 
 
+@contextmanager
 def _runtime(tmp_path: Path, limits: ResourceLimits | None = None) -> Iterator[LocalRuntime]:
     rt = LocalRuntime(runtime_id("rt-join"), tmp_path / "runtimes", limits, agent=worker_identity())
     rt.start()
@@ -51,7 +53,8 @@ def _runtime(tmp_path: Path, limits: ResourceLimits | None = None) -> Iterator[L
 @pytest.fixture
 def shared_uid(tmp_path: Path) -> Iterator[LocalRuntime]:
     """Agents as the worker itself: no uid to sweep, so the runtime has a kill group."""
-    yield from _runtime(tmp_path)
+    with _runtime(tmp_path) as rt:
+        yield rt
 
 
 def _group_of(listing: str) -> str:
@@ -73,7 +76,7 @@ def test_the_program_runs_in_its_group_spawned_without_a_fork(
 
 
 def test_a_command_with_limits_still_joins_before_they_apply(tmp_path: Path) -> None:
-    for rt in _runtime(tmp_path, ResourceLimits(max_open_files=64)):
+    with _runtime(tmp_path, ResourceLimits(max_open_files=64)) as rt:
         result = rt.exec(["/bin/sh", "-c", "cat /proc/self/cgroup; ulimit -n"])
         assert result.ok, result
         group = kill_group.group_for(rt.runtime_id, rt.root)
